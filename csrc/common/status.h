@@ -1,0 +1,36 @@
+// Status codes shared by the core and reported to Python as typed exceptions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace hoplite {
+
+enum class Code : uint8_t {
+  kOk = 0,
+  kInvalidArgument = 1,
+  kNotFound = 2,
+  kAlreadyExists = 3,
+  kDeleted = 4,
+  kTimeout = 5,
+  kPeerFailed = 6,
+  kCapacity = 7,
+  kProtocol = 8,
+  kShutdown = 9,
+  kInternal = 10,
+};
+constexpr uint8_t kMaxCode = 10;
+
+struct Status {
+  Code code = Code::kOk;
+  std::string message;
+
+  Status() = default;
+  Status(Code c, std::string msg) : code(c), message(std::move(msg)) {}
+  bool ok() const { return code == Code::kOk; }
+};
+
+const char* codeName(Code code);
+
+}  // namespace hoplite

@@ -1,0 +1,64 @@
+// This node's share of the object directory (ids hash to shards). Per object:
+// metadata, the nodes holding a copy (partial or complete) and, for small
+// objects, the bytes themselves so a get is one round trip. Loop thread only.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "common/object_meta.h"
+#include "common/status.h"
+#include "net/event_loop.h"
+#include "wire/messages.h"
+
+namespace hoplite {
+
+struct DirectoryEntry {
+  ObjectMeta meta;
+  std::map<int, bool> holders;  // rank → complete
+  bool hasInline = false;
+  std::string inlineData;
+};
+
+class DirectoryShard {
+ public:
+  // Called once: with the entry, or with an error (kDeleted, kTimeout).
+  using LookupCallback = std::function<void(const Status&, const DirectoryEntry*)>;
+
+  explicit DirectoryShard(EventLoop& loop) : loop_(loop) {}
+  ~DirectoryShard();
+
+  Status registerObject(const wire::Register& msg);
+  void updateHolder(const std::string& id, int holder, wire::HolderState state);
+  // Answers at once if the object exists or was deleted, else when it is
+  // registered or after `timeoutSeconds`.
+  void lookup(const std::string& id, double timeoutSeconds, LookupCallback reply);
+  // Forgets the object, remembers the id as deleted, and returns who held copies.
+  Status remove(const std::string& id, std::vector<int>* holders);
+
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Waiter {
+    uint64_t token;
+    LookupCallback reply;
+    EventLoop::TimerId timer;
+  };
+  void rememberDeleted(const std::string& id);
+
+  EventLoop& loop_;
+  std::unordered_map<std::string, DirectoryEntry> entries_;
+  std::unordered_map<std::string, std::vector<Waiter>> waiters_;
+  uint64_t nextWaiter_ = 1;
+  // Bounded memory of deleted ids, so a get of one fails at once instead of waiting.
+  std::unordered_set<std::string> deleted_;
+  std::deque<std::string> deletedOrder_;
+};
+
+}  // namespace hoplite

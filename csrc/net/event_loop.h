@@ -1,0 +1,69 @@
+// One epoll loop thread per node. All connection and node state is touched only
+// from this thread; other threads hand it work with post(). Idle means blocked in
+// epoll_wait: no polling, no periodic wake-ups unless a timer is armed.
+#pragma once
+
+#include <sys/epoll.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace hoplite {
+
+class EventHandler {
+ public:
+  virtual ~EventHandler() = default;
+  virtual void handleEvents(uint32_t events) = 0;
+};
+
+class EventLoop {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using TimerId = uint64_t;
+
+  EventLoop();
+  ~EventLoop();
+  EventLoop(const EventLoop&) = delete;
+  EventLoop& operator=(const EventLoop&) = delete;
+
+  void start();
+  // Runs what was already posted, then stops the thread and joins it.
+  void stop();
+  void post(std::function<void()> fn);
+  bool inLoop() const { return std::this_thread::get_id() == threadId_; }
+
+  TimerId addTimer(double seconds, std::function<void()> fn);
+  void cancelTimer(TimerId id);
+
+  void addFd(int fd, uint32_t events, EventHandler* handler);
+  void modifyFd(int fd, uint32_t events, EventHandler* handler);
+  void removeFd(int fd);
+
+ private:
+  void run();
+  void wake();
+  void runPosted();
+  int runDueTimers();  // returns ms until the next timer, or -1
+
+  int epollFd_ = -1;
+  int wakeFd_ = -1;
+  std::thread thread_;
+  std::thread::id threadId_;
+  std::atomic<bool> running_{false};
+
+  std::mutex mutex_;
+  std::vector<std::function<void()>> posted_;
+
+  TimerId nextTimer_ = 1;
+  std::multimap<Clock::time_point, TimerId> timerOrder_;
+  std::unordered_map<TimerId, std::function<void()>> timers_;
+};
+
+}  // namespace hoplite

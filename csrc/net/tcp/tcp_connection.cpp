@@ -1,0 +1,265 @@
+#include "net/tcp/tcp_connection.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "common/logging.h"
+
+namespace hoplite {
+namespace {
+
+std::atomic<uint64_t> gNextConnectionId{1};
+constexpr size_t kReadBudget = 16u << 20;  // bytes per readiness event, for fairness
+constexpr int kMaxIov = 64;
+
+Status errnoStatus(const char* what, int err) {
+  return Status(Code::kPeerFailed, std::string(what) + ": " + std::strerror(err));
+}
+
+}  // namespace
+
+TcpConnection::TcpConnection(EventLoop& loop, int fd, bool connecting, std::string peerAddress,
+                             ConnectionObserver* observer, const TransportOptions& options)
+    : Connection(gNextConnectionId++),
+      loop_(loop),
+      fd_(fd),
+      connecting_(connecting),
+      peerAddress_(std::move(peerAddress)),
+      observer_(observer),
+      options_(options) {}
+
+TcpConnection::~TcpConnection() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void TcpConnection::open() {
+  wantWrite_ = connecting_;
+  loop_.addFd(fd_, EPOLLIN | EPOLLRDHUP | (connecting_ ? EPOLLOUT : 0), this);
+}
+
+std::string TcpConnection::describe() const {
+  std::string who = peerRank() >= 0 ? "rank " + std::to_string(peerRank()) + " at " : "";
+  return who + peerAddress_;
+}
+
+void TcpConnection::sendControl(wire::MsgType type, std::string payload) {
+  if (closed_) return;
+  Outgoing out;
+  wire::encodeHeader(out.head, type, payload.size());
+  out.headSize = wire::kHeaderSize;
+  out.owned = std::move(payload);
+  queuedBytes_ += out.total();
+  outq_.push_back(std::move(out));
+  if (!connecting_) flush();
+}
+
+void TcpConnection::sendData(uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
+                             std::shared_ptr<const void> keepalive) {
+  if (closed_) return;
+  Outgoing out;
+  wire::encodeHeader(out.head, wire::MsgType::kData, wire::kDataSubheaderSize + size);
+  wire::encodeDataSubheader(out.head + wire::kHeaderSize, request, offset);
+  out.headSize = wire::kHeaderSize + wire::kDataSubheaderSize;
+  out.data = data;
+  out.dataSize = size;
+  out.keepalive = std::move(keepalive);
+  queuedBytes_ += out.total();
+  outq_.push_back(std::move(out));
+  if (!connecting_) flush();
+}
+
+void TcpConnection::close(const Status& why) {
+  if (closed_) return;
+  closed_ = true;
+  loop_.removeFd(fd_);
+  ::close(fd_);
+  fd_ = -1;
+  outq_.clear();
+  queuedBytes_ = 0;
+  // Keep this object alive until the loop finishes the current batch of events,
+  // which may still name it.
+  auto self = shared_from_this();
+  loop_.post([self] {});
+  observer_->onClosed(*this, why);
+}
+
+void TcpConnection::handleEvents(uint32_t events) {
+  if (closed_) return;
+  auto self = shared_from_this();
+  if (connecting_) {
+    if (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) finishConnect();
+    return;
+  }
+  if (events & EPOLLIN) readSome();
+  if (closed_) return;
+  if (events & EPOLLOUT) flush();
+  if (closed_) return;
+  if ((events & (EPOLLERR | EPOLLHUP)) && !(events & EPOLLIN)) {
+    close(Status(Code::kPeerFailed, "connection to " + describe() + " failed"));
+  }
+}
+
+void TcpConnection::finishConnect() {
+  int err = 0;
+  socklen_t len = sizeof(err);
+  getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len);
+  if (err != 0) {
+    close(errnoStatus(("connect to " + describe()).c_str(), err));
+    return;
+  }
+  connecting_ = false;
+  flush();
+}
+
+void TcpConnection::updateInterest() {
+  bool want = !outq_.empty();
+  if (want == wantWrite_) return;
+  wantWrite_ = want;
+  loop_.modifyFd(fd_, EPOLLIN | EPOLLRDHUP | (want ? EPOLLOUT : 0), this);
+}
+
+void TcpConnection::flush() {
+  while (!outq_.empty()) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    for (auto it = outq_.begin(); it != outq_.end() && n + 2 <= kMaxIov; ++it) {
+      size_t skip = it->sent;
+      if (skip < it->headSize) {
+        iov[n++] = {it->head + skip, it->headSize - skip};
+        skip = 0;
+      } else {
+        skip -= it->headSize;
+      }
+      const uint8_t* body = it->data ? it->data : reinterpret_cast<const uint8_t*>(it->owned.data());
+      size_t bodySize = it->data ? it->dataSize : it->owned.size();
+      if (bodySize > skip) iov[n++] = {const_cast<uint8_t*>(body) + skip, bodySize - skip};
+    }
+    ssize_t wrote = ::writev(fd_, iov, n);
+    if (wrote < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      if (errno == EINTR) continue;
+      close(errnoStatus(("send to " + describe()).c_str(), errno));
+      return;
+    }
+    size_t left = static_cast<size_t>(wrote);
+    queuedBytes_ -= left;
+    while (left > 0) {
+      Outgoing& front = outq_.front();
+      size_t rest = front.total() - front.sent;
+      if (left >= rest) {
+        left -= rest;
+        outq_.pop_front();
+      } else {
+        front.sent += left;
+        left = 0;
+      }
+    }
+  }
+  updateInterest();
+}
+
+void TcpConnection::onHeader() {
+  Status s = wire::decodeHeader(header_, options_.limits, &frame_);
+  if (!s.ok()) {
+    close(Status(Code::kProtocol, s.message + " from " + describe()));
+    return;
+  }
+  headerGot_ = 0;
+  if (static_cast<wire::MsgType>(frame_.type) == wire::MsgType::kData) {
+    readState_ = ReadState::kDataSubheader;
+    subGot_ = 0;
+  } else {
+    readState_ = ReadState::kControl;
+    control_.resize(frame_.length);
+    controlGot_ = 0;
+  }
+}
+
+void TcpConnection::readSome() {
+  size_t budget = kReadBudget;
+  while (!closed_ && budget > 0) {
+    uint8_t* dst = nullptr;
+    size_t want = 0;
+    switch (readState_) {
+      case ReadState::kHeader:
+        dst = header_ + headerGot_;
+        want = wire::kHeaderSize - headerGot_;
+        break;
+      case ReadState::kControl:
+        dst = control_.data() + controlGot_;
+        want = control_.size() - controlGot_;
+        break;
+      case ReadState::kDataSubheader:
+        dst = sub_ + subGot_;
+        want = wire::kDataSubheaderSize - subGot_;
+        break;
+      case ReadState::kDataPayload:
+        want = dataSize_ - dataGot_;
+        if (dataDest_ != nullptr) {
+          dst = dataDest_ + dataGot_;
+        } else {
+          discard_.resize(std::min<size_t>(want, 1u << 20));
+          dst = discard_.data();
+          want = discard_.size();
+        }
+        break;
+    }
+    if (want > 0) {
+      ssize_t got = ::recv(fd_, dst, want, 0);
+      if (got == 0) {
+        close(Status(Code::kPeerFailed, "connection closed by " + describe()));
+        return;
+      }
+      if (got < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        if (errno == EINTR) continue;
+        close(errnoStatus(("receive from " + describe()).c_str(), errno));
+        return;
+      }
+      budget -= std::min(budget, static_cast<size_t>(got));
+      switch (readState_) {
+        case ReadState::kHeader: headerGot_ += got; break;
+        case ReadState::kControl: controlGot_ += got; break;
+        case ReadState::kDataSubheader: subGot_ += got; break;
+        case ReadState::kDataPayload:
+          dataGot_ += got;
+          if (dataDest_ != nullptr) observer_->onDataReceived(*this, dataRequest_, dataOffset_ + dataGot_);
+          break;
+      }
+    }
+    // Advance the state machine on completed pieces.
+    switch (readState_) {
+      case ReadState::kHeader:
+        if (headerGot_ == wire::kHeaderSize) onHeader();
+        break;
+      case ReadState::kControl:
+        if (controlGot_ == control_.size()) {
+          readState_ = ReadState::kHeader;
+          std::vector<uint8_t> payload;
+          payload.swap(control_);
+          observer_->onFrame(*this, static_cast<wire::MsgType>(frame_.type), payload.data(), payload.size());
+        }
+        break;
+      case ReadState::kDataSubheader:
+        if (subGot_ == wire::kDataSubheaderSize) {
+          wire::decodeDataSubheader(sub_, &dataRequest_, &dataOffset_);
+          dataSize_ = frame_.length - wire::kDataSubheaderSize;
+          dataGot_ = 0;
+          dataDest_ = observer_->dataDestination(*this, dataRequest_, dataOffset_, dataSize_);
+          readState_ = ReadState::kDataPayload;
+          if (dataSize_ == 0) readState_ = ReadState::kHeader;
+        }
+        break;
+      case ReadState::kDataPayload:
+        if (dataGot_ == dataSize_) readState_ = ReadState::kHeader;
+        break;
+    }
+  }
+}
+
+}  // namespace hoplite

@@ -1,0 +1,81 @@
+// A non-blocking TCP connection driven by the event loop: a write queue of
+// frames sent with writev straight from their buffers, and a read state machine
+// that receives data-frame payloads straight into the destination buffer.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "net/event_loop.h"
+#include "net/transport.h"
+
+namespace hoplite {
+
+class TcpConnection : public Connection, public EventHandler, public std::enable_shared_from_this<TcpConnection> {
+ public:
+  TcpConnection(EventLoop& loop, int fd, bool connecting, std::string peerAddress, ConnectionObserver* observer,
+                const TransportOptions& options);
+  ~TcpConnection() override;
+
+  // Registers with the loop; call once, on the loop thread, after construction.
+  void open();
+
+  void sendControl(wire::MsgType type, std::string payload) override;
+  void sendData(uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
+                std::shared_ptr<const void> keepalive) override;
+  void close(const Status& why) override;
+  bool isOpen() const override { return fd_ >= 0; }
+  uint64_t queuedBytes() const override { return queuedBytes_; }
+  std::string describe() const override;
+
+  void handleEvents(uint32_t events) override;
+
+ private:
+  struct Outgoing {
+    uint8_t head[wire::kHeaderSize + wire::kDataSubheaderSize];
+    size_t headSize = 0;
+    std::string owned;           // control payload
+    const uint8_t* data = nullptr;  // data payload (borrowed, kept alive by keepalive)
+    size_t dataSize = 0;
+    std::shared_ptr<const void> keepalive;
+    size_t sent = 0;  // over head + payload
+    size_t total() const { return headSize + (data ? dataSize : owned.size()); }
+  };
+  enum class ReadState { kHeader, kControl, kDataSubheader, kDataPayload };
+
+  void finishConnect();
+  void readSome();
+  void flush();
+  void updateInterest();
+  void onHeader();
+
+  EventLoop& loop_;
+  int fd_;
+  bool connecting_;
+  std::string peerAddress_;
+  ConnectionObserver* observer_;
+  TransportOptions options_;
+  bool closed_ = false;
+
+  std::deque<Outgoing> outq_;
+  uint64_t queuedBytes_ = 0;
+  bool wantWrite_ = false;
+
+  ReadState readState_ = ReadState::kHeader;
+  uint8_t header_[wire::kHeaderSize];
+  size_t headerGot_ = 0;
+  wire::FrameHeader frame_;
+  std::vector<uint8_t> control_;
+  size_t controlGot_ = 0;
+  uint8_t sub_[wire::kDataSubheaderSize];
+  size_t subGot_ = 0;
+  uint64_t dataRequest_ = 0, dataOffset_ = 0, dataSize_ = 0, dataGot_ = 0;
+  uint8_t* dataDest_ = nullptr;
+  std::vector<uint8_t> discard_;
+};
+
+}  // namespace hoplite

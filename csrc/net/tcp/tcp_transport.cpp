@@ -1,0 +1,137 @@
+#include "net/tcp/tcp_transport.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include "common/logging.h"
+#include "net/tcp/tcp_connection.h"
+
+namespace hoplite {
+namespace {
+
+std::string addressString(const sockaddr_in& addr) {
+  char buf[INET_ADDRSTRLEN] = {0};
+  inet_ntop(AF_INET, &addr.sin_addr, buf, sizeof(buf));
+  return std::string(buf) + ":" + std::to_string(ntohs(addr.sin_port));
+}
+
+sockaddr_in makeAddress(const std::string& host, int port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    throw std::runtime_error("not an IPv4 address: '" + host + "'");
+  }
+  return addr;
+}
+
+class TcpListener : public Listener, public EventHandler {
+ public:
+  TcpListener(EventLoop& loop, int fd, std::string host, int port, ConnectionObserver* observer,
+              AcceptCallback onAccept, TransportOptions options)
+      : loop_(loop),
+        fd_(fd),
+        host_(std::move(host)),
+        port_(port),
+        observer_(observer),
+        onAccept_(std::move(onAccept)),
+        options_(options) {}
+  ~TcpListener() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  std::string host() const override { return host_; }
+  int port() const override { return port_; }
+  // Called on the loop thread.
+  void close() override {
+    if (fd_ < 0) return;
+    loop_.removeFd(fd_);
+    ::close(fd_);
+    fd_ = -1;
+  }
+
+  void handleEvents(uint32_t) override {
+    while (fd_ >= 0) {
+      sockaddr_in peer{};
+      socklen_t len = sizeof(peer);
+      int fd = ::accept4(fd_, reinterpret_cast<sockaddr*>(&peer), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) HLOG(kWarn, "accept: %s", std::strerror(errno));
+        return;
+      }
+      configureSocket(fd, options_);
+      auto conn = std::make_shared<TcpConnection>(loop_, fd, false, addressString(peer), observer_, options_);
+      conn->open();
+      onAccept_(conn);
+    }
+  }
+
+ private:
+  EventLoop& loop_;
+  int fd_;
+  std::string host_;
+  int port_;
+  ConnectionObserver* observer_;
+  AcceptCallback onAccept_;
+  TransportOptions options_;
+};
+
+}  // namespace
+
+void configureSocket(int fd, const TransportOptions& options) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (options.socketBufferBytes > 0) {
+    int size = options.socketBufferBytes;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof(size));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof(size));
+  }
+}
+
+std::unique_ptr<Listener> TcpTransport::listen(const std::string& host, int port, ConnectionObserver* observer,
+                                               AcceptCallback onAccept) {
+  sockaddr_in addr = makeAddress(host, port);
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 1024) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw std::runtime_error("listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(err));
+  }
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  auto listener = std::make_unique<TcpListener>(loop_, fd, host, ntohs(addr.sin_port), observer,
+                                                std::move(onAccept), options_);
+  loop_.addFd(fd, EPOLLIN, listener.get());
+  return listener;
+}
+
+std::shared_ptr<Connection> TcpTransport::connect(const std::string& host, int port, ConnectionObserver* observer) {
+  sockaddr_in addr = makeAddress(host, port);
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  configureSocket(fd, options_);
+  int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  bool connecting = rc != 0 && errno == EINPROGRESS;
+  auto conn = std::make_shared<TcpConnection>(loop_, fd, true, addressString(addr), observer, options_);
+  conn->open();
+  if (rc != 0 && !connecting) {
+    // Report the failure from the loop, after the caller has stored the connection.
+    Status why(Code::kPeerFailed, "connect to " + addressString(addr) + ": " + std::strerror(errno));
+    loop_.post([conn, why] { conn->close(why); });
+  }
+  return conn;
+}
+
+}  // namespace hoplite

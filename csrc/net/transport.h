@@ -1,0 +1,80 @@
+// The transport contract the node is written against. A Connection carries
+// control frames (small, decoded by the observer) and data frames (object bytes
+// the transport reads straight into a buffer the observer names). Every callback
+// runs on the loop thread; onClosed is called exactly once per connection.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "net/event_loop.h"
+#include "wire/frame.h"
+
+namespace hoplite {
+
+class Connection;
+
+class ConnectionObserver {
+ public:
+  virtual ~ConnectionObserver() = default;
+  virtual void onFrame(Connection& conn, wire::MsgType type, const uint8_t* payload, size_t size) = 0;
+  // Where `size` bytes of data for `request` at `offset` go; nullptr discards them.
+  virtual uint8_t* dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size) = 0;
+  // Bytes up to `end` of `request` have arrived (called as they arrive, not per frame).
+  virtual void onDataReceived(Connection& conn, uint64_t request, uint64_t end) = 0;
+  virtual void onClosed(Connection& conn, const Status& why) = 0;
+};
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  virtual void sendControl(wire::MsgType type, std::string payload) = 0;
+  // Sends [data, data+size) as one data frame; `keepalive` holds the memory until written.
+  virtual void sendData(uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
+                        std::shared_ptr<const void> keepalive) = 0;
+  virtual void close(const Status& why) = 0;
+  virtual bool isOpen() const = 0;
+  // Bytes accepted by sendData/sendControl and not yet handed to the kernel.
+  virtual uint64_t queuedBytes() const = 0;
+
+  uint64_t id() const { return id_; }
+  int peerRank() const { return peerRank_; }
+  void setPeerRank(int rank) { peerRank_ = rank; }
+  virtual std::string describe() const = 0;
+
+ protected:
+  explicit Connection(uint64_t id) : id_(id) {}
+
+ private:
+  uint64_t id_;
+  int peerRank_ = -1;
+};
+
+struct TransportOptions {
+  wire::FrameLimits limits;
+  int socketBufferBytes = 0;  // 0: leave the kernel's autotuning on
+};
+
+class Listener {
+ public:
+  virtual ~Listener() = default;
+  virtual std::string host() const = 0;
+  virtual int port() const = 0;
+  virtual void close() = 0;
+};
+
+using AcceptCallback = std::function<void(std::shared_ptr<Connection>)>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::unique_ptr<Listener> listen(const std::string& host, int port, ConnectionObserver* observer,
+                                           AcceptCallback onAccept) = 0;
+  // Starts connecting; failures arrive as observer->onClosed.
+  virtual std::shared_ptr<Connection> connect(const std::string& host, int port, ConnectionObserver* observer) = 0;
+};
+
+}  // namespace hoplite

@@ -1,0 +1,393 @@
+// Node lifecycle, peer connections and message dispatch.
+#include "node/node.h"
+
+#include <chrono>
+#include <future>
+#include <stdexcept>
+
+#include "common/logging.h"
+#include "net/tcp/tcp_transport.h"
+
+namespace hoplite {
+namespace {
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+constexpr uint64_t kMaxDataFrame = 64ull << 20;
+
+}  // namespace
+
+Node::Node(NodeConfig config) : config_(std::move(config)) {
+  if (config_.worldSize < 1 || config_.rank < 0 || config_.rank >= config_.worldSize) {
+    throw std::invalid_argument("rank " + std::to_string(config_.rank) + " out of range for world size " +
+                                std::to_string(config_.worldSize));
+  }
+  if (config_.chunkBytes > kMaxDataFrame) {
+    throw std::invalid_argument("chunk size must be at most " + std::to_string(kMaxDataFrame) + " bytes");
+  }
+  setLogRank(config_.rank);
+  limits_.maxControl = std::max<uint64_t>(config_.inlineThresholdBytes, 1u << 20) + (64u << 10);
+  limits_.maxData = kMaxDataFrame;
+  TransportOptions options{limits_, config_.socketBufferBytes};
+  transport_ = std::make_unique<TcpTransport>(loop_, options);
+  pool_ = std::make_shared<BufferPool>(config_.poolCacheBytes);
+  store_ = std::make_unique<ObjectStore>(pool_, config_.capacityBytes, [this](const std::string& id) {
+    counters_.evictions++;
+    loop_.post([this, id] {
+      send(shardOf(id), wire::HolderUpdate{id, config_.rank, wire::HolderState::kRemoved});
+    });
+  });
+  directory_ = std::make_unique<DirectoryShard>(loop_);
+  workers_ = std::make_unique<WorkerPool>(config_.copyThreads);
+  self_ = std::make_shared<LocalConnection>(loop_, this, config_.rank);
+  listener_ = transport_->listen(config_.host, config_.port, this, [this](std::shared_ptr<Connection> conn) {
+    incoming_[conn->id()] = std::move(conn);
+  });
+  loop_.start();
+}
+
+Node::~Node() { shutdown(); }
+
+int Node::port() const { return listener_ ? listener_->port() : 0; }
+
+double Node::now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int Node::shardOf(const std::string& id) const {
+  return static_cast<int>(fnv1a(id) % static_cast<uint64_t>(config_.worldSize));
+}
+
+std::string Node::peerName(int rank) const {
+  auto it = peers_.find(rank);
+  if (rank == config_.rank) return "rank " + std::to_string(rank) + " (self)";
+  if (it == peers_.end()) return "rank " + std::to_string(rank);
+  return "rank " + std::to_string(rank) + " at " + it->second.host + ":" + std::to_string(it->second.port);
+}
+
+void Node::addPeer(int rank, const std::string& host, int port) {
+  loop_.post([this, rank, host, port] {
+    Peer& peer = peers_[rank];
+    if (peer.host == host && peer.port == port) return;
+    peer.host = host;
+    peer.port = port;
+    if (peer.conn) peer.conn->close(Status(Code::kPeerFailed, "peer address changed"));
+  });
+}
+
+Status Node::callOnLoop(double timeoutSeconds, const std::string& what,
+                        std::function<void(std::function<void(Status)>)> fn) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  auto future = promise->get_future();
+  auto once = std::make_shared<std::atomic<bool>>(false);
+  loop_.post([fn = std::move(fn), promise, once] {
+    fn([promise, once](Status s) {
+      if (!once->exchange(true)) promise->set_value(std::move(s));
+    });
+  });
+  auto wait = std::chrono::duration<double>(timeoutSeconds);
+  if (future.wait_for(wait) != std::future_status::ready) {
+    return Status(Code::kTimeout, what + " timed out after " + std::to_string(timeoutSeconds) + " s");
+  }
+  return future.get();
+}
+
+// ---------------------------------------------------------------- connections
+
+void Node::sendTo(int rank, wire::MsgType type, std::string payload) {
+  if (rank == config_.rank) {
+    self_->sendControl(type, std::move(payload));
+    return;
+  }
+  Peer& peer = peers_[rank];
+  if (peer.ready && peer.conn && peer.conn->isOpen()) {
+    peer.conn->sendControl(type, std::move(payload));
+    return;
+  }
+  peer.queued.emplace_back(type, std::move(payload));
+  if (!peer.conn) {
+    peer.connectDeadline = now() + config_.connectTimeoutSeconds;
+    peer.backoff = 0.05;
+    connectPeer(rank);
+  }
+}
+
+void Node::connectPeer(int rank) {
+  Peer& peer = peers_[rank];
+  if (peer.port == 0) {
+    failPeer(rank, Status(Code::kPeerFailed, "no address known for rank " + std::to_string(rank)));
+    return;
+  }
+  peer.ready = false;
+  try {
+    peer.conn = transport_->connect(peer.host, peer.port, this);
+  } catch (const std::exception& e) {
+    failPeer(rank, Status(Code::kPeerFailed, e.what()));
+    return;
+  }
+  peer.conn->setPeerRank(rank);
+  wire::Hello hello;
+  hello.rank = config_.rank;
+  hello.cluster = config_.clusterId;
+  peer.conn->sendControl(wire::MsgType::kHello, wire::encode(hello));
+}
+
+void Node::failPeer(int rank, const Status& why) {
+  Peer& peer = peers_[rank];
+  peer.conn.reset();
+  peer.ready = false;
+  peer.queued.clear();
+  Status failure(Code::kPeerFailed, peerName(rank) + " failed: " + why.message);
+  std::vector<uint64_t> failed;
+  for (const auto& [request, p] : pending_) {
+    if (p.rank == rank) failed.push_back(request);
+  }
+  for (uint64_t request : failed) {
+    auto it = pending_.find(request);
+    if (it == pending_.end()) continue;
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    if (p.onStatus) p.onStatus(failure);
+    if (p.onLookup) p.onLookup(failure, nullptr);
+  }
+  std::vector<uint64_t> pulls;
+  for (const auto& [request, pull] : pulls_) {
+    if (pull.rank == rank) pulls.push_back(request);
+  }
+  for (uint64_t request : pulls) failPull(request, failure);
+}
+
+std::shared_ptr<Connection> Node::sharedConnection(Connection& conn) {
+  if (&conn == self_.get()) return self_;
+  auto it = incoming_.find(conn.id());
+  if (it != incoming_.end()) return it->second;
+  for (auto& [rank, peer] : peers_) {
+    if (peer.conn.get() == &conn) return peer.conn;
+  }
+  return nullptr;
+}
+
+void Node::onClosed(Connection& conn, const Status& why) {
+  if (incoming_.erase(conn.id())) {
+    std::vector<StreamKey> streams;
+    for (const auto& [key, stream] : serving_) {
+      if (key.first == conn.id()) streams.push_back(key);
+    }
+    for (const auto& key : streams) endStream(key);
+    return;
+  }
+  int rank = conn.peerRank();
+  auto it = peers_.find(rank);
+  if (it == peers_.end() || it->second.conn.get() != &conn) return;  // a replaced connection
+  Peer& peer = it->second;
+  bool neverReady = !peer.ready;
+  if (!shuttingDown_ && neverReady && now() < peer.connectDeadline) {
+    // The peer may not be listening yet (fresh namespaces take a moment): retry.
+    HLOG(kDebug, "connect to %s failed (%s); retrying", peerName(rank).c_str(), why.message.c_str());
+    peer.conn.reset();
+    double delay = peer.backoff;
+    peer.backoff = std::min(peer.backoff * 2, 1.0);
+    loop_.addTimer(delay, [this, rank] {
+      if (!shuttingDown_ && !peers_[rank].conn) connectPeer(rank);
+    });
+    return;
+  }
+  failPeer(rank, why);
+}
+
+void Node::handleHello(Connection& conn, const wire::Hello& msg) {
+  if (msg.protocol != wire::kVersion) {
+    conn.close(Status(Code::kProtocol, "peer speaks protocol " + std::to_string(msg.protocol)));
+    return;
+  }
+  if (msg.cluster != config_.clusterId) {
+    HLOG(kWarn, "refused connection from %s: it belongs to another cluster", conn.describe().c_str());
+    conn.close(Status(Code::kProtocol, "cluster id mismatch"));
+    return;
+  }
+  if (msg.rank < 0 || msg.rank >= config_.worldSize) {
+    conn.close(Status(Code::kProtocol, "peer rank out of range"));
+    return;
+  }
+  conn.setPeerRank(msg.rank);
+  conn.sendControl(wire::MsgType::kHelloAck, wire::encode(wire::HelloAck{config_.rank}));
+}
+
+void Node::onFrame(Connection& conn, wire::MsgType type, const uint8_t* payload, size_t size) {
+  wire::Reader reader(payload, size);
+  try {
+    dispatch(conn, type, reader);
+  } catch (const wire::DecodeError& e) {
+    HLOG(kWarn, "malformed message from %s: %s", conn.describe().c_str(), e.what());
+    conn.close(Status(Code::kProtocol, std::string("malformed message: ") + e.what()));
+  }
+}
+
+void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) {
+  bool isIncoming = incoming_.count(conn.id()) > 0;
+  if (isIncoming && conn.peerRank() < 0) {
+    // Nothing but a hello is accepted before the handshake.
+    if (type != wire::MsgType::kHello) {
+      conn.close(Status(Code::kProtocol, "message before hello"));
+      return;
+    }
+    handleHello(conn, wire::Hello::decode(reader));
+    return;
+  }
+  switch (type) {
+    case wire::MsgType::kHelloAck: {
+      auto ack = wire::HelloAck::decode(reader);
+      auto it = peers_.find(conn.peerRank());
+      if (isIncoming || it == peers_.end() || it->second.conn.get() != &conn || ack.rank != conn.peerRank()) {
+        conn.close(Status(Code::kProtocol, "unexpected hello ack"));
+        return;
+      }
+      Peer& peer = it->second;
+      peer.ready = true;
+      auto queued = std::move(peer.queued);
+      peer.queued.clear();
+      for (auto& [t, p] : queued) peer.conn->sendControl(t, std::move(p));
+      return;
+    }
+    case wire::MsgType::kRegister:
+      handleRegister(conn, wire::Register::decode(reader, limits_.maxControl));
+      return;
+    case wire::MsgType::kHolderUpdate: {
+      auto msg = wire::HolderUpdate::decode(reader);
+      directory_->updateHolder(msg.id, msg.holder, msg.state);
+      return;
+    }
+    case wire::MsgType::kLookup:
+      handleLookup(conn, wire::Lookup::decode(reader));
+      return;
+    case wire::MsgType::kDelete:
+      handleDelete(conn, wire::Delete::decode(reader));
+      return;
+    case wire::MsgType::kDropCopy:
+      handleDropCopy(conn, wire::DropCopy::decode(reader));
+      return;
+    case wire::MsgType::kPull:
+      handlePull(conn, wire::Pull::decode(reader));
+      return;
+    case wire::MsgType::kCancel: {
+      auto msg = wire::Cancel::decode(reader);
+      endStream({conn.id(), msg.request});
+      return;
+    }
+    case wire::MsgType::kStatusReply: {
+      auto msg = wire::StatusReply::decode(reader);
+      if (pulls_.count(msg.request)) {
+        failPull(msg.request, msg.status);
+        return;
+      }
+      auto it = pending_.find(msg.request);
+      if (it == pending_.end()) return;  // answered already (e.g. the requester gave up)
+      Pending p = std::move(it->second);
+      pending_.erase(it);
+      if (p.onStatus) p.onStatus(msg.status);
+      if (p.onLookup) p.onLookup(msg.status, nullptr);
+      return;
+    }
+    case wire::MsgType::kLookupReply: {
+      auto msg = wire::LookupReply::decode(reader, limits_.maxControl);
+      auto it = pending_.find(msg.request);
+      if (it == pending_.end()) return;
+      Pending p = std::move(it->second);
+      pending_.erase(it);
+      if (p.onLookup) p.onLookup(msg.status, &msg);
+      if (p.onStatus) p.onStatus(msg.status);
+      return;
+    }
+    case wire::MsgType::kHello:
+      conn.close(Status(Code::kProtocol, "unexpected hello"));
+      return;
+    case wire::MsgType::kData:
+      break;  // data frames never reach onFrame
+  }
+  conn.close(Status(Code::kProtocol, "unexpected message type"));
+}
+
+// ---------------------------------------------------------------- completions, stats, shutdown
+
+void Node::pushCompletion(Completion c) {
+  {
+    std::lock_guard<std::mutex> lock(completionMutex_);
+    completions_.push_back(std::move(c));
+  }
+  completionCv_.notify_all();
+}
+
+bool Node::waitCompletions(std::vector<Completion>* out, double timeoutSeconds) {
+  std::unique_lock<std::mutex> lock(completionMutex_);
+  completionCv_.wait_for(lock, std::chrono::duration<double>(timeoutSeconds),
+                         [this] { return closed_ || !completions_.empty(); });
+  while (!completions_.empty()) {
+    out->push_back(std::move(completions_.front()));
+    completions_.pop_front();
+  }
+  return !(closed_ && out->empty());
+}
+
+std::map<std::string, uint64_t> Node::stats() {
+  return {
+      {"bytes_sent", counters_.bytesSent.load()},
+      {"bytes_received", counters_.bytesReceived.load()},
+      {"pulls_served", counters_.pullsServed.load()},
+      {"pulls_completed", counters_.pullsCompleted.load()},
+      {"inline_gets", counters_.inlineGets.load()},
+      {"local_gets", counters_.localGets.load()},
+      {"remote_gets", counters_.remoteGets.load()},
+      {"evictions", counters_.evictions.load()},
+      {"store_used_bytes", store_->usedBytes()},
+      {"store_capacity_bytes", store_->capacityBytes()},
+      {"store_objects", store_->count()},
+      {"pool_cached_bytes", pool_->cachedBytes()},
+  };
+}
+
+void Node::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(shutdownMutex_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  std::promise<void> done;
+  loop_.post([this, &done] {
+    shuttingDown_ = true;
+    Status why(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " shut down");
+    listener_->close();
+    std::vector<uint64_t> gets;
+    for (const auto& entry : gets_) gets.push_back(entry.first);
+    for (uint64_t token : gets) finishGet(token, why);
+    for (auto& [rank, peer] : peers_) {
+      if (peer.conn) peer.conn->close(why);
+    }
+    auto incoming = incoming_;
+    for (auto& [id, conn] : incoming) conn->close(why);
+    self_->close(why);
+    auto pending = std::move(pending_);
+    pending_.clear();
+    for (auto& [request, p] : pending) {
+      if (p.onStatus) p.onStatus(why);
+      if (p.onLookup) p.onLookup(why, nullptr);
+    }
+    done.set_value();
+  });
+  done.get_future().wait();
+  loop_.stop();
+  workers_->stop();
+  {
+    std::lock_guard<std::mutex> lock(completionMutex_);
+    closed_ = true;
+  }
+  completionCv_.notify_all();
+}
+
+}  // namespace hoplite

@@ -1,0 +1,201 @@
+// The runtime every participating process embeds: local object store, directory
+// shard, transport endpoint and background copies. Public methods may be called
+// from any thread; everything else runs on the node's single event loop thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/object_meta.h"
+#include "common/status.h"
+#include "common/worker_pool.h"
+#include "directory/directory_shard.h"
+#include "net/event_loop.h"
+#include "net/local_connection.h"
+#include "net/transport.h"
+#include "store/buffer_pool.h"
+#include "store/object_store.h"
+#include "wire/messages.h"
+
+namespace hoplite {
+
+struct NodeConfig {
+  int rank = 0;
+  int worldSize = 1;
+  std::string host = "127.0.0.1";  // address to bind and advertise
+  int port = 0;                    // 0: any free port
+  std::string clusterId;           // peers with another id are refused
+  uint64_t chunkBytes = 0;         // 0: chosen per object from its size
+  uint64_t capacityBytes = 1ull << 34;
+  uint64_t inlineThresholdBytes = 64 * 1024;
+  uint64_t poolCacheBytes = 1ull << 32;
+  double connectTimeoutSeconds = 30;
+  int copyThreads = 2;
+  int socketBufferBytes = 0;
+};
+
+// Delivered to the caller through waitCompletions().
+struct Completion {
+  enum class Kind : uint8_t { kGet = 0, kPutCopied = 1 };
+  uint64_t token = 0;
+  Kind kind = Kind::kGet;
+  Status status;
+  std::shared_ptr<Buffer> buffer;  // a get's bytes
+  ObjectMeta meta;
+};
+
+class Node : public ConnectionObserver {
+ public:
+  explicit Node(NodeConfig config);
+  ~Node() override;
+
+  const std::string& host() const { return config_.host; }
+  int port() const;
+  int rank() const { return config_.rank; }
+
+  void addPeer(int rank, const std::string& host, int port);
+  // Registers the object and returns; the bytes are copied in the background
+  // (a kPutCopied completion with `token` says when `src` may be released).
+  Status put(const std::string& id, const ObjectMeta& meta, const uint8_t* src, uint64_t token,
+             double timeoutSeconds);
+  // Starts a get; the outcome arrives as a kGet completion with `token`.
+  // copy=false hands out the store's own buffer (read-only by contract).
+  void get(const std::string& id, double timeoutSeconds, bool copy, uint64_t token);
+  Status remove(const std::string& id, double timeoutSeconds);
+  // Waits up to `timeoutSeconds` for completions; false once shut down and drained.
+  bool waitCompletions(std::vector<Completion>* out, double timeoutSeconds);
+  std::map<std::string, uint64_t> stats();
+  void shutdown();
+
+  // ConnectionObserver (loop thread).
+  void onFrame(Connection& conn, wire::MsgType type, const uint8_t* payload, size_t size) override;
+  uint8_t* dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size) override;
+  void onDataReceived(Connection& conn, uint64_t request, uint64_t end) override;
+  void onClosed(Connection& conn, const Status& why) override;
+
+ private:
+  // --- peers and connections (node.cpp) ---
+  struct Peer {
+    std::string host;
+    int port = 0;
+    std::shared_ptr<Connection> conn;
+    bool ready = false;  // handshake done
+    std::vector<std::pair<wire::MsgType, std::string>> queued;
+    double connectDeadline = 0;
+    double backoff = 0.05;
+  };
+  int shardOf(const std::string& id) const;
+  std::string peerName(int rank) const;
+  void sendTo(int rank, wire::MsgType type, std::string payload);
+  template <typename M>
+  void send(int rank, const M& msg) {
+    sendTo(rank, M::kType, wire::encode(msg));
+  }
+  void connectPeer(int rank);
+  void failPeer(int rank, const Status& why);
+  std::shared_ptr<Connection> sharedConnection(Connection& conn);
+  void handleHello(Connection& conn, const wire::Hello& msg);
+  void dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader);
+  double now() const;
+  // Runs fn on the loop and waits for the Status it reports, up to a timeout.
+  Status callOnLoop(double timeoutSeconds, const std::string& what,
+                    std::function<void(std::function<void(Status)>)> fn);
+
+  // --- requests this node makes (node_client.cpp) ---
+  using StatusCallback = std::function<void(const Status&)>;
+  using LookupCallback = std::function<void(const Status&, const wire::LookupReply*)>;
+  struct Pending {
+    int rank;
+    StatusCallback onStatus;  // exactly one of the two is set
+    LookupCallback onLookup;
+  };
+  struct PullState {
+    int rank;
+    std::shared_ptr<LocalObject> object;
+    uint64_t expected = 0;  // next offset the holder will send
+  };
+  struct GetOp {
+    std::string id;
+    bool copy = true;
+    double timeoutSeconds = 0;
+    EventLoop::TimerId timer = 0;
+    std::shared_ptr<LocalObject> object;  // once a local copy exists
+    uint64_t listener = 0;
+    std::string stage;                    // for timeout messages
+  };
+  uint64_t newRequest() { return nextRequest_++; }
+  void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb);
+  void startGet(uint64_t token);
+  void onLookupReply(uint64_t token, const Status& status, const wire::LookupReply* reply);
+  void waitForLocal(uint64_t token, std::shared_ptr<LocalObject> object);
+  void deliver(uint64_t token);
+  void finishGet(uint64_t token, const Status& status);
+  void startPull(int holder, const std::shared_ptr<LocalObject>& object);
+  void finishPull(uint64_t request);
+  void failPull(uint64_t request, const Status& why);
+  void copyIn(std::shared_ptr<LocalObject> object, const uint8_t* src, uint64_t token);
+  uint64_t chunkFor(uint64_t size) const;
+  void pushCompletion(Completion c);
+
+  // --- requests this node serves (node_server.cpp) ---
+  struct ServingStream {
+    std::weak_ptr<Connection> conn;
+    uint64_t request;
+    std::shared_ptr<LocalObject> object;
+    uint64_t listener = 0;
+    uint64_t next = 0;
+  };
+  using StreamKey = std::pair<uint64_t, uint64_t>;  // (connection id, request)
+  void handleRegister(Connection& conn, const wire::Register& msg);
+  void handleLookup(Connection& conn, const wire::Lookup& msg);
+  void handleDelete(Connection& conn, const wire::Delete& msg);
+  void handleDropCopy(Connection& conn, const wire::DropCopy& msg);
+  void handlePull(Connection& conn, const wire::Pull& msg);
+  void pump(const StreamKey& key);
+  void endStream(const StreamKey& key);
+  void dropLocalCopy(const std::string& id, const Status& why);
+
+  NodeConfig config_;
+  wire::FrameLimits limits_;
+  EventLoop loop_;
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Listener> listener_;
+  std::shared_ptr<BufferPool> pool_;
+  std::unique_ptr<ObjectStore> store_;
+  std::unique_ptr<DirectoryShard> directory_;
+  std::unique_ptr<WorkerPool> workers_;
+
+  // Loop-thread state.
+  std::shared_ptr<LocalConnection> self_;
+  std::unordered_map<int, Peer> peers_;
+  std::unordered_map<uint64_t, std::shared_ptr<Connection>> incoming_;
+  uint64_t nextRequest_ = 1;
+  std::unordered_map<uint64_t, Pending> pending_;
+  std::unordered_map<uint64_t, PullState> pulls_;
+  std::unordered_map<uint64_t, GetOp> gets_;
+  std::map<StreamKey, ServingStream> serving_;
+  bool shuttingDown_ = false;
+
+  std::mutex completionMutex_;
+  std::condition_variable completionCv_;
+  std::deque<Completion> completions_;
+  bool closed_ = false;
+
+  std::mutex shutdownMutex_;
+  bool stopped_ = false;
+
+  struct Counters {
+    std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, pullsServed{0}, pullsCompleted{0};
+    std::atomic<uint64_t> inlineGets{0}, localGets{0}, remoteGets{0}, evictions{0};
+  } counters_;
+};
+
+}  // namespace hoplite

@@ -1,0 +1,75 @@
+#include "store/buffer_pool.h"
+
+#include <sys/mman.h>
+
+#include <new>
+
+namespace hoplite {
+namespace {
+
+constexpr size_t kPage = 4096;
+constexpr size_t kHugePage = 2u << 20;
+
+uint8_t* mapMemory(size_t capacity) {
+  void* p = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  // Transparent huge pages cut first-touch faults by 512x where the kernel allows them.
+  if (capacity >= kHugePage) ::madvise(p, capacity, MADV_HUGEPAGE);
+  return static_cast<uint8_t*>(p);
+}
+
+}  // namespace
+
+Buffer::Buffer(std::shared_ptr<BufferPool> pool, uint8_t* data, size_t size, size_t capacity)
+    : pool_(std::move(pool)), data_(data), size_(size), capacity_(capacity) {}
+
+Buffer::~Buffer() { pool_->release(data_, capacity_); }
+
+BufferPool::~BufferPool() {
+  for (auto& [capacity, list] : free_) {
+    for (uint8_t* p : list) ::munmap(p, capacity);
+  }
+}
+
+size_t BufferPool::sizeClass(size_t size) {
+  if (size <= kPage) return kPage;
+  size_t power = kPage;
+  while (power * 2 < size) power *= 2;
+  size_t step = power / 8 < kPage ? kPage : power / 8;
+  return (size + step - 1) / step * step;
+}
+
+std::shared_ptr<Buffer> BufferPool::allocate(size_t size) {
+  size_t capacity = sizeClass(size);
+  uint8_t* data = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = free_.find(capacity);
+    if (it != free_.end() && !it->second.empty()) {
+      data = it->second.back();
+      it->second.pop_back();
+      cachedBytes_ -= capacity;
+    }
+  }
+  if (data == nullptr) data = mapMemory(capacity);
+  return std::make_shared<Buffer>(shared_from_this(), data, size, capacity);
+}
+
+void BufferPool::release(uint8_t* data, size_t capacity) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (cachedBytes_ + capacity <= maxCachedBytes_) {
+      free_[capacity].push_back(data);
+      cachedBytes_ += capacity;
+      return;
+    }
+  }
+  ::munmap(data, capacity);
+}
+
+size_t BufferPool::cachedBytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cachedBytes_;
+}
+
+}  // namespace hoplite

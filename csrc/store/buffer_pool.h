@@ -1,0 +1,57 @@
+// Reusable, page-aligned buffers. Fresh anonymous memory costs a page fault per
+// page on first touch (measured here to cost more than the transfer itself), so
+// freed buffers are kept by size class and handed out again.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace hoplite {
+
+class BufferPool;
+
+class Buffer {
+ public:
+  Buffer(std::shared_ptr<BufferPool> pool, uint8_t* data, size_t size, size_t capacity);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  std::shared_ptr<BufferPool> pool_;
+  uint8_t* data_;
+  size_t size_;
+  size_t capacity_;
+};
+
+class BufferPool : public std::enable_shared_from_this<BufferPool> {
+ public:
+  // `maxCachedBytes`: how much freed memory to keep for reuse.
+  explicit BufferPool(size_t maxCachedBytes) : maxCachedBytes_(maxCachedBytes) {}
+  ~BufferPool();
+
+  // Thread-safe. Throws std::bad_alloc when memory cannot be mapped.
+  std::shared_ptr<Buffer> allocate(size_t size);
+  size_t cachedBytes() const;
+
+  // Rounds up to a size class: multiples of 1/8 of the enclosing power of two.
+  static size_t sizeClass(size_t size);
+
+ private:
+  friend class Buffer;
+  void release(uint8_t* data, size_t capacity);
+
+  const size_t maxCachedBytes_;
+  mutable std::mutex mutex_;
+  std::map<size_t, std::vector<uint8_t*>> free_;
+  size_t cachedBytes_ = 0;
+};
+
+}  // namespace hoplite

@@ -1,0 +1,100 @@
+#include "store/object_store.h"
+
+#include <new>
+#include <vector>
+
+namespace hoplite {
+
+ObjectStore::ObjectStore(std::shared_ptr<BufferPool> pool, uint64_t capacityBytes, EvictCallback onEvict)
+    : pool_(std::move(pool)), capacity_(capacityBytes), onEvict_(std::move(onEvict)) {}
+
+bool ObjectStore::makeRoom(uint64_t bytes, std::vector<std::string>* evicted) {
+  if (bytes > capacity_) return false;
+  // Walk from the least recently used end; only idle, complete, non-primary copies go.
+  auto it = lru_.end();
+  while (used_ + bytes > capacity_ && it != lru_.begin()) {
+    --it;
+    auto& entry = objects_.at(*it);
+    const auto& obj = entry.object;
+    bool idle = obj.use_count() == 1;  // nobody streams from or into it
+    if (obj->primary() || !obj->complete() || !idle) continue;
+    used_ -= obj->size();
+    evicted->push_back(*it);
+    std::string id = *it;
+    it = lru_.erase(it);
+    objects_.erase(id);
+  }
+  return used_ + bytes <= capacity_;
+}
+
+Status ObjectStore::create(const std::string& id, const ObjectMeta& meta, bool primary,
+                           std::shared_ptr<LocalObject>* out) {
+  std::vector<std::string> evicted;
+  Status status;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (objects_.count(id)) {
+      status = Status(Code::kAlreadyExists, "object " + printableId(id) + " already exists on this node");
+    } else if (!makeRoom(meta.nbytes, &evicted)) {
+      status = Status(Code::kCapacity, "no room for object " + printableId(id) + " of " +
+                                           std::to_string(meta.nbytes) + " bytes: store holds " +
+                                           std::to_string(used_) + " of " + std::to_string(capacity_) +
+                                           " bytes in copies that cannot be evicted");
+    } else {
+      used_ += meta.nbytes;  // reserved; the buffer is mapped outside the lock
+    }
+  }
+  for (const auto& e : evicted) onEvict_(e);
+  if (!status.ok()) return status;
+
+  std::shared_ptr<Buffer> buffer;
+  try {
+    buffer = pool_->allocate(meta.nbytes);
+  } catch (const std::bad_alloc&) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    used_ -= meta.nbytes;
+    return Status(Code::kCapacity, "out of memory allocating " + std::to_string(meta.nbytes) + " bytes for object " +
+                                       printableId(id));
+  }
+  auto obj = std::make_shared<LocalObject>(id, meta, std::move(buffer), primary);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (objects_.count(id)) {  // lost a race with another creator of the same id
+    used_ -= meta.nbytes;
+    return Status(Code::kAlreadyExists, "object " + printableId(id) + " already exists on this node");
+  }
+  lru_.push_front(id);
+  objects_.emplace(id, Entry{obj, lru_.begin()});
+  *out = std::move(obj);
+  return Status();
+}
+
+std::shared_ptr<LocalObject> ObjectStore::find(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = objects_.find(id);
+  if (it == objects_.end()) return nullptr;
+  lru_.splice(lru_.begin(), lru_, it->second.lru);
+  return it->second.object;
+}
+
+std::shared_ptr<LocalObject> ObjectStore::remove(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = objects_.find(id);
+  if (it == objects_.end()) return nullptr;
+  auto obj = std::move(it->second.object);
+  lru_.erase(it->second.lru);
+  objects_.erase(it);
+  used_ -= obj->size();
+  return obj;
+}
+
+uint64_t ObjectStore::usedBytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return used_;
+}
+
+size_t ObjectStore::count() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return objects_.size();
+}
+
+}  // namespace hoplite

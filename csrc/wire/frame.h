@@ -1,0 +1,53 @@
+// Frame layout on a connection: a fixed 16-byte header, then `length` payload bytes.
+//   u32 magic | u8 version | u8 type | u16 reserved (0) | u64 length
+// Data frames start their payload with a 16-byte sub-header (u64 request, u64 offset)
+// followed by raw object bytes, which the receiver reads straight into the object buffer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/status.h"
+
+namespace hoplite {
+namespace wire {
+
+constexpr uint32_t kMagic = 0x544c5048;  // "HPLT" little-endian
+constexpr uint8_t kVersion = 1;
+constexpr size_t kHeaderSize = 16;
+constexpr size_t kDataSubheaderSize = 16;
+
+enum class MsgType : uint8_t {
+  kHello = 1,
+  kHelloAck = 2,
+  kRegister = 3,
+  kStatusReply = 4,
+  kHolderUpdate = 5,
+  kLookup = 6,
+  kLookupReply = 7,
+  kDelete = 8,
+  kDropCopy = 9,
+  kPull = 10,
+  kData = 11,
+  kCancel = 12,
+};
+constexpr uint8_t kMaxMsgType = 12;
+
+struct FrameHeader {
+  uint8_t type = 0;
+  uint64_t length = 0;
+};
+
+struct FrameLimits {
+  uint64_t maxControl;  // bytes of a control payload
+  uint64_t maxData;     // object bytes in one data frame
+};
+
+void encodeHeader(uint8_t* out, MsgType type, uint64_t length);
+// Checks magic, version, type and length against the limits.
+Status decodeHeader(const uint8_t* in, const FrameLimits& limits, FrameHeader* out);
+void encodeDataSubheader(uint8_t* out, uint64_t request, uint64_t offset);
+void decodeDataSubheader(const uint8_t* in, uint64_t* request, uint64_t* offset);
+
+}  // namespace wire
+}  // namespace hoplite

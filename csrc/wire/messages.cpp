@@ -1,0 +1,232 @@
+#include "wire/messages.h"
+
+namespace hoplite {
+namespace wire {
+namespace {
+
+constexpr size_t kMaxMessageText = 4096;
+
+void encodeId(Writer& w, const std::string& id) { w.str(id); }
+
+std::string decodeId(Reader& r) {
+  std::string id = r.str(kMaxIdBytes, "object id");
+  if (id.empty()) throw DecodeError("empty object id");
+  return id;
+}
+
+void encodeMeta(Writer& w, const ObjectMeta& m) {
+  w.str(m.dtype);
+  w.u32(m.itemsize);
+  w.u32(static_cast<uint32_t>(m.shape.size()));
+  for (int64_t d : m.shape) w.i64(d);
+  w.u64(m.nbytes);
+  w.str(m.device);
+}
+
+ObjectMeta decodeMeta(Reader& r) {
+  ObjectMeta m;
+  m.dtype = r.str(kMaxNameBytes, "dtype name");
+  m.itemsize = r.u32();
+  uint32_t ndim = r.u32();
+  if (ndim > kMaxDims) throw DecodeError("too many dimensions");
+  m.shape.resize(ndim);
+  for (auto& d : m.shape) d = r.i64();
+  m.nbytes = r.u64();
+  m.device = r.str(kMaxNameBytes, "device name");
+  Status s = validateMeta(m);
+  if (!s.ok()) throw DecodeError("object metadata: " + s.message);
+  return m;
+}
+
+void encodeStatus(Writer& w, const Status& s) {
+  w.u8(static_cast<uint8_t>(s.code));
+  w.str(s.message);
+}
+
+Status decodeStatus(Reader& r) {
+  uint8_t code = r.u8();
+  if (code > kMaxCode) throw DecodeError("unknown status code");
+  return Status(static_cast<Code>(code), r.str(kMaxMessageText, "status message"));
+}
+
+bool decodeBool(Reader& r) {
+  uint8_t v = r.u8();
+  if (v > 1) throw DecodeError("bad boolean");
+  return v == 1;
+}
+
+}  // namespace
+
+void Hello::encode(Writer& w) const {
+  w.u32(protocol);
+  w.i32(rank);
+  w.str(cluster);
+}
+Hello Hello::decode(Reader& r) {
+  Hello m;
+  m.protocol = r.u32();
+  m.rank = r.i32();
+  m.cluster = r.str(256, "cluster id");
+  r.expectEnd("hello");
+  return m;
+}
+
+void HelloAck::encode(Writer& w) const { w.i32(rank); }
+HelloAck HelloAck::decode(Reader& r) {
+  HelloAck m;
+  m.rank = r.i32();
+  r.expectEnd("hello ack");
+  return m;
+}
+
+void Register::encode(Writer& w) const {
+  w.u64(request);
+  encodeId(w, id);
+  encodeMeta(w, meta);
+  w.i32(holder);
+  w.u8(complete);
+  w.u8(hasInline);
+  if (hasInline) w.str(inlineData);
+}
+Register Register::decode(Reader& r, uint64_t maxInline) {
+  Register m;
+  m.request = r.u64();
+  m.id = decodeId(r);
+  m.meta = decodeMeta(r);
+  m.holder = r.i32();
+  m.complete = decodeBool(r);
+  m.hasInline = decodeBool(r);
+  if (m.hasInline) {
+    m.inlineData = r.str(maxInline, "inline object");
+    if (m.inlineData.size() != m.meta.nbytes) throw DecodeError("inline object size does not match metadata");
+  }
+  r.expectEnd("register");
+  return m;
+}
+
+void StatusReply::encode(Writer& w) const {
+  w.u64(request);
+  encodeStatus(w, status);
+}
+StatusReply StatusReply::decode(Reader& r) {
+  StatusReply m;
+  m.request = r.u64();
+  m.status = decodeStatus(r);
+  r.expectEnd("status reply");
+  return m;
+}
+
+void HolderUpdate::encode(Writer& w) const {
+  encodeId(w, id);
+  w.i32(holder);
+  w.u8(static_cast<uint8_t>(state));
+}
+HolderUpdate HolderUpdate::decode(Reader& r) {
+  HolderUpdate m;
+  m.id = decodeId(r);
+  m.holder = r.i32();
+  uint8_t st = r.u8();
+  if (st > static_cast<uint8_t>(HolderState::kRemoved)) throw DecodeError("bad holder state");
+  m.state = static_cast<HolderState>(st);
+  r.expectEnd("holder update");
+  return m;
+}
+
+void Lookup::encode(Writer& w) const {
+  w.u64(request);
+  encodeId(w, id);
+  w.u64(timeoutMs);
+}
+Lookup Lookup::decode(Reader& r) {
+  Lookup m;
+  m.request = r.u64();
+  m.id = decodeId(r);
+  m.timeoutMs = r.u64();
+  r.expectEnd("lookup");
+  return m;
+}
+
+void LookupReply::encode(Writer& w) const {
+  w.u64(request);
+  encodeStatus(w, status);
+  if (!status.ok()) return;
+  encodeMeta(w, meta);
+  w.u8(hasInline);
+  if (hasInline) w.str(inlineData);
+  w.u32(static_cast<uint32_t>(holders.size()));
+  for (const auto& h : holders) {
+    w.i32(h.rank);
+    w.u8(h.complete);
+  }
+}
+LookupReply LookupReply::decode(Reader& r, uint64_t maxInline) {
+  LookupReply m;
+  m.request = r.u64();
+  m.status = decodeStatus(r);
+  if (m.status.ok()) {
+    m.meta = decodeMeta(r);
+    m.hasInline = decodeBool(r);
+    if (m.hasInline) {
+      m.inlineData = r.str(maxInline, "inline object");
+      if (m.inlineData.size() != m.meta.nbytes) throw DecodeError("inline object size does not match metadata");
+    }
+    uint32_t n = r.u32();
+    if (n > kMaxHolders || n * 5ull > r.remaining()) throw DecodeError("holder list out of bounds");
+    m.holders.resize(n);
+    for (auto& h : m.holders) {
+      h.rank = r.i32();
+      h.complete = decodeBool(r);
+    }
+  }
+  r.expectEnd("lookup reply");
+  return m;
+}
+
+void Delete::encode(Writer& w) const {
+  w.u64(request);
+  encodeId(w, id);
+}
+Delete Delete::decode(Reader& r) {
+  Delete m;
+  m.request = r.u64();
+  m.id = decodeId(r);
+  r.expectEnd("delete");
+  return m;
+}
+
+void DropCopy::encode(Writer& w) const {
+  w.u64(request);
+  encodeId(w, id);
+}
+DropCopy DropCopy::decode(Reader& r) {
+  DropCopy m;
+  m.request = r.u64();
+  m.id = decodeId(r);
+  r.expectEnd("drop copy");
+  return m;
+}
+
+void Pull::encode(Writer& w) const {
+  w.u64(request);
+  encodeId(w, id);
+  w.u64(offset);
+}
+Pull Pull::decode(Reader& r) {
+  Pull m;
+  m.request = r.u64();
+  m.id = decodeId(r);
+  m.offset = r.u64();
+  r.expectEnd("pull");
+  return m;
+}
+
+void Cancel::encode(Writer& w) const { w.u64(request); }
+Cancel Cancel::decode(Reader& r) {
+  Cancel m;
+  m.request = r.u64();
+  r.expectEnd("cancel");
+  return m;
+}
+
+}  // namespace wire
+}  // namespace hoplite

@@ -1,0 +1,141 @@
+// Control messages: one struct per message type, each with encode() and a
+// bounds-checked decode() that throws DecodeError on malformed input.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/object_meta.h"
+#include "wire/codec.h"
+#include "wire/frame.h"
+
+namespace hoplite {
+namespace wire {
+
+constexpr uint32_t kMaxHolders = 1 << 16;
+
+// Client → server, first frame on every connection.
+struct Hello {
+  static constexpr MsgType kType = MsgType::kHello;
+  uint32_t protocol = kVersion;
+  int32_t rank = -1;
+  std::string cluster;  // id of the cluster this node joined; mismatches are refused
+  void encode(Writer& w) const;
+  static Hello decode(Reader& r);
+};
+
+struct HelloAck {
+  static constexpr MsgType kType = MsgType::kHelloAck;
+  int32_t rank = -1;
+  void encode(Writer& w) const;
+  static HelloAck decode(Reader& r);
+};
+
+// Register an object at its directory shard. Small objects carry their bytes inline.
+struct Register {
+  static constexpr MsgType kType = MsgType::kRegister;
+  uint64_t request = 0;
+  std::string id;
+  ObjectMeta meta;
+  int32_t holder = -1;
+  bool complete = false;
+  bool hasInline = false;
+  std::string inlineData;
+  void encode(Writer& w) const;
+  static Register decode(Reader& r, uint64_t maxInline);
+};
+
+// Generic reply: the outcome of a request.
+struct StatusReply {
+  static constexpr MsgType kType = MsgType::kStatusReply;
+  uint64_t request = 0;
+  Status status;
+  void encode(Writer& w) const;
+  static StatusReply decode(Reader& r);
+};
+
+enum class HolderState : uint8_t { kPartial = 0, kComplete = 1, kRemoved = 2 };
+
+// One-way: a node's copy of an object changed state.
+struct HolderUpdate {
+  static constexpr MsgType kType = MsgType::kHolderUpdate;
+  std::string id;
+  int32_t holder = -1;
+  HolderState state = HolderState::kComplete;
+  void encode(Writer& w) const;
+  static HolderUpdate decode(Reader& r);
+};
+
+// Ask the shard where an object is; answered once it exists, or at the deadline.
+struct Lookup {
+  static constexpr MsgType kType = MsgType::kLookup;
+  uint64_t request = 0;
+  std::string id;
+  uint64_t timeoutMs = 0;
+  void encode(Writer& w) const;
+  static Lookup decode(Reader& r);
+};
+
+struct HolderInfo {
+  int32_t rank = -1;
+  bool complete = false;
+};
+
+struct LookupReply {
+  static constexpr MsgType kType = MsgType::kLookupReply;
+  uint64_t request = 0;
+  Status status;
+  ObjectMeta meta;  // the rest is meaningful only when status is ok
+  bool hasInline = false;
+  std::string inlineData;
+  std::vector<HolderInfo> holders;
+  void encode(Writer& w) const;
+  static LookupReply decode(Reader& r, uint64_t maxInline);
+};
+
+// Delete everywhere (to the shard), or drop one node's copy (shard → holder).
+struct Delete {
+  static constexpr MsgType kType = MsgType::kDelete;
+  uint64_t request = 0;
+  std::string id;
+  void encode(Writer& w) const;
+  static Delete decode(Reader& r);
+};
+
+struct DropCopy {
+  static constexpr MsgType kType = MsgType::kDropCopy;
+  uint64_t request = 0;
+  std::string id;
+  void encode(Writer& w) const;
+  static DropCopy decode(Reader& r);
+};
+
+// Receiver → holder: stream the object from `offset`. Answered by data frames
+// until the end of the object, or by a StatusReply carrying the error.
+struct Pull {
+  static constexpr MsgType kType = MsgType::kPull;
+  uint64_t request = 0;
+  std::string id;
+  uint64_t offset = 0;
+  void encode(Writer& w) const;
+  static Pull decode(Reader& r);
+};
+
+// Receiver → holder: stop a pull early.
+struct Cancel {
+  static constexpr MsgType kType = MsgType::kCancel;
+  uint64_t request = 0;
+  void encode(Writer& w) const;
+  static Cancel decode(Reader& r);
+};
+
+template <typename M>
+std::string encode(const M& m) {
+  Writer w;
+  m.encode(w);
+  return w.take();
+}
+
+}  // namespace wire
+}  // namespace hoplite

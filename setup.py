@@ -1,0 +1,57 @@
+"""Builds torch_hoplite._C against the torch that is already installed.
+
+CPU build by default on a CPU torch. A CUDA build (adding the kernels in cuda/)
+happens when torch has CUDA and nvcc is found; HOPLITE_BUILD_CUDA=0/1 forces either.
+Compile flags: -O2 -g0 (HOPLITE_DEBUG_BUILD=1 gives -O0 -g).
+"""
+import glob
+import os
+import shutil
+
+from setuptools import setup
+from torch.utils import cpp_extension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def want_cuda() -> bool:
+    forced = os.environ.get("HOPLITE_BUILD_CUDA")
+    if forced is not None:
+        return forced == "1"
+    import torch
+
+    has_nvcc = shutil.which("nvcc") is not None or os.path.exists(
+        os.path.join(cpp_extension.CUDA_HOME or "", "bin", "nvcc")
+    )
+    return torch.version.cuda is not None and has_nvcc
+
+
+def sources(pattern: str) -> list[str]:
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern), recursive=True))
+
+
+debug = os.environ.get("HOPLITE_DEBUG_BUILD") == "1"
+cxx_flags = ["-std=c++17", "-O0" if debug else "-O2", "-g" if debug else "-g0", "-Wall", "-Wno-sign-compare"]
+core = sources("csrc/**/*.cpp")
+include_dirs = [os.path.join(ROOT, "csrc")]
+
+if want_cuda():
+    ext = cpp_extension.CUDAExtension(
+        "torch_hoplite._C",
+        core + sources("cuda/**/*.cu"),
+        include_dirs=include_dirs + [os.path.join(ROOT, "cuda")],
+        define_macros=[("HOPLITE_WITH_CUDA", "1")],
+        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O2", "-std=c++17"]},
+    )
+else:
+    ext = cpp_extension.CppExtension(
+        "torch_hoplite._C",
+        core,
+        include_dirs=include_dirs,
+        extra_compile_args={"cxx": cxx_flags},
+    )
+
+setup(
+    ext_modules=[ext],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+)
