@@ -1,0 +1,72 @@
+"""Functions the tests run inside worker ranks (importable by spawned processes)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+import torch_hoplite as hop
+
+
+def put(tensor, obj_id=None, **kwargs):
+    return hop.put(tensor, obj_id, **kwargs)
+
+
+def get(ref, timeout=None, **kwargs):
+    return hop.get(ref, timeout=timeout, **kwargs).wait()
+
+
+def get_error(ref, timeout=None):
+    """Returns (exception type name, message, elapsed seconds) of a failing get."""
+    start = time.monotonic()
+    try:
+        hop.get(ref, timeout=timeout).wait()
+    except Exception as e:
+        return type(e).__name__, str(e), time.monotonic() - start
+    return None, None, time.monotonic() - start
+
+
+def put_error(tensor, obj_id):
+    try:
+        hop.put(tensor, obj_id)
+    except Exception as e:
+        return type(e).__name__, str(e)
+    return None, None
+
+
+def delete(ref):
+    hop.delete(ref)
+
+
+def stats():
+    return hop.stats()
+
+
+def pattern(n: int, seed: int) -> torch.Tensor:
+    """n distinct int32 values; cheap to make twice and to compare exactly."""
+    return torch.arange(seed, seed + n, dtype=torch.int32)
+
+
+def put_pattern(obj_id, n, seed):
+    return hop.put(pattern(n, seed), obj_id)
+
+
+def get_matches_pattern(obj_id, n, seed, timeout=None):
+    got = hop.get(obj_id, timeout=timeout).wait()
+    return got.dtype == torch.int32 and got.shape == (n,) and bool(torch.equal(got, pattern(n, seed)))
+
+
+def exchange(rank, world_size, n):
+    """Every rank puts a tensor of its rank and gets everyone else's."""
+    hop.put(torch.full((n,), float(rank)), f"exchange-{rank}")
+    futs = [hop.get(f"exchange-{r}", timeout=60) for r in range(world_size) if r != rank]
+    torch.futures.wait_all(futs)
+    return [float(f.value()[0]) for f in futs] == [float(r) for r in range(world_size) if r != rank] and all(
+        bool((f.value() == f.value()[0]).all()) for f in futs
+    )
+
+
+def pid():
+    return os.getpid()

@@ -1,0 +1,45 @@
+"""torch_hoplite: a distributed object store of tensors with pipelined,
+receiver-driven transfers for asynchronous PyTorch programs.
+
+    import torch_hoplite as hop
+    hop.init()                       # joins through torchrun's / the process group's store
+    ref = hop.put(torch.ones(1024))  # ObjectRef: picklable, cheap to pass around
+    t = hop.get(ref).wait()          # from any process
+"""
+
+import torch  # noqa: F401  (loads libtorch before the extension)
+
+from torch_hoplite.api import (
+    barrier,
+    delete,
+    get,
+    get_rank,
+    get_world_size,
+    init,
+    is_initialized,
+    put,
+    shutdown,
+    stats,
+)
+from torch_hoplite.config import Config
+from torch_hoplite.errors import (
+    CapacityError,
+    HopliteError,
+    HopliteTimeoutError,
+    NotInitializedError,
+    ObjectDeletedError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    PeerFailedError,
+    ProtocolError,
+)
+from torch_hoplite.object_ref import ObjectRef
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "put", "get", "delete", "barrier", "stats",
+    "get_rank", "get_world_size", "ObjectRef", "Config",
+    "HopliteError", "HopliteTimeoutError", "ObjectExistsError", "ObjectNotFoundError",
+    "ObjectDeletedError", "PeerFailedError", "CapacityError", "ProtocolError", "NotInitializedError",
+]

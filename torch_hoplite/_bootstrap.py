@@ -1,0 +1,151 @@
+"""Joining a cluster through a PyTorch Store: which store, which address, who is where."""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import ipaddress
+import os
+import socket
+import struct
+import uuid
+from typing import Optional
+
+import torch.distributed as dist
+
+from torch_hoplite.errors import HopliteTimeoutError
+
+
+def resolve_store(
+    store: Optional[dist.Store], rank: Optional[int], world_size: Optional[int], timeout: float
+) -> tuple[dist.Store, int, int]:
+    """The store to rendezvous through, with this process's rank and the world size.
+
+    In order: an explicit store; the default process group's store when
+    torch.distributed is initialized; a TCPStore from MASTER_ADDR/MASTER_PORT/
+    RANK/WORLD_SIZE as torchrun sets them (rank 0 hosts it).
+    """
+    if store is None and dist.is_available() and dist.is_initialized():
+        store = dist.distributed_c10d._get_default_store()
+        rank = dist.get_rank() if rank is None else rank
+        world_size = dist.get_world_size() if world_size is None else world_size
+    if rank is None:
+        rank = _env_int("RANK")
+    if world_size is None:
+        world_size = _env_int("WORLD_SIZE")
+    if rank is None or world_size is None:
+        raise ValueError(
+            "torch_hoplite.init: rank and world_size are unknown; pass them, set RANK and WORLD_SIZE "
+            "(torchrun does), or initialize torch.distributed first"
+        )
+    if not 0 <= rank < world_size:
+        raise ValueError(f"torch_hoplite.init: rank {rank} is out of range for world size {world_size}")
+    if store is None:
+        addr = os.environ.get("MASTER_ADDR")
+        port = _env_int("MASTER_PORT")
+        if not addr or port is None:
+            raise ValueError(
+                "torch_hoplite.init: no store given, torch.distributed is not initialized, "
+                "and MASTER_ADDR/MASTER_PORT are not set"
+            )
+        store = dist.TCPStore(
+            addr,
+            port,
+            world_size,
+            is_master=(rank == 0),
+            timeout=datetime.timedelta(seconds=timeout),
+            wait_for_workers=False,
+        )
+    return store, rank, world_size
+
+
+def _env_int(name: str) -> Optional[int]:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+def store_host(store: dist.Store) -> Optional[str]:
+    """The host of the TCPStore behind `store` (through PrefixStores), if any."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return getattr(store, "host", None) if isinstance(store, dist.TCPStore) else None
+
+
+def interface_address(ifname: str) -> str:
+    """IPv4 address of a network interface, e.g. 'eth0'."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = struct.pack("256s", ifname.encode()[:15])
+        return socket.inet_ntoa(fcntl.ioctl(sock.fileno(), 0x8915, packed)[20:24])  # SIOCGIFADDR
+    except OSError as e:
+        raise ValueError(f"HOPLITE_IFNAME={ifname!r}: interface has no IPv4 address ({e})") from None
+    finally:
+        sock.close()
+
+
+def advertise_address(host: Optional[str], ifname: Optional[str], store: dist.Store) -> str:
+    """The address peers should use to reach this node."""
+    if host:
+        return host
+    if ifname:
+        return interface_address(ifname)
+    target = store_host(store)
+    if not target:
+        return "127.0.0.1"
+    try:
+        target_ip = socket.gethostbyname(target)
+        if ipaddress.ip_address(target_ip).is_loopback:
+            return "127.0.0.1"
+        # The address of the interface that routes to the store's host.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((target_ip, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+class Rendezvous:
+    """Keys in the store for one round of init: every rank's init bumps its own
+    counter, so ranks that re-init together meet in a fresh namespace."""
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: float):
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = timeout
+        base = dist.PrefixStore("hoplite", store)
+        round_ = base.add(f"round/{rank}", 1)
+        self.store = dist.PrefixStore(f"r{round_}", base)
+        self._barriers = 0
+
+    def cluster_id(self) -> str:
+        value = self.store.compare_set("cluster_id", "", uuid.uuid4().hex)
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def exchange_addresses(self, host: str, port: int) -> dict[int, tuple[str, int]]:
+        self.store.set(f"addr/{self.rank}", f"{host}:{port}")
+        peers = {}
+        for r in range(self.world_size):
+            key = f"addr/{r}"
+            self._wait(key, f"rank {r} to publish its address")
+            peer_host, peer_port = self.store.get(key).decode().rsplit(":", 1)
+            peers[r] = (peer_host, int(peer_port))
+        return peers
+
+    def barrier(self, timeout: float) -> None:
+        n = self._barriers
+        self._barriers += 1
+        if self.store.add(f"barrier/{n}", 1) == self.world_size:
+            self.store.set(f"barrier/{n}/done", "1")
+        self._wait(f"barrier/{n}/done", "all ranks to reach the barrier", timeout)
+
+    def _wait(self, key: str, what: str, timeout: Optional[float] = None) -> None:
+        seconds = self.timeout if timeout is None else timeout
+        try:
+            self.store.wait([key], datetime.timedelta(seconds=seconds))
+        except (RuntimeError, dist.DistStoreError) as e:
+            raise HopliteTimeoutError(f"rank {self.rank} timed out after {seconds:g} s waiting for {what}") from e

@@ -1,0 +1,79 @@
+"""Conversions between tensors and the byte buffers the core stores."""
+
+from __future__ import annotations
+
+import torch
+
+from torch_hoplite.object_ref import ObjectRef
+
+_DTYPES: dict[str, torch.dtype] = {
+    str(dt).removeprefix("torch."): dt
+    for dt in (
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+    )
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise TypeError(f"dtype {dtype} is not supported by torch_hoplite")
+    return name
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise TypeError(f"unknown dtype {name!r} in object metadata") from None
+
+
+def prepare_for_put(tensor: torch.Tensor) -> torch.Tensor:
+    """Checks a tensor can be stored and returns a dense, contiguous CPU view of it."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"put expects a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.layout != torch.strided:
+        raise TypeError(f"put supports dense (strided) tensors, got layout {tensor.layout}")
+    if tensor.is_quantized:
+        raise TypeError("put does not support quantized tensors")
+    if tensor.device.type != "cpu":
+        raise NotImplementedError(
+            f"put of a {tensor.device.type} tensor: only CPU tensors are supported so far "
+            "(move it with .cpu() first)"
+        )
+    dtype_name(tensor.dtype)
+    tensor = tensor.detach()
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    if tensor.is_neg():
+        tensor = tensor.resolve_neg()
+    return tensor.contiguous()
+
+
+def tensor_from_buffer(buffer, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """Wraps a core buffer as a tensor without copying; the tensor keeps it alive."""
+    if buffer is None or len(buffer) == 0:
+        return torch.empty(shape, dtype=dtype)
+    raw = torch.frombuffer(buffer, dtype=torch.uint8)
+    return raw.view(dtype).view(shape)
+
+
+def ref_from_meta(obj_id, meta: tuple) -> ObjectRef:
+    dtype, _itemsize, shape, nbytes, device = meta
+    return ObjectRef(obj_id, nbytes, dtype_from_name(dtype), tuple(shape), torch.device(device))

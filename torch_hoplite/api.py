@@ -1,0 +1,135 @@
+"""The public functions of torch_hoplite (re-exported by the package)."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from torch_hoplite._bootstrap import Rendezvous, resolve_store
+from torch_hoplite.config import Config
+from torch_hoplite.errors import NotInitializedError
+from torch_hoplite.object_ref import ObjectId, ObjectRef, id_of
+from torch_hoplite.runtime import Runtime
+
+_runtime: Optional[Runtime] = None
+
+
+def init(
+    store: Optional[dist.Store] = None,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    **options,
+) -> None:
+    """Starts this process's node and joins the cluster.
+
+    Args:
+        store: rendezvous store. Default: the default process group's store when
+            torch.distributed is initialized, else a TCPStore from MASTER_ADDR,
+            MASTER_PORT (rank 0 hosts it), as torchrun sets them.
+        rank, world_size: default to the process group's, or RANK / WORLD_SIZE.
+        **options: see :mod:`torch_hoplite.config` (e.g. ``timeout=60``,
+            ``capacity_bytes="8GiB"``, ``host="10.0.0.1"``); they override the
+            ``HOPLITE_*`` environment variables.
+
+    Returns once every rank has published its address.
+    """
+    global _runtime
+    if _runtime is not None:
+        raise RuntimeError("torch_hoplite is already initialized in this process; call shutdown() first")
+    config = Config.resolve(options)
+    store, rank, world_size = resolve_store(store, rank, world_size, config.timeout)
+    _runtime = Runtime(Rendezvous(store, rank, world_size, config.timeout), config)
+
+
+def shutdown() -> None:
+    """Stops this node. Pending gets fail; objects only this node held become
+    unreachable, so call :func:`barrier` first when others may still need them."""
+    global _runtime
+    if _runtime is None:
+        return
+    runtime, _runtime = _runtime, None
+    runtime.shutdown()
+
+
+def is_initialized() -> bool:
+    return _runtime is not None
+
+
+def _rt() -> Runtime:
+    if _runtime is None:
+        raise NotInitializedError("torch_hoplite is not initialized: call torch_hoplite.init() first")
+    return _runtime
+
+
+def put(
+    tensor: torch.Tensor,
+    id: Optional[ObjectId] = None,
+    *,
+    timeout: Optional[float] = None,
+    blocking: bool = False,
+) -> ObjectRef:
+    """Stores an immutable copy of `tensor` and returns its reference.
+
+    Returns as soon as the object is registered in the directory; its bytes are
+    copied into the store in the background and receivers may already stream
+    them. As with ``isend``, do not modify `tensor` until the copy is done, or
+    pass ``blocking=True`` to return only then.
+
+    Raises:
+        ObjectExistsError: `id` already names an object.
+        CapacityError: the store has no room.
+        TypeError, ValueError, NotImplementedError: the tensor cannot be stored.
+    """
+    return _rt().put(tensor, id, timeout, blocking)
+
+
+def get(
+    ref: Union[ObjectRef, ObjectId],
+    device: Optional[Union[str, torch.device]] = None,
+    timeout: Optional[float] = None,
+    *,
+    copy: bool = True,
+) -> torch.futures.Future:
+    """Fetches an object; the future's ``wait()`` gives the tensor with its
+    original dtype and shape.
+
+    Waits for the object to be put if it does not exist yet, up to `timeout`
+    seconds (default ``HOPLITE_TIMEOUT``). ``copy=False`` returns the store's own
+    copy without copying it: the tensor must then be treated as read-only.
+
+    The future fails with HopliteTimeoutError (a TimeoutError),
+    ObjectDeletedError, PeerFailedError or CapacityError; messages name the
+    object and the peer involved.
+    """
+    if device is not None and torch.device(device).type != "cpu":
+        raise NotImplementedError(f"get to device {device}: only CPU is supported so far")
+    return _rt().get(id_of(ref), timeout, copy)
+
+
+def delete(ref: Union[ObjectRef, ObjectId], timeout: Optional[float] = None) -> None:
+    """Deletes the object and every copy of it; returns once all are gone.
+
+    Raises ObjectNotFoundError for an unknown id, ObjectDeletedError if it was
+    deleted already.
+    """
+    _rt().delete(id_of(ref), timeout)
+
+
+def barrier(timeout: Optional[float] = None) -> None:
+    """Waits until every rank has called barrier() (through the rendezvous store)."""
+    _rt().barrier(timeout)
+
+
+def get_rank() -> int:
+    return _rt().rank
+
+
+def get_world_size() -> int:
+    return _rt().world_size
+
+
+def stats() -> dict[str, int]:
+    """Counters of this node: bytes moved, pulls served, store usage, ..."""
+    return _rt().stats()

@@ -1,0 +1,127 @@
+"""Configuration: keyword arguments of :func:`torch_hoplite.init` override
+``HOPLITE_*`` environment variables, which override the defaults.
+
+=============================  ==========================================  ===============
+variable / keyword             meaning                                     default
+=============================  ==========================================  ===============
+HOPLITE_LISTEN_HOST  host      IPv4 address to listen on and advertise     see below
+HOPLITE_IFNAME       ifname    take the address of this interface          unset
+HOPLITE_LISTEN_PORT  port      TCP port (0: any free port)                 0
+HOPLITE_CHUNK_BYTES  chunk     pipelining chunk (0: by object size,        0
+                     _bytes    256 KiB .. 4 MiB)
+HOPLITE_STORE_CAPACITY         bytes of object copies this node keeps      half of RAM
+                     capacity
+                     _bytes
+HOPLITE_INLINE_THRESHOLD       objects up to this size live in the         64KiB
+                     inline_threshold_bytes  directory (one-round-trip gets)
+HOPLITE_POOL_CACHE   pool      freed buffer memory kept for reuse          capacity
+                     _cache_bytes
+HOPLITE_TIMEOUT      timeout   default timeout of put/get/delete, seconds  300
+HOPLITE_CONNECT_TIMEOUT        how long to retry connecting to a peer, s   30
+                     connect_timeout
+HOPLITE_COPY_THREADS           threads for memory copies                   2
+                     copy_threads
+HOPLITE_SOCKET_BUFFER          SO_SNDBUF/SO_RCVBUF bytes (0: autotune)     0
+                     socket_buffer_bytes
+HOPLITE_LOG_LEVEL    (env)     error, warn, info or debug                  warn
+=============================  ==========================================  ===============
+
+Sizes accept suffixes: ``64KB``, ``1MiB``, ``2G`` (K/M/G = 1024-based).
+Without HOPLITE_LISTEN_HOST or HOPLITE_IFNAME, the node advertises the local
+address that routes to the rendezvous store's host (127.0.0.1 for a local store).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any, Optional
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*$")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(value: str | int, name: str = "size") -> int:
+    """Parses ``"64KiB"``, ``"1MB"``, ``"2g"`` or a plain integer into bytes."""
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"{name} must not be negative, got {value}")
+        return value
+    m = _SIZE_RE.match(str(value))
+    if not m:
+        raise ValueError(f"{name}: cannot parse size {value!r} (examples: 65536, 64KiB, 1MB)")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def _total_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 16 << 30
+
+
+@dataclasses.dataclass
+class Config:
+    host: Optional[str] = None
+    ifname: Optional[str] = None
+    port: int = 0
+    chunk_bytes: int = 0
+    capacity_bytes: int = dataclasses.field(default_factory=lambda: _total_memory() // 2)
+    inline_threshold_bytes: int = 64 << 10
+    pool_cache_bytes: Optional[int] = None
+    timeout: float = 300.0
+    connect_timeout: float = 30.0
+    copy_threads: int = 2
+    socket_buffer_bytes: int = 0
+
+    _ENV = {
+        "host": ("HOPLITE_LISTEN_HOST", str),
+        "ifname": ("HOPLITE_IFNAME", str),
+        "port": ("HOPLITE_LISTEN_PORT", int),
+        "chunk_bytes": ("HOPLITE_CHUNK_BYTES", parse_size),
+        "capacity_bytes": ("HOPLITE_STORE_CAPACITY", parse_size),
+        "inline_threshold_bytes": ("HOPLITE_INLINE_THRESHOLD", parse_size),
+        "pool_cache_bytes": ("HOPLITE_POOL_CACHE", parse_size),
+        "timeout": ("HOPLITE_TIMEOUT", float),
+        "connect_timeout": ("HOPLITE_CONNECT_TIMEOUT", float),
+        "copy_threads": ("HOPLITE_COPY_THREADS", int),
+        "socket_buffer_bytes": ("HOPLITE_SOCKET_BUFFER", parse_size),
+    }
+
+    @classmethod
+    def resolve(cls, overrides: dict[str, Any]) -> "Config":
+        """Defaults, then environment, then keyword overrides (None means unset)."""
+        cfg = cls()
+        for field, (env, parse) in cls._ENV.items():
+            raw = os.environ.get(env)
+            if raw is not None and raw != "":
+                try:
+                    setattr(cfg, field, parse(raw))
+                except ValueError as e:
+                    raise ValueError(f"{env}={raw!r}: {e}") from None
+        unknown = set(overrides) - set(cls._ENV)
+        if unknown:
+            raise TypeError(f"unknown torch_hoplite option(s): {', '.join(sorted(unknown))}")
+        for field, value in overrides.items():
+            if value is None:
+                continue
+            if field.endswith("_bytes"):
+                value = parse_size(value, field)
+            setattr(cfg, field, value)
+        if cfg.pool_cache_bytes is None:
+            cfg.pool_cache_bytes = cfg.capacity_bytes
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.chunk_bytes > (64 << 20):
+            raise ValueError(f"chunk_bytes must be at most 64 MiB, got {self.chunk_bytes}")
+        if self.inline_threshold_bytes > (16 << 20):
+            raise ValueError(f"inline_threshold_bytes must be at most 16 MiB, got {self.inline_threshold_bytes}")
+        if self.timeout <= 0 or self.connect_timeout <= 0:
+            raise ValueError("timeouts must be positive")
+        if self.copy_threads < 1:
+            raise ValueError(f"copy_threads must be at least 1, got {self.copy_threads}")
