@@ -70,3 +70,15 @@ def exchange(rank, world_size, n):
 
 def pid():
     return os.getpid()
+
+
+def put_and_hold(obj_id, n, seed):
+    """Puts a pattern and waits until the local copy is complete."""
+    return hop.put(pattern(n, seed), obj_id, blocking=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

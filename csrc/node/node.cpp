@@ -113,7 +113,8 @@ void Node::sendTo(int rank, wire::MsgType type, std::string payload) {
   }
   peer.queued.emplace_back(type, std::move(payload));
   if (!peer.conn) {
-    peer.connectDeadline = now() + config_.connectTimeoutSeconds;
+    // Retry refused connects only while a peer may still be starting up.
+    peer.connectDeadline = peer.lost ? 0 : now() + config_.connectTimeoutSeconds;
     peer.backoff = 0.05;
     connectPeer(rank);
   }
@@ -141,6 +142,7 @@ void Node::connectPeer(int rank) {
 
 void Node::failPeer(int rank, const Status& why) {
   Peer& peer = peers_[rank];
+  peer.lost = true;
   peer.conn.reset();
   peer.ready = false;
   peer.queued.clear();

@@ -91,6 +91,8 @@ class Node : public ConnectionObserver {
     std::vector<std::pair<wire::MsgType, std::string>> queued;
     double connectDeadline = 0;
     double backoff = 0.05;
+    bool lost = false;  // was reachable once and failed since: no retrying
+
   };
   int shardOf(const std::string& id) const;
   std::string peerName(int rank) const;

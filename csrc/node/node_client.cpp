@@ -127,7 +127,6 @@ void Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t
     op.id = id;
     op.copy = copy;
     op.timeoutSeconds = timeoutSeconds;
-    op.stage = "waiting for the object to be put";
     op.timer = loop_.addTimer(timeoutSeconds, [this, token] {
       auto it = gets_.find(token);
       if (it == gets_.end()) return;
@@ -148,6 +147,7 @@ void Node::startGet(uint64_t token) {
   }
   uint64_t request = newRequest();
   int shard = shardOf(op.id);
+  op.stage = "waiting for the object to be put; directory shard on " + peerName(shard);
   pending_[request] = Pending{shard, nullptr, [this, token](const Status& s, const wire::LookupReply* reply) {
                                 onLookupReply(token, s, reply);
                               }};

@@ -1,0 +1,242 @@
+// Unit tests of the wire decoder: every truncation, oversized lengths and bad
+// fields must give a DecodeError or an error Status, never a crash, an
+// out-of-bounds read or a huge allocation. Built with ASan + UBSan by
+// tests/test_wire_decoder.py.
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "wire/frame.h"
+#include "wire/messages.h"
+
+using namespace hoplite;
+using namespace hoplite::wire;
+
+static int failures = 0;
+
+#define CHECK(cond)                                                    \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                      \
+    }                                                                  \
+  } while (0)
+
+static ObjectMeta sampleMeta() {
+  ObjectMeta m;
+  m.dtype = "float32";
+  m.itemsize = 4;
+  m.shape = {2, 3};
+  m.nbytes = 24;
+  m.device = "cpu";
+  return m;
+}
+
+template <typename Decode>
+static bool throwsDecodeError(const std::string& bytes, Decode decode) {
+  // Copy into an exactly sized heap block so ASan catches any over-read.
+  std::vector<uint8_t> buf(bytes.begin(), bytes.end());
+  uint8_t* heap = static_cast<uint8_t*>(std::malloc(buf.size() + 1));
+  std::copy(buf.begin(), buf.end(), heap);
+  bool threw = false;
+  try {
+    Reader r(heap, buf.size());
+    decode(r);
+  } catch (const DecodeError&) {
+    threw = true;
+  }
+  std::free(heap);
+  return threw;
+}
+
+// A valid encoding decodes; each strict prefix of it and each extension by a byte fails.
+template <typename M, typename Decode>
+static void checkTruncations(const M& msg, Decode decode, const char* name) {
+  std::string bytes = encode(msg);
+  CHECK(!throwsDecodeError(bytes, decode));
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    if (!throwsDecodeError(bytes.substr(0, n), decode)) {
+      std::fprintf(stderr, "%s: prefix of %zu/%zu bytes decoded\n", name, n, bytes.size());
+      ++failures;
+    }
+  }
+  CHECK(throwsDecodeError(bytes + '\0', decode));
+}
+
+static void testHeaders() {
+  FrameLimits limits{1 << 20, 4 << 20};
+  uint8_t h[kHeaderSize];
+  FrameHeader out;
+
+  encodeHeader(h, MsgType::kLookup, 100);
+  CHECK(decodeHeader(h, limits, &out).ok());
+  CHECK(out.length == 100 && out.type == static_cast<uint8_t>(MsgType::kLookup));
+
+  encodeHeader(h, MsgType::kLookup, (1 << 20) + 1);  // oversized control frame
+  CHECK(decodeHeader(h, limits, &out).code == Code::kProtocol);
+
+  encodeHeader(h, MsgType::kData, kDataSubheaderSize + (4 << 20) + 1);  // oversized data frame
+  CHECK(decodeHeader(h, limits, &out).code == Code::kProtocol);
+
+  encodeHeader(h, MsgType::kData, kDataSubheaderSize - 1);  // too short for its sub-header
+  CHECK(decodeHeader(h, limits, &out).code == Code::kProtocol);
+
+  encodeHeader(h, MsgType::kData, ~0ull);  // length that would overflow
+  CHECK(decodeHeader(h, limits, &out).code == Code::kProtocol);
+
+  encodeHeader(h, MsgType::kLookup, 10);
+  h[0] ^= 0xff;  // bad magic
+  CHECK(decodeHeader(h, limits, &out).code == Code::kProtocol);
+
+  encodeHeader(h, MsgType::kLookup, 10);
+  h[4] = kVersion + 1;  // future version
+  CHECK(decodeHeader(h, limits, &out).code == Code::kProtocol);
+
+  for (int type : {0, kMaxMsgType + 1, 255}) {
+    encodeHeader(h, MsgType::kLookup, 10);
+    h[5] = static_cast<uint8_t>(type);
+    CHECK(decodeHeader(h, limits, &out).code == Code::kProtocol);
+  }
+
+  encodeHeader(h, MsgType::kLookup, 10);
+  h[6] = 1;  // reserved bits
+  CHECK(decodeHeader(h, limits, &out).code == Code::kProtocol);
+}
+
+static void testMessages() {
+  const uint64_t maxInline = 1 << 16;
+  Register reg;
+  reg.request = 7;
+  reg.id = "object-1";
+  reg.meta = sampleMeta();
+  reg.holder = 3;
+  reg.complete = true;
+  reg.hasInline = true;
+  reg.inlineData = std::string(24, 'x');
+  checkTruncations(reg, [&](Reader& r) { Register::decode(r, maxInline); }, "register");
+
+  std::string ok = encode(reg);
+  Reader r(reinterpret_cast<const uint8_t*>(ok.data()), ok.size());
+  Register back = Register::decode(r, maxInline);
+  CHECK(back.id == reg.id && back.meta.shape == reg.meta.shape && back.inlineData == reg.inlineData);
+  CHECK(back.holder == 3 && back.complete && back.request == 7);
+
+  LookupReply lr;
+  lr.request = 9;
+  lr.meta = sampleMeta();
+  lr.holders = {{1, true}, {2, false}};
+  checkTruncations(lr, [&](Reader& r) { LookupReply::decode(r, maxInline); }, "lookup reply");
+  LookupReply err;
+  err.request = 9;
+  err.status = Status(Code::kDeleted, "gone");
+  checkTruncations(err, [&](Reader& r) { LookupReply::decode(r, maxInline); }, "lookup error reply");
+
+  checkTruncations(Hello{kVersion, 2, "cluster"}, [](Reader& r) { Hello::decode(r); }, "hello");
+  checkTruncations(HelloAck{2}, [](Reader& r) { HelloAck::decode(r); }, "hello ack");
+  checkTruncations(StatusReply{1, Status(Code::kTimeout, "late")}, [](Reader& r) { StatusReply::decode(r); },
+                   "status reply");
+  checkTruncations(HolderUpdate{"id", 1, HolderState::kRemoved}, [](Reader& r) { HolderUpdate::decode(r); },
+                   "holder update");
+  checkTruncations(Lookup{1, "id", 500}, [](Reader& r) { Lookup::decode(r); }, "lookup");
+  checkTruncations(Delete{1, "id"}, [](Reader& r) { Delete::decode(r); }, "delete");
+  checkTruncations(DropCopy{1, "id"}, [](Reader& r) { DropCopy::decode(r); }, "drop copy");
+  checkTruncations(Pull{1, "id", 4}, [](Reader& r) { Pull::decode(r); }, "pull");
+  checkTruncations(Cancel{1}, [](Reader& r) { Cancel::decode(r); }, "cancel");
+}
+
+static void testBadFields() {
+  const uint64_t maxInline = 1 << 16;
+  auto registerWith = [](const std::function<void(Register&)>& edit) {
+    Register reg;
+    reg.id = "x";
+    reg.meta = sampleMeta();
+    reg.holder = 0;
+    edit(reg);
+    return encode(reg);
+  };
+  auto decodeRegister = [&](Reader& r) { Register::decode(r, maxInline); };
+
+  // nbytes that does not match the shape
+  CHECK(throwsDecodeError(registerWith([](Register& m) { m.meta.nbytes = 25; }), decodeRegister));
+  // a shape whose product overflows 64 bits
+  CHECK(throwsDecodeError(registerWith([](Register& m) {
+                            m.meta.shape = {1ll << 40, 1ll << 40, 1ll << 40};
+                            m.meta.nbytes = 0;
+                          }),
+                          decodeRegister));
+  CHECK(throwsDecodeError(registerWith([](Register& m) { m.meta.shape = {-1}; }), decodeRegister));
+  CHECK(throwsDecodeError(registerWith([](Register& m) { m.meta.itemsize = 0; }), decodeRegister));
+  CHECK(throwsDecodeError(registerWith([](Register& m) { m.id.clear(); }), decodeRegister));
+  CHECK(throwsDecodeError(registerWith([](Register& m) { m.id = std::string(kMaxIdBytes + 1, 'i'); }),
+                          decodeRegister));
+  // inline bytes that disagree with the metadata, or exceed the inline bound
+  CHECK(throwsDecodeError(registerWith([](Register& m) {
+                            m.hasInline = true;
+                            m.inlineData = "short";
+                          }),
+                          decodeRegister));
+  CHECK(throwsDecodeError(registerWith([&](Register& m) {
+                            m.meta.shape = {static_cast<int64_t>(maxInline)};
+                            m.meta.nbytes = maxInline * 4;
+                            m.hasInline = true;
+                            m.inlineData = std::string(maxInline * 4, 'z');
+                          }),
+                          decodeRegister));
+
+  // A string length prefix far beyond the frame must not allocate or read.
+  Writer w;
+  w.u64(1);
+  w.u32(0xfffffff0u);
+  std::string bytes = w.take();
+  CHECK(throwsDecodeError(bytes, [](Reader& r) { Delete::decode(r); }));
+
+  // A holder count far beyond the frame.
+  LookupReply lr;
+  lr.meta = sampleMeta();
+  std::string enc = encode(lr);
+  enc.replace(enc.size() - 4, 4, std::string("\xff\xff\x00\x00", 4));
+  CHECK(throwsDecodeError(enc, [&](Reader& r) { LookupReply::decode(r, maxInline); }));
+
+  // Unknown status code, bad boolean, bad holder state.
+  std::string sr = encode(StatusReply{1, Status()});
+  sr[8] = static_cast<char>(kMaxCode + 1);
+  CHECK(throwsDecodeError(sr, [](Reader& r) { StatusReply::decode(r); }));
+  std::string hu = encode(HolderUpdate{"id", 1, HolderState::kComplete});
+  hu.back() = 7;
+  CHECK(throwsDecodeError(hu, [](Reader& r) { HolderUpdate::decode(r); }));
+}
+
+static void testRandomBytes() {
+  // Arbitrary bytes fed to every decoder: errors are fine, crashes are not.
+  uint64_t state = 88172645463325252ull;
+  auto next = [&] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  for (int i = 0; i < 20000; ++i) {
+    std::string bytes(next() % 96, '\0');
+    for (auto& c : bytes) c = static_cast<char>(next() & 0xff);
+    throwsDecodeError(bytes, [](Reader& r) { Register::decode(r, 1 << 16); });
+    throwsDecodeError(bytes, [](Reader& r) { LookupReply::decode(r, 1 << 16); });
+    throwsDecodeError(bytes, [](Reader& r) { Hello::decode(r); });
+    throwsDecodeError(bytes, [](Reader& r) { Pull::decode(r); });
+    throwsDecodeError(bytes, [](Reader& r) { HolderUpdate::decode(r); });
+  }
+}
+
+int main() {
+  testHeaders();
+  testMessages();
+  testBadFields();
+  testRandomBytes();
+  if (failures) {
+    std::fprintf(stderr, "%d check(s) failed\n", failures);
+    return 1;
+  }
+  std::printf("wire decoder: all checks passed\n");
+  return 0;
+}
