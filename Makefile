@@ -1,0 +1,37 @@
+# Quick start: `make demo` runs the 4-process demo, `make test` runs every test.
+# Both install what they need first (torch 2.13.0 CPU if no torch is present,
+# build tools, the extension itself).
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+SOURCES := $(shell find csrc cuda -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null) setup.py pyproject.toml
+
+.PHONY: setup demo test bench bench-p2p clean
+
+.stamp-deps: Makefile
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
+	$(PIP) install -q ninja pytest pytest-timeout "setuptools>=64" wheel
+	touch $@
+
+.stamp-build: .stamp-deps $(SOURCES)
+	MAX_JOBS=2 $(PIP) install -q --no-build-isolation -e .
+	touch $@
+
+.stamp-bench-deps: .stamp-deps
+	$(PIP) install -q matplotlib tqdm
+	touch $@
+
+setup: .stamp-build
+
+demo: setup
+	$(PYTHON) examples/demo.py
+
+test: setup
+	$(PYTHON) -m pytest tests -q -p no:cacheprovider
+
+bench: bench-p2p
+
+bench-p2p: setup .stamp-bench-deps
+	$(PYTHON) benchmarks/p2p.py
+
+clean:
+	rm -rf build *.egg-info torch_hoplite/*.so .stamp-*
