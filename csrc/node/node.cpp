@@ -82,8 +82,7 @@ void Node::addPeer(int rank, const std::string& host, int port) {
   });
 }
 
-Status Node::callOnLoop(double timeoutSeconds, const std::string& what,
-                        std::function<void(std::function<void(Status)>)> fn) {
+std::future<Status> Node::startOnLoop(std::function<void(std::function<void(Status)>)> fn) {
   auto promise = std::make_shared<std::promise<Status>>();
   auto future = promise->get_future();
   auto once = std::make_shared<std::atomic<bool>>(false);
@@ -92,8 +91,11 @@ Status Node::callOnLoop(double timeoutSeconds, const std::string& what,
       if (!once->exchange(true)) promise->set_value(std::move(s));
     });
   });
-  auto wait = std::chrono::duration<double>(timeoutSeconds);
-  if (future.wait_for(wait) != std::future_status::ready) {
+  return future;
+}
+
+Status Node::awaitStatus(std::future<Status>& future, double timeoutSeconds, const std::string& what) {
+  if (future.wait_for(std::chrono::duration<double>(timeoutSeconds)) != std::future_status::ready) {
     return Status(Code::kTimeout, what + " timed out after " + std::to_string(timeoutSeconds) + " s");
   }
   return future.get();

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -107,9 +108,9 @@ class Node : public ConnectionObserver {
   void handleHello(Connection& conn, const wire::Hello& msg);
   void dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader);
   double now() const;
-  // Runs fn on the loop and waits for the Status it reports, up to a timeout.
-  Status callOnLoop(double timeoutSeconds, const std::string& what,
-                    std::function<void(std::function<void(Status)>)> fn);
+  // Runs fn on the loop; the future gets the Status fn reports (once).
+  std::future<Status> startOnLoop(std::function<void(std::function<void(Status)>)> fn);
+  static Status awaitStatus(std::future<Status>& future, double timeoutSeconds, const std::string& what);
 
   // --- requests this node makes (node_client.cpp) ---
   using StatusCallback = std::function<void(const Status&)>;
@@ -129,17 +130,22 @@ class Node : public ConnectionObserver {
     bool copy = true;
     double timeoutSeconds = 0;
     EventLoop::TimerId timer = 0;
+    ObjectMeta meta;                      // once known
     std::shared_ptr<LocalObject> object;  // once a local copy exists
     uint64_t listener = 0;
     std::string stage;                    // for timeout messages
+    // copy=true: the caller's own buffer, filled behind the object's watermark.
+    std::shared_ptr<Buffer> result;
+    uint64_t copied = 0;
+    bool copyInFlight = false;
   };
   uint64_t newRequest() { return nextRequest_++; }
   void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb);
   void startGet(uint64_t token);
   void onLookupReply(uint64_t token, const Status& status, const wire::LookupReply* reply);
   void waitForLocal(uint64_t token, std::shared_ptr<LocalObject> object);
-  void deliver(uint64_t token);
-  void finishGet(uint64_t token, const Status& status);
+  void progressGet(uint64_t token);
+  void finishGet(uint64_t token, const Status& status, std::shared_ptr<Buffer> result = nullptr);
   void startPull(int holder, const std::shared_ptr<LocalObject>& object);
   void finishPull(uint64_t request);
   void failPull(uint64_t request, const Status& why);

@@ -16,6 +16,14 @@ std::string seconds(double s) {
 
 }  // namespace
 
+namespace {
+// A put copies objects up to this size in the caller's thread, overlapped with
+// the registration round trip; larger ones are copied in the background.
+constexpr uint64_t kCallerCopyBytes = 1u << 20;
+// A get copies pieces up to this size on the loop thread; larger go to a worker.
+constexpr uint64_t kLoopCopyBytes = 256u << 10;
+}  // namespace
+
 uint64_t Node::chunkFor(uint64_t size) const {
   if (config_.chunkBytes > 0) return config_.chunkBytes;
   // About 64 chunks an object, between 256 KiB and 4 MiB: small enough that a
@@ -41,26 +49,36 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
   s = store_->create(id, meta, /*primary=*/true, &obj);
   if (!s.ok()) return s;
 
-  bool small = meta.nbytes <= config_.inlineThresholdBytes || meta.nbytes == 0;
+  const bool small = meta.nbytes <= config_.inlineThresholdBytes || meta.nbytes == 0;
+  // Mid-sized objects are copied here while the registration is in flight; the
+  // copy of large ones continues in the background after put returns.
+  const bool copyHere = !small && meta.nbytes <= kCallerCopyBytes;
   wire::Register reg;
   reg.id = id;
   reg.meta = meta;
   reg.holder = config_.rank;
   if (small) {
-    if (meta.nbytes > 0) std::memcpy(obj->data(), src, meta.nbytes);
+    if (meta.nbytes > 0) {
+      std::memcpy(obj->data(), src, meta.nbytes);
+      reg.inlineData.assign(reinterpret_cast<const char*>(src), meta.nbytes);
+    }
     reg.complete = true;
     reg.hasInline = true;
-    if (meta.nbytes > 0) reg.inlineData.assign(reinterpret_cast<const char*>(src), meta.nbytes);
   }
   int shard = shardOf(id);
-  s = callOnLoop(timeoutSeconds, "registering object " + printableId(id),
-                 [this, reg = std::move(reg), shard, obj, small](std::function<void(Status)> done) mutable {
-                   if (small) obj->advance(obj->size());
-                   uint64_t request = newRequest();
-                   reg.request = request;
-                   requestStatus(shard, wire::MsgType::kRegister, wire::encode(reg), request, done);
-                 });
+  auto registered = startOnLoop([this, reg = std::move(reg), shard, obj, small](std::function<void(Status)> done) mutable {
+    if (small) obj->advance(obj->size());
+    uint64_t request = newRequest();
+    reg.request = request;
+    requestStatus(shard, wire::MsgType::kRegister, wire::encode(reg), request, done);
+  });
+  if (copyHere) {
+    std::memcpy(obj->data(), src, meta.nbytes);
+    loop_.post([obj] { obj->advance(obj->size()); });
+  }
+  s = awaitStatus(registered, timeoutSeconds, "registering object " + printableId(id));
   if (!s.ok()) {
+    obj->abandoned = true;
     loop_.post([this, id, obj, s] {
       if (store_->find(id) == obj) store_->remove(id);
       obj->fail(s);
@@ -68,7 +86,12 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
     if (s.code == Code::kAlreadyExists) s.message = "put of object " + printableId(id) + " failed: it already exists";
     return s;
   }
-  if (small) {
+  if (small || copyHere) {
+    if (copyHere) {
+      loop_.post([this, obj] {
+        send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete});
+      });
+    }
     pushCompletion(Completion{token, Completion::Kind::kPutCopied, Status(), nullptr, {}});
   } else {
     workers_->submit([this, obj, src, token] { copyIn(obj, src, token); });
@@ -102,12 +125,11 @@ Status Node::remove(const std::string& id, double timeoutSeconds) {
   Status s = validateId(id);
   if (!s.ok()) return s;
   int shard = shardOf(id);
-  return callOnLoop(timeoutSeconds, "deleting object " + printableId(id),
-                    [this, id, shard](std::function<void(Status)> done) {
-                      uint64_t request = newRequest();
-                      requestStatus(shard, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id}), request,
-                                    done);
-                    });
+  auto deleted = startOnLoop([this, id, shard](std::function<void(Status)> done) {
+    uint64_t request = newRequest();
+    requestStatus(shard, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id}), request, done);
+  });
+  return awaitStatus(deleted, timeoutSeconds, "deleting object " + printableId(id));
 }
 
 // ---------------------------------------------------------------- get
@@ -170,13 +192,12 @@ void Node::onLookupReply(uint64_t token, const Status& status, const wire::Looku
     finishGet(token, s);
     return;
   }
+  op.meta = reply->meta;
   if (reply->hasInline) {
     counters_.inlineGets++;
     std::shared_ptr<Buffer> buffer = pool_->allocate(reply->meta.nbytes);
     if (reply->meta.nbytes > 0) std::memcpy(buffer->data(), reply->inlineData.data(), reply->meta.nbytes);
-    if (op.timer) loop_.cancelTimer(op.timer);
-    pushCompletion(Completion{token, Completion::Kind::kGet, Status(), std::move(buffer), reply->meta});
-    gets_.erase(it);
+    finishGet(token, Status(), std::move(buffer));
     return;
   }
   // Another get on this node may have started a copy meanwhile.
@@ -211,55 +232,76 @@ void Node::onLookupReply(uint64_t token, const Status& status, const wire::Looku
 void Node::waitForLocal(uint64_t token, std::shared_ptr<LocalObject> obj) {
   GetOp& op = gets_.at(token);
   op.object = obj;
-  if (obj->complete() || obj->failed()) {
-    deliver(token);
-    return;
+  op.meta = obj->meta();
+  if (op.copy && obj->size() > 0) {
+    try {
+      op.result = pool_->allocate(obj->size());
+    } catch (const std::bad_alloc&) {
+      finishGet(token, Status(Code::kCapacity, "out of memory for a copy of object " + printableId(op.id)));
+      return;
+    }
   }
-  op.listener = obj->addListener([this, token] {
-    auto it = gets_.find(token);
-    if (it == gets_.end()) return;
-    const auto& o = it->second.object;
-    if (o->complete() || o->failed()) deliver(token);
-  });
+  op.listener = obj->addListener([this, token] { progressGet(token); });
+  progressGet(token);
 }
 
-void Node::deliver(uint64_t token) {
+// Runs whenever the local copy advances: copies what arrived into the caller's
+// buffer (so the copy overlaps the transfer) and completes the get at the end.
+void Node::progressGet(uint64_t token) {
   auto it = gets_.find(token);
+  if (it == gets_.end()) return;
+  GetOp& op = it->second;
+  const auto& obj = op.object;
+  if (obj->failed()) {
+    finishGet(token, Status(obj->error().code, "get of object " + printableId(op.id) + " failed: " + obj->error().message));
+    return;
+  }
+  if (!op.copy) {
+    if (obj->complete()) finishGet(token, Status(), obj->buffer());
+    return;
+  }
+  while (!op.copyInFlight) {
+    const uint64_t size = obj->size();
+    if (op.copied == size) {
+      if (obj->complete()) finishGet(token, Status(), op.result);
+      return;
+    }
+    const uint64_t from = op.copied;
+    const uint64_t to = obj->watermark();
+    // Copy in pieces of at least a chunk, or what is left at the end.
+    if (to - from < std::min(chunkFor(size), size - from)) return;
+    if (to - from <= kLoopCopyBytes) {
+      std::memcpy(op.result->data() + from, obj->data() + from, to - from);
+      op.copied = to;
+      continue;
+    }
+    op.copyInFlight = true;
+    workers_->submit([this, token, obj, result = op.result, from, to] {
+      std::memcpy(result->data() + from, obj->data() + from, to - from);
+      loop_.post([this, token, to] {
+        auto it = gets_.find(token);
+        if (it == gets_.end()) return;  // timed out or failed meanwhile
+        it->second.copied = to;
+        it->second.copyInFlight = false;
+        progressGet(token);
+      });
+    });
+  }
+}
+
+void Node::finishGet(uint64_t token, const Status& status, std::shared_ptr<Buffer> result) {
+  auto it = gets_.find(token);
+  if (it == gets_.end()) return;
   GetOp op = std::move(it->second);
   gets_.erase(it);
   if (op.timer) loop_.cancelTimer(op.timer);
   if (op.listener) op.object->removeListener(op.listener);
-  if (op.object->failed()) {
-    pushCompletion(Completion{token, Completion::Kind::kGet,
-                              Status(op.object->error().code, "get of object " + printableId(op.id) +
-                                                                  " failed: " + op.object->error().message),
-                              nullptr, {}});
-    return;
+  Completion c{token, Completion::Kind::kGet, status, nullptr, {}};
+  if (status.ok()) {
+    c.buffer = std::move(result);
+    c.meta = std::move(op.meta);
   }
-  if (!op.copy) {
-    pushCompletion(Completion{token, Completion::Kind::kGet, Status(), op.object->buffer(), op.object->meta()});
-    return;
-  }
-  workers_->submit([this, token, obj = op.object] {
-    Completion c{token, Completion::Kind::kGet, Status(), nullptr, obj->meta()};
-    try {
-      c.buffer = pool_->allocate(obj->size());
-      if (obj->size() > 0) std::memcpy(c.buffer->data(), obj->data(), obj->size());
-    } catch (const std::bad_alloc&) {
-      c.status = Status(Code::kCapacity, "out of memory copying object " + printableId(obj->id()));
-    }
-    pushCompletion(std::move(c));
-  });
-}
-
-void Node::finishGet(uint64_t token, const Status& status) {
-  auto it = gets_.find(token);
-  if (it == gets_.end()) return;
-  GetOp& op = it->second;
-  if (op.timer) loop_.cancelTimer(op.timer);
-  if (op.listener) op.object->removeListener(op.listener);
-  gets_.erase(it);
-  pushCompletion(Completion{token, Completion::Kind::kGet, status, nullptr, {}});
+  pushCompletion(std::move(c));
 }
 
 // ---------------------------------------------------------------- pulls

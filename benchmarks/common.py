@@ -1,0 +1,86 @@
+"""Helpers shared by the benchmarks: machine description, sizes, result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import time
+from typing import Any
+
+import torch
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_sizes(text: str) -> list[int]:
+    from torch_hoplite.config import parse_size
+
+    return [parse_size(s.strip(), "size") for s in text.split(",") if s.strip()]
+
+
+def human_size(n: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return f"{n}B"
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = 0
+    try:
+        with open("/proc/meminfo") as f:
+            mem = int(f.readline().split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_bytes": mem,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def write_json(path: str, benchmark: str, records: list[dict], settings: dict) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"benchmark": benchmark, "machine": machine(), "settings": settings, "records": records}, f, indent=1)
+
+
+def print_table(records: list[dict], columns: list[tuple[str, str, str]]) -> None:
+    """columns: (header, key, format)."""
+    widths = [max(len(h), 10) for h, _, _ in columns]
+    print("  ".join(h.rjust(w) for (h, _, _), w in zip(columns, widths)))
+    for r in records:
+        cells = []
+        for (h, key, fmt), w in zip(columns, widths):
+            v = r.get(key)
+            cells.append(("-" if v is None else format(v, fmt)).rjust(w))
+        print("  ".join(cells))
