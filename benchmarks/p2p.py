@@ -3,7 +3,8 @@ torch_hoplite put/get, gloo send/recv and torch RPC (TensorPipe) rpc_sync.
 
     python benchmarks/p2p.py [--sizes 1KB,1MB,64MB,256MB] [--trials 5]
 
-One round trip: rank 0's tensor reaches rank 1, which sends it back.
+One round trip: rank 0's tensor reaches rank 1, which sends it back. Both
+processes run all systems, interleaved trial by trial.
   hoplite:   put(x) on 0; get on 1, put(reply); get of the reply on 0.
              ("hoplite-zero-copy": the same with get(copy=False)). Objects are
              deleted after each trial, outside the timed region.
@@ -11,7 +12,7 @@ One round trip: rank 0's tensor reaches rank 1, which sends it back.
   torch-rpc: rpc_sync of an echo function taking and returning the tensor.
 Reported: median / min / max round-trip time over the trials after warm-up,
 GB/s = 2 * size / median (the ideal is 2 * size / link bandwidth), and the CPU
-cores both processes used during the timed trials. Results go to
+cores both processes used per trial (median of CPU time / round-trip time). Results go to
 benchmarks/results/p2p.json and p2p.png.
 """
 
@@ -43,136 +44,141 @@ def _echo(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-# ---------------------------------------------------------------- one system per pair of processes
+# ---------------------------------------------------------------- one round trip per system
 
 
-def run_hoplite(rank, store, sizes, warmup, minimum, zero_copy):
+class Hoplite:
+    def __init__(self, zero_copy: bool):
+        self.copy = not zero_copy
+        self.prefix = "zc" if zero_copy else "cp"
+        self.i = 0
+
+    def round_trip(self, rank: int, x: torch.Tensor, buf: torch.Tensor) -> None:
+        import torch_hoplite as hop
+
+        self.i += 1
+        ping, pong = f"{self.prefix}-ping-{self.i}", f"{self.prefix}-pong-{self.i}"
+        if rank == 0:
+            hop.put(x, ping)
+            y = hop.get(pong, copy=self.copy).wait()
+            assert y.numel() == x.numel()
+        else:
+            y = hop.get(ping, copy=self.copy).wait()
+            hop.put(y, pong)
+
+    def cleanup(self, rank: int) -> None:
+        import torch_hoplite as hop
+
+        hop.delete(f"{self.prefix}-{'ping' if rank == 0 else 'pong'}-{self.i}")
+
+
+class Gloo:
+    def round_trip(self, rank: int, x: torch.Tensor, buf: torch.Tensor) -> None:
+        if rank == 0:
+            dist.send(x, 1)
+            dist.recv(buf, 1)
+        else:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+
+    def cleanup(self, rank: int) -> None:
+        pass
+
+
+class TorchRpc:
+    def round_trip(self, rank: int, x: torch.Tensor, buf: torch.Tensor) -> None:
+        if rank == 0:
+            y = rpc.rpc_sync("w1", _echo, args=(x,))
+            assert y.numel() == x.numel()
+
+    def cleanup(self, rank: int) -> None:
+        pass
+
+
+def worker(rank, port, systems, sizes, warmup, minimum, queue):
+    """Both processes run every system, interleaved trial by trial, so that drift
+    in the machine's speed affects all systems alike."""
     import torch_hoplite as hop
 
-    hop.init(store, rank=rank, world_size=2)
-    out = []
-    for size in sizes:
-        x = torch.ones(size // 4, dtype=torch.float32)
-        times, cpu = [], 0.0
-        for i in range(warmup + trials_for(size, minimum)):
-            hop.barrier()
-            c0, t0 = time.process_time(), time.perf_counter()
-            if rank == 0:
-                hop.put(x, f"ping-{size}-{i}")
-                y = hop.get(f"pong-{size}-{i}", copy=not zero_copy).wait()
-            else:
-                y = hop.get(f"ping-{size}-{i}", copy=not zero_copy).wait()
-                hop.put(y, f"pong-{size}-{i}")
-            t1, c1 = time.perf_counter(), time.process_time()
-            if rank == 0:
-                assert y.numel() == x.numel()
-            hop.barrier()  # both sides are done with the objects
-            if i >= warmup:
-                times.append(t1 - t0)
-                cpu += c1 - c0
-            del y
-            hop.delete(f"ping-{size}-{i}" if rank == 0 else f"pong-{size}-{i}")
-        out.append((size, times, cpu))
-    hop.barrier()
-    hop.shutdown()
-    return out
-
-
-def run_gloo(rank, store, sizes, warmup, minimum):
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
-    out = []
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=(rank == 0), timeout=datetime.timedelta(seconds=600))
+    dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=2)
+    hop.init(dist.PrefixStore("hoplite", store), rank=rank, world_size=2)
+    opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port + 1}", rpc_timeout=600)
+    rpc.init_rpc(f"w{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
+    impls = {
+        "hoplite": Hoplite(zero_copy=False),
+        "hoplite-zero-copy": Hoplite(zero_copy=True),
+        "gloo": Gloo(),
+        "torch-rpc": TorchRpc(),
+    }
+    results = {}
     for size in sizes:
         x = torch.ones(size // 4, dtype=torch.float32)
         buf = torch.empty_like(x)
-        times, cpu = [], 0.0
-        for i in range(warmup + trials_for(size, minimum)):
-            dist.barrier()
-            c0, t0 = time.process_time(), time.perf_counter()
-            if rank == 0:
-                dist.send(x, 1)
-                dist.recv(buf, 1)
-            else:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
-            t1, c1 = time.perf_counter(), time.process_time()
-            if i >= warmup:
-                times.append(t1 - t0)
-                cpu += c1 - c0
-        out.append((size, times, cpu))
-    dist.barrier()
-    dist.destroy_process_group()
-    return out
-
-
-def run_rpc(rank, port, sizes, warmup, minimum):
-    opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port}", rpc_timeout=300)
-    rpc.init_rpc(f"w{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
-    out = []
-    if rank == 0:
-        for size in sizes:
-            x = torch.ones(size // 4, dtype=torch.float32)
-            times, cpu = [], 0.0
-            for i in range(warmup + trials_for(size, minimum)):
+        for trial in range(warmup + trials_for(size, minimum)):
+            order = systems[trial % len(systems):] + systems[: trial % len(systems)]
+            for system in order:
+                dist.barrier()
                 c0, t0 = time.process_time(), time.perf_counter()
-                y = rpc.rpc_sync("w1", _echo, args=(x,))
-                t1, c1 = time.perf_counter(), time.process_time()
-                assert y.numel() == x.numel()
-                if i >= warmup:
+                impls[system].round_trip(rank, x, buf)
+                t1 = time.perf_counter()
+                dist.barrier()
+                c1 = time.process_time()
+                impls[system].cleanup(rank)
+                if trial >= warmup:
+                    times, cpu = results.setdefault((system, size), ([], []))
                     times.append(t1 - t0)
-                    cpu += c1 - c0
-            out.append((size, times, cpu))
+                    cpu.append(c1 - c0)
     rpc.shutdown()
-    if rank == 1:
-        # The echo side's CPU is not split per size; report it as a whole.
-        out = [("total", [], time.process_time())]
-    return out
+    hop.barrier()
+    hop.shutdown()
+    dist.destroy_process_group()
+    queue.put((rank, results))
 
 
-def worker(rank, system, port, sizes, warmup, minimum, queue):
-    store = dist.TCPStore("127.0.0.1", port, 2, is_master=(rank == 0), timeout=datetime.timedelta(seconds=600))
-    if system.startswith("hoplite"):
-        result = run_hoplite(rank, store, sizes, warmup, minimum, system == "hoplite-zero-copy")
-    elif system == "gloo":
-        result = run_gloo(rank, store, sizes, warmup, minimum)
-    else:
-        result = run_rpc(rank, port + 1, sizes, warmup, minimum)
-    queue.put((rank, result))
-
-
-def measure(system: str, sizes: list[int], warmup: int, minimum: int) -> list[dict]:
+def measure(systems: list[str], sizes: list[int], warmup: int, minimum: int) -> list[dict]:
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = common.free_port()
-    procs = [ctx.Process(target=worker, args=(r, system, port, sizes, warmup, minimum, queue)) for r in (0, 1)]
+    procs = [ctx.Process(target=worker, args=(r, port, systems, sizes, warmup, minimum, queue)) for r in (0, 1)]
     for p in procs:
         p.start()
-    results = dict(queue.get() for _ in procs)
+    results = {}
+    while len(results) < 2:
+        if queue.empty():
+            if any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.kill()
+                raise RuntimeError("a benchmark process failed (see its traceback above)")
+            time.sleep(0.2)
+            continue
+        rank, result = queue.get()
+        results[rank] = result
     for p in procs:
-        p.join()
-        if p.exitcode != 0:
-            raise RuntimeError(f"{system}: rank exited with {p.exitcode}")
+        p.join(60)
     records = []
-    for idx, (size, times, cpu0) in enumerate(results[0]):
-        median = statistics.median(times)
-        wall = sum(times)
-        cpu1 = results[1][idx][2] if system != "torch-rpc" else None
-        records.append(
-            {
-                "system": system,
-                "op": "roundtrip",
-                "nodes": 2,
-                "path": "loopback",
-                "size_bytes": size,
-                "trials": len(times),
-                "median_s": median,
-                "min_s": min(times),
-                "max_s": max(times),
-                "gbps": 2 * size / median / 1e9,
-                # CPU of both processes over the timed trials (RPC: only the caller's is per size).
-                "cpu_cores": (cpu0 + (cpu1 or 0.0)) / wall,
-                "cpu_cores_note": None if cpu1 is not None else "caller only",
-            }
-        )
+    for system in systems:
+        for size in sizes:
+            times, cpu0 = results[0][(system, size)]
+            _, cpu1 = results[1][(system, size)]
+            median = statistics.median(times)
+            records.append(
+                {
+                    "system": system,
+                    "op": "roundtrip",
+                    "nodes": 2,
+                    "path": "loopback TCP",
+                    "size_bytes": size,
+                    "trials": len(times),
+                    "median_s": median,
+                    "min_s": min(times),
+                    "max_s": max(times),
+                    "gbps": 2 * size / median / 1e9,
+                    # CPU time of both processes per trial (including the barrier
+                    # that closes it), over the trial's round-trip time.
+                    "cpu_cores": statistics.median((a + b) / t for a, b, t in zip(cpu0, cpu1, times)),
+                }
+            )
     return records
 
 
@@ -205,8 +211,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1KB,1MB,64MB,256MB")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
-    parser.add_argument("--trials", type=int, default=5, help="at least this many timed trials per point")
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--trials", type=int, default=10, help="at least this many timed trials per point")
+    parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "p2p"))
     args = parser.parse_args()
     sizes = common.parse_sizes(args.sizes)
@@ -215,10 +221,8 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
 
-    records = []
-    for system in systems:
-        print(f"measuring {system} ...", flush=True)
-        records += measure(system, sizes, args.warmup, args.trials)
+    print(f"measuring {', '.join(systems)} at {', '.join(map(common.human_size, sizes))} ...", flush=True)
+    records = measure(systems, sizes, args.warmup, args.trials)
     gloo = {r["size_bytes"]: r["median_s"] for r in records if r["system"] == "gloo"}
     for r in records:
         r["time_vs_gloo"] = r["median_s"] / gloo[r["size_bytes"]] if r["size_bytes"] in gloo else None

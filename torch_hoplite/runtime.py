@@ -96,7 +96,9 @@ class Runtime:
         token = next(self._tokens)
         with self._lock:
             self._gets[token] = (fut, obj_id)
-        self._node.get(key, self._timeout(timeout), copy, token)
+        served = self._node.get(key, self._timeout(timeout), copy, token)
+        if served is not None:  # a local copy, served at once
+            self._handle(*served)
         return fut
 
     def delete(self, obj_id: ObjectId, timeout: Optional[float]) -> None:
@@ -128,20 +130,24 @@ class Runtime:
             batch = self._node.wait_completions(3600.0)
             if batch is None:
                 return
-            for token, kind, (code, message), buffer, meta in batch:
-                if kind == _KIND_PUT_COPIED:
-                    with self._lock:
-                        entry = self._puts.pop(token, None)
-                    if entry is not None:
-                        entry[1].set()
-                    continue
-                with self._lock:
-                    fut, obj_id = self._gets.pop(token)
-                if code != 0:
-                    fut.set_exception(error_from_status(code, message))
-                    continue
-                try:
-                    ref = ref_from_meta(obj_id, meta)
-                    fut.set_result(tensor_from_buffer(buffer, ref.dtype, ref.shape))
-                except Exception as e:  # a future must always complete
-                    fut.set_exception(HopliteError(f"get of object {obj_id!r}: {e}"))
+            for completion in batch:
+                self._handle(*completion)
+
+    def _handle(self, token: int, kind: int, status: tuple[int, str], buffer, meta) -> None:
+        code, message = status
+        if kind == _KIND_PUT_COPIED:
+            with self._lock:
+                entry = self._puts.pop(token, None)
+            if entry is not None:
+                entry[1].set()
+            return
+        with self._lock:
+            fut, obj_id = self._gets.pop(token)
+        if code != 0:
+            fut.set_exception(error_from_status(code, message))
+            return
+        try:
+            ref = ref_from_meta(obj_id, meta)
+            fut.set_result(tensor_from_buffer(buffer, ref.dtype, ref.shape))
+        except Exception as e:  # a future must always complete
+            fut.set_exception(HopliteError(f"get of object {obj_id!r}: {e}"))

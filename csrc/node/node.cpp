@@ -353,6 +353,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"store_capacity_bytes", store_->capacityBytes()},
       {"store_objects", store_->count()},
       {"pool_cached_bytes", pool_->cachedBytes()},
+      {"pool_mapped_bytes", pool_->mappedBytes()},
   };
 }
 

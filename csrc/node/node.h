@@ -67,9 +67,10 @@ class Node : public ConnectionObserver {
   // (a kPutCopied completion with `token` says when `src` may be released).
   Status put(const std::string& id, const ObjectMeta& meta, const uint8_t* src, uint64_t token,
              double timeoutSeconds);
-  // Starts a get; the outcome arrives as a kGet completion with `token`.
-  // copy=false hands out the store's own buffer (read-only by contract).
-  void get(const std::string& id, double timeoutSeconds, bool copy, uint64_t token);
+  // Starts a get; the outcome arrives as a kGet completion with `token`, except
+  // when a complete local copy exists: then it is served at once into *now and
+  // true is returned. copy=false hands out the store's own buffer (read-only by contract).
+  bool get(const std::string& id, double timeoutSeconds, bool copy, uint64_t token, Completion* now);
   Status remove(const std::string& id, double timeoutSeconds);
   // Waits up to `timeoutSeconds` for completions; false once shut down and drained.
   bool waitCompletions(std::vector<Completion>* out, double timeoutSeconds);

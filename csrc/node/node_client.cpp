@@ -134,11 +134,26 @@ Status Node::remove(const std::string& id, double timeoutSeconds) {
 
 // ---------------------------------------------------------------- get
 
-void Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t token) {
+bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t token, Completion* now) {
   Status s = validateId(id);
   if (!s.ok()) {
-    pushCompletion(Completion{token, Completion::Kind::kGet, s, nullptr, {}});
-    return;
+    *now = Completion{token, Completion::Kind::kGet, s, nullptr, {}};
+    return true;
+  }
+  // Fast path, on the caller's thread: a complete local copy.
+  if (auto obj = store_->find(id); obj && obj->complete()) {
+    counters_.localGets++;
+    *now = Completion{token, Completion::Kind::kGet, Status(), obj->buffer(), obj->meta()};
+    if (copy && obj->size() > 0) {
+      try {
+        now->buffer = pool_->allocate(obj->size());
+        std::memcpy(now->buffer->data(), obj->data(), obj->size());
+      } catch (const std::bad_alloc&) {
+        *now = Completion{token, Completion::Kind::kGet,
+                          Status(Code::kCapacity, "out of memory for a copy of object " + printableId(id)), nullptr, {}};
+      }
+    }
+    return true;
   }
   loop_.post([this, id, timeoutSeconds, copy, token] {
     if (shuttingDown_) {
@@ -158,6 +173,7 @@ void Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t
     });
     startGet(token);
   });
+  return false;
 }
 
 void Node::startGet(uint64_t token) {

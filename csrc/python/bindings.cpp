@@ -42,6 +42,14 @@ NodeConfig configFromDict(const py::dict& d) {
 
 py::tuple metaTuple(const ObjectMeta& m) { return py::make_tuple(m.dtype, m.itemsize, m.shape, m.nbytes, m.device); }
 
+// (token, kind, (code, message), buffer or None, meta or None)
+py::tuple completionTuple(const Completion& c) {
+  py::object buffer = c.buffer ? py::cast(c.buffer) : py::none();
+  bool hasMeta = c.status.ok() && c.kind == Completion::Kind::kGet;
+  return py::make_tuple(c.token, static_cast<int>(c.kind), statusTuple(c.status), buffer,
+                        hasMeta ? py::object(metaTuple(c.meta)) : py::object(py::none()));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -77,10 +85,15 @@ PYBIND11_MODULE(_C, m) {
           py::arg("nbytes"), py::arg("token"), py::arg("timeout"))
       .def(
           "get",
-          [](Node& node, const py::bytes& id, double timeout, bool copy, uint64_t token) {
+          [](Node& node, const py::bytes& id, double timeout, bool copy, uint64_t token) -> py::object {
             std::string key = id;
-            py::gil_scoped_release release;
-            node.get(key, timeout, copy, token);
+            Completion now;
+            bool done;
+            {
+              py::gil_scoped_release release;
+              done = node.get(key, timeout, copy, token, &now);
+            }
+            return done ? py::object(completionTuple(now)) : py::object(py::none());
           },
           py::arg("id"), py::arg("timeout"), py::arg("copy"), py::arg("token"))
       .def(
@@ -106,12 +119,7 @@ PYBIND11_MODULE(_C, m) {
             }
             if (!open) return py::none();
             py::list out;
-            for (auto& c : done) {
-              py::object buffer = c.buffer ? py::cast(c.buffer) : py::none();
-              out.append(py::make_tuple(c.token, static_cast<int>(c.kind), statusTuple(c.status), buffer,
-                                        c.status.ok() && c.kind == Completion::Kind::kGet ? metaTuple(c.meta)
-                                                                                           : py::object(py::none())));
-            }
+            for (const auto& c : done) out.append(completionTuple(c));
             return std::move(out);
           },
           py::arg("timeout"))

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <cstdlib>
 #include <new>
 
 namespace hoplite {
@@ -9,13 +10,29 @@ namespace {
 
 constexpr size_t kPage = 4096;
 constexpr size_t kHugePage = 2u << 20;
+// Below this, buffers come from malloc (cheap); above, from mmap (page aligned,
+// returned to the kernel whole, eligible for huge pages).
+constexpr size_t kMapThreshold = 256u << 10;
 
 uint8_t* mapMemory(size_t capacity) {
+  if (capacity < kMapThreshold) {
+    void* p = std::aligned_alloc(kPage, capacity);
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<uint8_t*>(p);
+  }
   void* p = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
   // Transparent huge pages cut first-touch faults by 512x where the kernel allows them.
   if (capacity >= kHugePage) ::madvise(p, capacity, MADV_HUGEPAGE);
   return static_cast<uint8_t*>(p);
+}
+
+void unmapMemory(uint8_t* data, size_t capacity) {
+  if (capacity < kMapThreshold) {
+    std::free(data);
+  } else {
+    ::munmap(data, capacity);
+  }
 }
 
 }  // namespace
@@ -27,7 +44,7 @@ Buffer::~Buffer() { pool_->release(data_, capacity_); }
 
 BufferPool::~BufferPool() {
   for (auto& [capacity, list] : free_) {
-    for (uint8_t* p : list) ::munmap(p, capacity);
+    for (uint8_t* p : list) unmapMemory(p, capacity);
   }
 }
 
@@ -51,7 +68,11 @@ std::shared_ptr<Buffer> BufferPool::allocate(size_t size) {
       cachedBytes_ -= capacity;
     }
   }
-  if (data == nullptr) data = mapMemory(capacity);
+  if (data == nullptr) {
+    data = mapMemory(capacity);
+    std::lock_guard<std::mutex> lock(mutex_);
+    mappedBytes_ += capacity;
+  }
   return std::make_shared<Buffer>(shared_from_this(), data, size, capacity);
 }
 
@@ -64,7 +85,12 @@ void BufferPool::release(uint8_t* data, size_t capacity) {
       return;
     }
   }
-  ::munmap(data, capacity);
+  unmapMemory(data, capacity);
+}
+
+size_t BufferPool::mappedBytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return mappedBytes_;
 }
 
 size_t BufferPool::cachedBytes() const {

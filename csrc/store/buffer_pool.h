@@ -40,6 +40,8 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   // Thread-safe. Throws std::bad_alloc when memory cannot be mapped.
   std::shared_ptr<Buffer> allocate(size_t size);
   size_t cachedBytes() const;
+  // Bytes mapped fresh from the kernel so far (each costs first-touch faults).
+  size_t mappedBytes() const;
 
   // Rounds up to a size class: multiples of 1/8 of the enclosing power of two.
   static size_t sizeClass(size_t size);
@@ -52,6 +54,7 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   mutable std::mutex mutex_;
   std::map<size_t, std::vector<uint8_t*>> free_;
   size_t cachedBytes_ = 0;
+  size_t mappedBytes_ = 0;
 };
 
 }  // namespace hoplite
