@@ -31,7 +31,7 @@ def sources(pattern: str) -> list[str]:
 
 
 debug = os.environ.get("HOPLITE_DEBUG_BUILD") == "1"
-cxx_flags = ["-std=c++17", "-O0" if debug else "-O2", "-g" if debug else "-g0", "-Wall", "-Wno-sign-compare"]
+cxx_flags = ["-std=c++20", "-O0" if debug else "-O2", "-g" if debug else "-g0", "-Wall", "-Wno-sign-compare"]
 core = sources("csrc/**/*.cpp")
 include_dirs = [os.path.join(ROOT, "csrc")]
 
@@ -41,7 +41,7 @@ if want_cuda():
         core + sources("cuda/**/*.cu"),
         include_dirs=include_dirs + [os.path.join(ROOT, "cuda")],
         define_macros=[("HOPLITE_WITH_CUDA", "1")],
-        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O2", "-std=c++17"]},
+        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O2", "-std=c++20"]},
     )
 else:
     ext = cpp_extension.CppExtension(

@@ -12,7 +12,8 @@ processes run all systems, interleaved trial by trial.
   torch-rpc: rpc_sync of an echo function taking and returning the tensor.
 Reported: median / min / max round-trip time over the trials after warm-up,
 GB/s = 2 * size / median (the ideal is 2 * size / link bandwidth), and the CPU
-cores both processes used per trial (median of CPU time / round-trip time). Results go to
+cores both processes used per trial (CPU seconds per wall second from the
+start of a trial to the end of the barrier that closes it; median). Results go to
 benchmarks/results/p2p.json and p2p.png.
 """
 
@@ -123,12 +124,13 @@ def worker(rank, port, systems, sizes, warmup, minimum, queue):
                 impls[system].round_trip(rank, x, buf)
                 t1 = time.perf_counter()
                 dist.barrier()
-                c1 = time.process_time()
+                c1, t2 = time.process_time(), time.perf_counter()
                 impls[system].cleanup(rank)
                 if trial >= warmup:
-                    times, cpu = results.setdefault((system, size), ([], []))
+                    times, cores = results.setdefault((system, size), ([], []))
                     times.append(t1 - t0)
-                    cpu.append(c1 - c0)
+                    # CPU over the trial and the barrier that closes it, per second of that span.
+                    cores.append((c1 - c0) / (t2 - t0))
     rpc.shutdown()
     hop.barrier()
     hop.shutdown()
@@ -159,8 +161,8 @@ def measure(systems: list[str], sizes: list[int], warmup: int, minimum: int) -> 
     records = []
     for system in systems:
         for size in sizes:
-            times, cpu0 = results[0][(system, size)]
-            _, cpu1 = results[1][(system, size)]
+            times, cores0 = results[0][(system, size)]
+            _, cores1 = results[1][(system, size)]
             median = statistics.median(times)
             records.append(
                 {
@@ -174,9 +176,8 @@ def measure(systems: list[str], sizes: list[int], warmup: int, minimum: int) -> 
                     "min_s": min(times),
                     "max_s": max(times),
                     "gbps": 2 * size / median / 1e9,
-                    # CPU time of both processes per trial (including the barrier
-                    # that closes it), over the trial's round-trip time.
-                    "cpu_cores": statistics.median((a + b) / t for a, b, t in zip(cpu0, cpu1, times)),
+                    # Both processes, median over trials (the closing barrier included).
+                    "cpu_cores": statistics.median(a + b for a, b in zip(cores0, cores1)),
                 }
             )
     return records

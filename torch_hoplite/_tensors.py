@@ -1,10 +1,8 @@
-"""Conversions between tensors and the byte buffers the core stores."""
+"""Which tensors can be stored, and the dtype names the core records."""
 
 from __future__ import annotations
 
 import torch
-
-from torch_hoplite.object_ref import ObjectRef
 
 _DTYPES: dict[str, torch.dtype] = {
     str(dt).removeprefix("torch."): dt
@@ -37,13 +35,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def dtype_from_name(name: str) -> torch.dtype:
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise TypeError(f"unknown dtype {name!r} in object metadata") from None
-
-
 def prepare_for_put(tensor: torch.Tensor) -> torch.Tensor:
     """Checks a tensor can be stored and returns a dense, contiguous CPU view of it."""
     if not isinstance(tensor, torch.Tensor):
@@ -64,16 +55,3 @@ def prepare_for_put(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.is_neg():
         tensor = tensor.resolve_neg()
     return tensor.contiguous()
-
-
-def tensor_from_buffer(buffer, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """Wraps a core buffer as a tensor without copying; the tensor keeps it alive."""
-    if buffer is None or len(buffer) == 0:
-        return torch.empty(shape, dtype=dtype)
-    raw = torch.frombuffer(buffer, dtype=torch.uint8)
-    return raw.view(dtype).view(shape)
-
-
-def ref_from_meta(obj_id, meta: tuple) -> ObjectRef:
-    dtype, _itemsize, shape, nbytes, device = meta
-    return ObjectRef(obj_id, nbytes, dtype_from_name(dtype), tuple(shape), torch.device(device))

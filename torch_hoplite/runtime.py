@@ -1,9 +1,7 @@
-"""The per-process runtime: owns the C++ node and turns its completions into futures."""
+"""The per-process runtime: owns the C++ node, which completes get futures itself."""
 
 from __future__ import annotations
 
-import itertools
-import threading
 import uuid
 from typing import Optional
 
@@ -11,13 +9,10 @@ import torch
 
 from torch_hoplite import _C
 from torch_hoplite._bootstrap import Rendezvous, advertise_address
-from torch_hoplite._tensors import dtype_name, prepare_for_put, ref_from_meta, tensor_from_buffer
+from torch_hoplite._tensors import dtype_name, prepare_for_put
 from torch_hoplite.config import Config
-from torch_hoplite.errors import HopliteError, error_from_status
+from torch_hoplite.errors import error_from_status
 from torch_hoplite.object_ref import ObjectId, ObjectRef, id_bytes
-
-_KIND_GET = 0
-_KIND_PUT_COPIED = 1
 
 
 class Runtime:
@@ -52,12 +47,6 @@ class Runtime:
         except BaseException:
             self._node.shutdown()
             raise
-        self._tokens = itertools.count(1)
-        self._lock = threading.Lock()
-        self._gets: dict[int, tuple[torch.futures.Future, ObjectId]] = {}
-        self._puts: dict[int, tuple[torch.Tensor, threading.Event]] = {}
-        self._thread = threading.Thread(target=self._complete, name="hoplite-completions", daemon=True)
-        self._thread.start()
 
     # ------------------------------------------------------------------ operations
 
@@ -66,39 +55,16 @@ class Runtime:
         if obj_id is None:
             obj_id = f"{self.rank}-{uuid.uuid4().hex}"
         key = id_bytes(obj_id)
-        nbytes = tensor.numel() * tensor.element_size()
-        token = next(self._tokens)
-        done = threading.Event()
-        with self._lock:
-            self._puts[token] = (tensor, done)  # keeps the source alive while it is copied
-        code, message = self._node.put(
-            key,
-            dtype_name(tensor.dtype),
-            tensor.element_size(),
-            list(tensor.shape),
-            "cpu",
-            tensor.data_ptr() if nbytes else 0,
-            nbytes,
-            token,
-            self._timeout(timeout),
-        )
+        # The node keeps `tensor` alive until its bytes are copied into the store.
+        code, message = self._node.put(key, dtype_name(tensor.dtype), tensor, self._timeout(timeout), blocking)
         if code != 0:
-            with self._lock:
-                self._puts.pop(token, None)
             raise error_from_status(code, message)
-        if blocking and not done.wait(self._timeout(timeout)):
-            raise error_from_status(5, f"put of object {obj_id!r}: local copy did not finish in time")
+        nbytes = tensor.numel() * tensor.element_size()
         return ObjectRef(obj_id, nbytes, tensor.dtype, tuple(tensor.shape), torch.device("cpu"))
 
     def get(self, obj_id: ObjectId, timeout: Optional[float], copy: bool) -> torch.futures.Future:
-        key = id_bytes(obj_id)
         fut: torch.futures.Future = torch.futures.Future()
-        token = next(self._tokens)
-        with self._lock:
-            self._gets[token] = (fut, obj_id)
-        served = self._node.get(key, self._timeout(timeout), copy, token)
-        if served is not None:  # a local copy, served at once
-            self._handle(*served)
+        self._node.get(id_bytes(obj_id), self._timeout(timeout), copy, fut)
         return fut
 
     def delete(self, obj_id: ObjectId, timeout: Optional[float]) -> None:
@@ -114,7 +80,6 @@ class Runtime:
 
     def shutdown(self) -> None:
         self._node.shutdown()
-        self._thread.join()
 
     # ------------------------------------------------------------------ internals
 
@@ -124,30 +89,3 @@ class Runtime:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         return float(timeout)
-
-    def _complete(self) -> None:
-        while True:
-            batch = self._node.wait_completions(3600.0)
-            if batch is None:
-                return
-            for completion in batch:
-                self._handle(*completion)
-
-    def _handle(self, token: int, kind: int, status: tuple[int, str], buffer, meta) -> None:
-        code, message = status
-        if kind == _KIND_PUT_COPIED:
-            with self._lock:
-                entry = self._puts.pop(token, None)
-            if entry is not None:
-                entry[1].set()
-            return
-        with self._lock:
-            fut, obj_id = self._gets.pop(token)
-        if code != 0:
-            fut.set_exception(error_from_status(code, message))
-            return
-        try:
-            ref = ref_from_meta(obj_id, meta)
-            fut.set_result(tensor_from_buffer(buffer, ref.dtype, ref.shape))
-        except Exception as e:  # a future must always complete
-            fut.set_exception(HopliteError(f"get of object {obj_id!r}: {e}"))

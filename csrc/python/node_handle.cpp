@@ -1,0 +1,158 @@
+#include "python/node_handle.h"
+
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+namespace py = pybind11;
+
+namespace hoplite {
+namespace {
+
+c10::ScalarType scalarType(const std::string& name) {
+  static const std::unordered_map<std::string, c10::ScalarType> kTypes = {
+      {"bool", c10::kBool},           {"uint8", c10::kByte},
+      {"int8", c10::kChar},           {"int16", c10::kShort},
+      {"int32", c10::kInt},           {"int64", c10::kLong},
+      {"uint16", c10::kUInt16},       {"uint32", c10::kUInt32},
+      {"uint64", c10::kUInt64},       {"float16", c10::kHalf},
+      {"bfloat16", c10::kBFloat16},   {"float32", c10::kFloat},
+      {"float64", c10::kDouble},      {"complex64", c10::kComplexFloat},
+      {"complex128", c10::kComplexDouble}, {"float8_e4m3fn", c10::kFloat8_e4m3fn},
+      {"float8_e5m2", c10::kFloat8_e5m2},
+  };
+  auto it = kTypes.find(name);
+  if (it == kTypes.end()) throw std::invalid_argument("unknown dtype '" + name + "' in object metadata");
+  return it->second;
+}
+
+// The bytes of a completed get as a tensor that owns a reference to them.
+at::Tensor tensorOf(const Completion& c) {
+  auto options = at::TensorOptions().dtype(scalarType(c.meta.dtype));
+  if (!c.buffer || c.meta.nbytes == 0) return at::empty(c.meta.shape, options);
+  std::shared_ptr<Buffer> keep = c.buffer;
+  return at::from_blob(
+      keep->data(), c.meta.shape, [keep](void*) mutable { keep.reset(); }, options);
+}
+
+}  // namespace
+
+struct NodeHandle::State {
+  std::mutex mutex;
+  std::condition_variable putDone;
+  uint64_t nextToken = 1;
+  std::unordered_map<uint64_t, c10::intrusive_ptr<c10::ivalue::Future>> gets;
+  std::unordered_map<uint64_t, at::Tensor> puts;  // sources still being copied
+  std::thread completer;
+  py::object errorFromStatus;  // torch_hoplite.errors.error_from_status
+};
+
+NodeHandle::NodeHandle(const NodeConfig& config)
+    : node_(std::make_unique<Node>(config)), state_(std::make_shared<State>()) {
+  state_->errorFromStatus = py::module_::import("torch_hoplite.errors").attr("error_from_status");
+  state_->completer = std::thread([this] { completeLoop(); });
+}
+
+NodeHandle::~NodeHandle() {
+  shutdown();
+  state_->errorFromStatus = py::object();
+}
+
+py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const py::object& tensorObj,
+                          double timeout, bool blocking) {
+  at::Tensor tensor = THPVariable_Unpack(tensorObj.ptr());
+  ObjectMeta meta;
+  meta.dtype = dtype;
+  meta.itemsize = static_cast<uint32_t>(tensor.element_size());
+  meta.shape = tensor.sizes().vec();
+  meta.nbytes = static_cast<uint64_t>(tensor.numel()) * meta.itemsize;
+  meta.device = "cpu";
+  std::string key = id;
+  Status s;
+  {
+    py::gil_scoped_release release;
+    uint64_t token;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      token = state_->nextToken++;
+      state_->puts.emplace(token, tensor);
+    }
+    s = node_->put(key, meta, static_cast<const uint8_t*>(tensor.data_ptr()), token, timeout);
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    if (!s.ok()) {
+      state_->puts.erase(token);
+    } else if (blocking) {
+      bool copied = state_->putDone.wait_for(lock, std::chrono::duration<double>(timeout),
+                                             [&] { return state_->puts.count(token) == 0; });
+      if (!copied) s = Status(Code::kTimeout, "put of object " + printableId(key) + ": local copy did not finish in time");
+    }
+  }
+  return py::make_tuple(static_cast<int>(s.code), s.message);
+}
+
+void NodeHandle::get(const py::bytes& id, double timeout, bool copy, const py::object& future) {
+  auto wrapper = future.cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>();
+  std::string key = id;
+  py::gil_scoped_release release;
+  uint64_t token;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    token = state_->nextToken++;
+    state_->gets.emplace(token, wrapper->fut);
+  }
+  Completion now;
+  if (node_->get(key, timeout, copy, token, &now)) deliver(std::move(now));  // served at once
+}
+
+void NodeHandle::completeLoop() {
+  std::vector<Completion> batch;
+  while (node_->waitCompletions(&batch, 3600.0)) {
+    for (auto& c : batch) deliver(std::move(c));
+    batch.clear();
+  }
+}
+
+void NodeHandle::deliver(Completion c) {
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  if (c.kind == Completion::Kind::kPutCopied) {
+    at::Tensor source = std::move(state_->puts.at(c.token));
+    state_->puts.erase(c.token);
+    lock.unlock();
+    state_->putDone.notify_all();
+    return;  // `source` is released here, without the GIL
+  }
+  auto fut = std::move(state_->gets.at(c.token));
+  state_->gets.erase(c.token);
+  lock.unlock();
+  if (c.status.ok()) {
+    try {
+      fut->markCompleted(c10::IValue(tensorOf(c)));
+      return;
+    } catch (const std::exception& e) {
+      c.status = Status(Code::kInternal, e.what());
+    }
+  }
+  // Errors become the matching torch_hoplite exception; waiting on the future
+  // re-raises exactly that exception.
+  std::exception_ptr error;
+  {
+    py::gil_scoped_acquire gil;
+    py::object exc = state_->errorFromStatus(static_cast<int>(c.status.code), c.status.message);
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    error = std::make_exception_ptr(py::error_already_set());
+  }
+  fut->setError(error);
+}
+
+void NodeHandle::shutdown() {
+  py::gil_scoped_release release;
+  node_->shutdown();
+  if (state_->completer.joinable()) state_->completer.join();
+}
+
+}  // namespace hoplite
