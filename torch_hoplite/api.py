@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 from typing import Optional, Union
 
 import torch
@@ -41,6 +42,7 @@ def init(
     config = Config.resolve(options)
     store, rank, world_size = resolve_store(store, rank, world_size, config.timeout)
     _runtime = Runtime(Rendezvous(store, rank, world_size, config.timeout), config)
+    atexit.register(shutdown)  # stop the node's threads before the interpreter goes away
 
 
 def shutdown() -> None:
@@ -50,6 +52,7 @@ def shutdown() -> None:
     if _runtime is None:
         return
     runtime, _runtime = _runtime, None
+    atexit.unregister(shutdown)
     runtime.shutdown()
 
 
