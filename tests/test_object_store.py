@@ -207,6 +207,10 @@ def test_bad_input_raises_clear_errors(cluster4):
         hop.get(123)
     with pytest.raises(ValueError, match="positive"):
         hop.get("x", timeout=0)
+    with pytest.raises(ValueError, match="positive"):
+        hop.get("x", timeout=float("inf"))
+    with pytest.raises(ValueError, match="positive"):
+        hop.put(torch.ones(1), "x", timeout=float("nan"))
     with pytest.raises(NotImplementedError, match="CPU"):
         hop.get("x", device="meta")
     with pytest.raises(RuntimeError, match="already initialized"):

@@ -38,6 +38,8 @@ import os
 import re
 from typing import Any, Optional
 
+MAX_TIMEOUT = 86400.0  # a day; the core clamps longer waits too
+
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*$")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -121,7 +123,9 @@ class Config:
             raise ValueError(f"chunk_bytes must be at most 64 MiB, got {self.chunk_bytes}")
         if self.inline_threshold_bytes > (16 << 20):
             raise ValueError(f"inline_threshold_bytes must be at most 16 MiB, got {self.inline_threshold_bytes}")
-        if self.timeout <= 0 or self.connect_timeout <= 0:
-            raise ValueError("timeouts must be positive")
+        for name in ("timeout", "connect_timeout"):
+            value = getattr(self, name)
+            if not 0 < value <= MAX_TIMEOUT:
+                raise ValueError(f"{name} must be positive and at most {MAX_TIMEOUT:g} s, got {value}")
         if self.copy_threads < 1:
             raise ValueError(f"copy_threads must be at least 1, got {self.copy_threads}")

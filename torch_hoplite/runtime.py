@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Optional
 
@@ -10,7 +11,7 @@ import torch
 from torch_hoplite import _C
 from torch_hoplite._bootstrap import Rendezvous, advertise_address
 from torch_hoplite._tensors import dtype_name, prepare_for_put
-from torch_hoplite.config import Config
+from torch_hoplite.config import MAX_TIMEOUT, Config
 from torch_hoplite.errors import error_from_status
 from torch_hoplite.object_ref import ObjectId, ObjectRef, id_bytes
 
@@ -86,6 +87,6 @@ class Runtime:
     def _timeout(self, timeout: Optional[float]) -> float:
         if timeout is None:
             return self.config.timeout
-        if timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {timeout}")
-        return float(timeout)
+        if not 0 < timeout < math.inf:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+        return min(float(timeout), MAX_TIMEOUT)

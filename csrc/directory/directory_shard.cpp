@@ -42,14 +42,15 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
   return Status();
 }
 
-void DirectoryShard::updateHolder(const std::string& id, int holder, wire::HolderState state) {
+bool DirectoryShard::updateHolder(const std::string& id, int holder, wire::HolderState state) {
   auto it = entries_.find(id);
-  if (it == entries_.end()) return;  // deleted meanwhile
+  if (it == entries_.end()) return false;
   if (state == wire::HolderState::kRemoved) {
     it->second.holders.erase(holder);
   } else {
     it->second.holders[holder] = state == wire::HolderState::kComplete;
   }
+  return true;
 }
 
 void DirectoryShard::lookup(const std::string& id, double timeoutSeconds, LookupCallback reply) {

@@ -35,7 +35,8 @@ class DirectoryShard {
   ~DirectoryShard();
 
   Status registerObject(const wire::Register& msg);
-  void updateHolder(const std::string& id, int holder, wire::HolderState state);
+  // Returns false if the object is unknown here (e.g. deleted meanwhile).
+  bool updateHolder(const std::string& id, int holder, wire::HolderState state);
   // Answers at once if the object exists or was deleted, else when it is
   // registered or after `timeoutSeconds`.
   void lookup(const std::string& id, double timeoutSeconds, LookupCallback reply);

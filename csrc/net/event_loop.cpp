@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -31,8 +32,6 @@ EventLoop::~EventLoop() {
 void EventLoop::start() {
   running_ = true;
   thread_ = std::thread([this] { run(); });
-  // Wait until the thread id is known so inLoop() is exact from now on.
-  while (threadId_ == std::thread::id()) std::this_thread::yield();
 }
 
 void EventLoop::stop() {
@@ -58,21 +57,29 @@ void EventLoop::wake() {
 
 EventLoop::TimerId EventLoop::addTimer(double seconds, std::function<void()> fn) {
   TimerId id = nextTimer_++;
+  seconds = std::max(0.0, std::min(seconds, 365.0 * 86400));  // no overflow for huge or NaN-free inputs
   auto when = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-  timerOrder_.emplace(when, id);
-  timers_.emplace(id, std::move(fn));
+  auto order = timerOrder_.emplace(when, id);
+  timers_.emplace(id, Timer{std::move(fn), order});
   return id;
 }
 
-void EventLoop::cancelTimer(TimerId id) { timers_.erase(id); }
+void EventLoop::cancelTimer(TimerId id) {
+  auto it = timers_.find(id);
+  if (it == timers_.end()) return;
+  timerOrder_.erase(it->second.order);
+  timers_.erase(it);
+}
 
-void EventLoop::addFd(int fd, uint32_t events, EventHandler* handler) {
+bool EventLoop::addFd(int fd, uint32_t events, EventHandler* handler) {
   epoll_event ev{};
   ev.events = events;
   ev.data.ptr = handler;
   if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
     HLOG(kError, "epoll add fd %d: %s", fd, std::strerror(errno));
+    return false;
   }
+  return true;
 }
 
 void EventLoop::modifyFd(int fd, uint32_t events, EventHandler* handler) {
@@ -90,7 +97,16 @@ void EventLoop::runPosted() {
     std::lock_guard<std::mutex> lock(mutex_);
     batch.swap(posted_);
   }
-  for (auto& fn : batch) fn();
+  for (auto& fn : batch) guarded(fn);
+}
+
+void EventLoop::guarded(const std::function<void()>& fn) {
+  // An exception must not take the process down with the loop thread.
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    HLOG(kError, "event loop task failed: %s", e.what());
+  }
 }
 
 int EventLoop::runDueTimers() {
@@ -103,17 +119,15 @@ int EventLoop::runDueTimers() {
     }
     TimerId id = it->second;
     timerOrder_.erase(it);
-    auto fnIt = timers_.find(id);
-    if (fnIt == timers_.end()) continue;  // cancelled
-    auto fn = std::move(fnIt->second);
-    timers_.erase(fnIt);
-    fn();
+    auto timer = timers_.find(id);
+    auto fn = std::move(timer->second.fn);
+    timers_.erase(timer);
+    guarded(fn);
   }
   return -1;
 }
 
 void EventLoop::run() {
-  threadId_ = std::this_thread::get_id();
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
   while (true) {
@@ -137,7 +151,11 @@ void EventLoop::run() {
         }
         continue;
       }
-      handler->handleEvents(events[i].events);
+      try {
+        handler->handleEvents(events[i].events);
+      } catch (const std::exception& e) {
+        HLOG(kError, "event handler failed: %s", e.what());
+      }
     }
   }
 }

@@ -37,12 +37,11 @@ class EventLoop {
   // Runs what was already posted, then stops the thread and joins it.
   void stop();
   void post(std::function<void()> fn);
-  bool inLoop() const { return std::this_thread::get_id() == threadId_; }
 
   TimerId addTimer(double seconds, std::function<void()> fn);
   void cancelTimer(TimerId id);
 
-  void addFd(int fd, uint32_t events, EventHandler* handler);
+  bool addFd(int fd, uint32_t events, EventHandler* handler);
   void modifyFd(int fd, uint32_t events, EventHandler* handler);
   void removeFd(int fd);
 
@@ -50,20 +49,24 @@ class EventLoop {
   void run();
   void wake();
   void runPosted();
+  static void guarded(const std::function<void()>& fn);
   int runDueTimers();  // returns ms until the next timer, or -1
 
   int epollFd_ = -1;
   int wakeFd_ = -1;
   std::thread thread_;
-  std::thread::id threadId_;
   std::atomic<bool> running_{false};
 
   std::mutex mutex_;
   std::vector<std::function<void()>> posted_;
 
+  struct Timer {
+    std::function<void()> fn;
+    std::multimap<Clock::time_point, TimerId>::iterator order;
+  };
   TimerId nextTimer_ = 1;
   std::multimap<Clock::time_point, TimerId> timerOrder_;
-  std::unordered_map<TimerId, std::function<void()>> timers_;
+  std::unordered_map<TimerId, Timer> timers_;
 };
 
 }  // namespace hoplite

@@ -22,7 +22,10 @@ class ConnectionObserver {
   virtual ~ConnectionObserver() = default;
   virtual void onFrame(Connection& conn, wire::MsgType type, const uint8_t* payload, size_t size) = 0;
   // Where `size` bytes of data for `request` at `offset` go; nullptr discards them.
-  virtual uint8_t* dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size) = 0;
+  // `keepalive` must hold the memory until the frame is read, whatever happens
+  // to the request meanwhile.
+  virtual uint8_t* dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
+                                   std::shared_ptr<const void>* keepalive) = 0;
   // Bytes up to `end` of `request` have arrived (called as they arrive, not per frame).
   virtual void onDataReceived(Connection& conn, uint64_t request, uint64_t end) = 0;
   virtual void onClosed(Connection& conn, const Status& why) = 0;
@@ -37,6 +40,9 @@ class Connection {
                         std::shared_ptr<const void> keepalive) = 0;
   virtual void close(const Status& why) = 0;
   virtual bool isOpen() const = 0;
+  // Until called, an accepted connection takes only small control frames (the
+  // handshake), so a stranger cannot make us allocate or write anything.
+  virtual void markTrusted() {}
   // Bytes accepted by sendData/sendControl and not yet handed to the kernel.
   virtual uint64_t queuedBytes() const = 0;
 

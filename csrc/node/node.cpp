@@ -104,6 +104,7 @@ Status Node::awaitStatus(std::future<Status>& future, double timeoutSeconds, con
 // ---------------------------------------------------------------- connections
 
 void Node::sendTo(int rank, wire::MsgType type, std::string payload) {
+  if (shuttingDown_) return;
   if (rank == config_.rank) {
     self_->sendControl(type, std::move(payload));
     return;
@@ -221,6 +222,7 @@ void Node::handleHello(Connection& conn, const wire::Hello& msg) {
     return;
   }
   conn.setPeerRank(msg.rank);
+  conn.markTrusted();
   conn.sendControl(wire::MsgType::kHelloAck, wire::encode(wire::HelloAck{config_.rank}));
 }
 
@@ -257,7 +259,12 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
       peer.ready = true;
       auto queued = std::move(peer.queued);
       peer.queued.clear();
-      for (auto& [t, p] : queued) peer.conn->sendControl(t, std::move(p));
+      // A failed send closes the connection and fails the peer's requests.
+      auto c = peer.conn;
+      for (auto& [t, p] : queued) {
+        if (!c->isOpen()) break;
+        c->sendControl(t, std::move(p));
+      }
       return;
     }
     case wire::MsgType::kRegister:
@@ -265,7 +272,13 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
       return;
     case wire::MsgType::kHolderUpdate: {
       auto msg = wire::HolderUpdate::decode(reader);
-      directory_->updateHolder(msg.id, msg.holder, msg.state);
+      bool known = directory_->updateHolder(msg.id, msg.holder, msg.state);
+      if (!known && msg.state != wire::HolderState::kRemoved && msg.holder == conn.peerRank()) {
+        // A copy finished after its object was deleted: it must not outlive the delete.
+        uint64_t drop = newRequest();
+        requestStatus(msg.holder, wire::MsgType::kDropCopy, wire::encode(wire::DropCopy{drop, msg.id}), drop,
+                      [](const Status&) {});
+      }
       return;
     }
     case wire::MsgType::kLookup:
@@ -360,8 +373,7 @@ std::map<std::string, uint64_t> Node::stats() {
 void Node::shutdown() {
   {
     std::lock_guard<std::mutex> lock(shutdownMutex_);
-    if (stopped_) return;
-    stopped_ = true;
+    if (stopped_.exchange(true)) return;
   }
   std::promise<void> done;
   loop_.post([this, &done] {

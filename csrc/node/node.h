@@ -28,6 +28,9 @@
 
 namespace hoplite {
 
+// Longest timeout honoured anywhere (a day); longer ones are clamped.
+constexpr double kMaxTimeoutSeconds = 86400.0;
+
 struct NodeConfig {
   int rank = 0;
   int worldSize = 1;
@@ -79,7 +82,8 @@ class Node : public ConnectionObserver {
 
   // ConnectionObserver (loop thread).
   void onFrame(Connection& conn, wire::MsgType type, const uint8_t* payload, size_t size) override;
-  uint8_t* dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size) override;
+  uint8_t* dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
+                           std::shared_ptr<const void>* keepalive) override;
   void onDataReceived(Connection& conn, uint64_t request, uint64_t end) override;
   void onClosed(Connection& conn, const Status& why) override;
 
@@ -139,6 +143,7 @@ class Node : public ConnectionObserver {
     std::shared_ptr<Buffer> result;
     uint64_t copied = 0;
     bool copyInFlight = false;
+    int lookups = 0;  // a holder may have evicted its copy since the lookup: ask again
   };
   uint64_t newRequest() { return nextRequest_++; }
   void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb);
@@ -199,7 +204,8 @@ class Node : public ConnectionObserver {
   bool closed_ = false;
 
   std::mutex shutdownMutex_;
-  bool stopped_ = false;
+  std::atomic<bool> stopped_{false};
+  bool stopped() const { return stopped_.load(); }
 
   struct Counters {
     std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, pullsServed{0}, pullsCompleted{0};

@@ -22,6 +22,8 @@ namespace {
 constexpr uint64_t kCallerCopyBytes = 1u << 20;
 // A get copies pieces up to this size on the loop thread; larger go to a worker.
 constexpr uint64_t kLoopCopyBytes = 256u << 10;
+// Lookups one get may make when holders turn out to have dropped their copy.
+constexpr int kMaxLookups = 3;
 }  // namespace
 
 uint64_t Node::chunkFor(uint64_t size) const {
@@ -34,6 +36,10 @@ uint64_t Node::chunkFor(uint64_t size) const {
 }
 
 void Node::requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb) {
+  if (shuttingDown_) {
+    cb(Status(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " is shut down"));
+    return;
+  }
   pending_[request] = Pending{rank, std::move(cb), nullptr};
   sendTo(rank, type, std::move(payload));
 }
@@ -45,6 +51,7 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
   Status s = validateId(id);
   if (s.ok()) s = validateMeta(meta);
   if (!s.ok()) return s;
+  if (stopped()) return Status(Code::kShutdown, "put of object " + printableId(id) + ": node is shut down");
   std::shared_ptr<LocalObject> obj;
   s = store_->create(id, meta, /*primary=*/true, &obj);
   if (!s.ok()) return s;
@@ -66,17 +73,31 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
     reg.hasInline = true;
   }
   int shard = shardOf(id);
-  auto registered = startOnLoop([this, reg = std::move(reg), shard, obj, small](std::function<void(Status)> done) mutable {
+  // Whoever comes first, the shard's answer (1) or the caller giving up (2), decides.
+  auto decided = std::make_shared<std::atomic<int>>(0);
+  auto registered = startOnLoop([this, reg = std::move(reg), shard, obj, small,
+                                 decided](std::function<void(Status)> done) mutable {
     if (small) obj->advance(obj->size());
     uint64_t request = newRequest();
     reg.request = request;
-    requestStatus(shard, wire::MsgType::kRegister, wire::encode(reg), request, done);
+    std::string id = reg.id;
+    requestStatus(shard, wire::MsgType::kRegister, wire::encode(reg), request,
+                  [this, shard, id, decided, done](const Status& s) {
+                    if (decided->exchange(1) == 2 && s.ok()) {
+                      // The put timed out before this answer came: undo the registration.
+                      uint64_t undo = newRequest();
+                      requestStatus(shard, wire::MsgType::kDelete, wire::encode(wire::Delete{undo, id}), undo,
+                                    [](const Status&) {});
+                    }
+                    done(s);
+                  });
   });
   if (copyHere) {
     std::memcpy(obj->data(), src, meta.nbytes);
     loop_.post([obj] { obj->advance(obj->size()); });
   }
   s = awaitStatus(registered, timeoutSeconds, "registering object " + printableId(id));
+  if (s.code == Code::kTimeout && decided->exchange(2) == 1) s = registered.get();  // answered just in time
   if (!s.ok()) {
     obj->abandoned = true;
     loop_.post([this, id, obj, s] {
@@ -124,6 +145,7 @@ void Node::copyIn(std::shared_ptr<LocalObject> obj, const uint8_t* src, uint64_t
 Status Node::remove(const std::string& id, double timeoutSeconds) {
   Status s = validateId(id);
   if (!s.ok()) return s;
+  if (stopped()) return Status(Code::kShutdown, "delete of object " + printableId(id) + ": node is shut down");
   int shard = shardOf(id);
   auto deleted = startOnLoop([this, id, shard](std::function<void(Status)> done) {
     uint64_t request = newRequest();
@@ -136,6 +158,7 @@ Status Node::remove(const std::string& id, double timeoutSeconds) {
 
 bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t token, Completion* now) {
   Status s = validateId(id);
+  if (s.ok() && stopped()) s = Status(Code::kShutdown, "get of object " + printableId(id) + ": node is shut down");
   if (!s.ok()) {
     *now = Completion{token, Completion::Kind::kGet, s, nullptr, {}};
     return true;
@@ -186,6 +209,7 @@ void Node::startGet(uint64_t token) {
   uint64_t request = newRequest();
   int shard = shardOf(op.id);
   op.stage = "waiting for the object to be put; directory shard on " + peerName(shard);
+  op.lookups++;
   pending_[request] = Pending{shard, nullptr, [this, token](const Status& s, const wire::LookupReply* reply) {
                                 onLookupReply(token, s, reply);
                               }};
@@ -268,6 +292,17 @@ void Node::progressGet(uint64_t token) {
   if (it == gets_.end()) return;
   GetOp& op = it->second;
   const auto& obj = op.object;
+  if (obj->failed() && obj->error().code == Code::kNotFound && op.lookups < kMaxLookups && !op.copyInFlight) {
+    // The chosen holder no longer had a copy (evicted since the directory
+    // answered): look the object up again.
+    obj->removeListener(op.listener);
+    op.listener = 0;
+    op.object.reset();
+    op.result.reset();
+    op.copied = 0;
+    startGet(token);
+    return;
+  }
   if (obj->failed()) {
     finishGet(token, Status(obj->error().code, "get of object " + printableId(op.id) + " failed: " + obj->error().message));
     return;
@@ -328,7 +363,8 @@ void Node::startPull(int holder, const std::shared_ptr<LocalObject>& obj) {
   send(holder, wire::Pull{request, obj->id(), 0});
 }
 
-uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size) {
+uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
+                               std::shared_ptr<const void>* keepalive) {
   auto it = pulls_.find(request);
   if (it == pulls_.end()) return nullptr;  // cancelled or failed: discard
   PullState& pull = it->second;
@@ -338,6 +374,7 @@ uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offs
     return nullptr;
   }
   pull.expected += size;
+  *keepalive = pull.object->buffer();
   return pull.object->data() + offset;
 }
 

@@ -12,7 +12,8 @@ void Node::handleRegister(Connection& conn, const wire::Register& msg) {
 void Node::handleLookup(Connection& conn, const wire::Lookup& msg) {
   std::weak_ptr<Connection> weak = sharedConnection(conn);
   uint64_t request = msg.request;
-  double timeout = static_cast<double>(msg.timeoutMs) / 1000.0;
+  // The asker's timeout, within bounds: a peer must not park requests forever.
+  double timeout = std::min(static_cast<double>(msg.timeoutMs) / 1000.0, kMaxTimeoutSeconds);
   directory_->lookup(msg.id, timeout, [weak, request](const Status& s, const DirectoryEntry* entry) {
     auto c = weak.lock();
     if (!c) return;  // the asker went away
@@ -86,6 +87,7 @@ void Node::handlePull(Connection& conn, const wire::Pull& msg) {
     return;
   }
   StreamKey key{conn.id(), msg.request};
+  endStream(key);  // a repeated request replaces the earlier stream
   ServingStream& stream = serving_[key];
   stream.conn = sharedConnection(conn);
   stream.request = msg.request;
@@ -111,15 +113,23 @@ void Node::pump(const StreamKey& key) {
     endStream(key);
     return;
   }
-  const uint64_t chunk = chunkFor(obj->size());
-  const uint64_t ready = obj->watermark();
-  while (stream.next < ready) {
-    uint64_t n = std::min(chunk, ready - stream.next);
-    conn->sendData(stream.request, stream.next, obj->data() + stream.next, n, obj->buffer());
+  // Sending may close the connection, whose onClosed ends this stream: work on
+  // copies and look the stream up again afterwards.
+  const auto object = obj;
+  const uint64_t request = stream.request;
+  const uint64_t chunk = chunkFor(object->size());
+  const uint64_t ready = object->watermark();
+  uint64_t next = stream.next;
+  while (next < ready && conn->isOpen()) {
+    uint64_t n = std::min(chunk, ready - next);
+    conn->sendData(request, next, object->data() + next, n, object->buffer());
     counters_.bytesSent += n;
-    stream.next += n;
+    next += n;
   }
-  if (stream.next == obj->size()) endStream(key);
+  it = serving_.find(key);
+  if (it == serving_.end()) return;
+  it->second.next = next;
+  if (next == object->size() || !conn->isOpen()) endStream(key);
 }
 
 void Node::endStream(const StreamKey& key) {

@@ -33,22 +33,65 @@ c10::ScalarType scalarType(const std::string& name) {
 
 // The bytes of a completed get as a tensor that owns a reference to them.
 at::Tensor tensorOf(const Completion& c) {
-  auto options = at::TensorOptions().dtype(scalarType(c.meta.dtype));
+  c10::ScalarType type = scalarType(c.meta.dtype);
+  if (c10::elementSize(type) != c.meta.itemsize) {
+    throw std::invalid_argument("object metadata says " + c.meta.dtype + " with " + std::to_string(c.meta.itemsize) +
+                                "-byte elements");
+  }
+  auto options = at::TensorOptions().dtype(type);
   if (!c.buffer || c.meta.nbytes == 0) return at::empty(c.meta.shape, options);
   std::shared_ptr<Buffer> keep = c.buffer;
   return at::from_blob(
       keep->data(), c.meta.shape, [keep](void*) mutable { keep.reset(); }, options);
 }
 
+// Sets a get's future: the tensor, or the matching torch_hoplite exception
+// (created with `errorFromStatus`), which waiting on the future re-raises.
+void complete(const c10::intrusive_ptr<c10::ivalue::Future>& fut, Completion c, const py::object& errorFromStatus) {
+  if (c.status.ok()) {
+    try {
+      at::Tensor tensor = tensorOf(c);
+      if (fut->completed()) return;  // completed by the user meanwhile
+      fut->markCompleted(c10::IValue(std::move(tensor)));
+      return;
+    } catch (const std::exception& e) {
+      c.status = Status(Code::kProtocol, std::string("get: ") + e.what());
+    }
+  }
+  std::exception_ptr error;
+  {
+    py::gil_scoped_acquire gil;
+    try {
+      py::object exc = errorFromStatus(static_cast<int>(c.status.code), c.status.message);
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+      error = std::make_exception_ptr(py::error_already_set());
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  try {
+    fut->setError(error);
+  } catch (const std::exception&) {
+    // Completed already (e.g. by the user); nothing left to tell.
+  }
+}
+
 }  // namespace
 
 struct NodeHandle::State {
+  struct Put {
+    at::Tensor source;     // kept alive until copied into the store
+    bool waiter = false;   // a blocking put waits for `done`, then forgets the entry
+    bool done = false;
+    Status status;
+  };
   std::mutex mutex;
   std::condition_variable putDone;
   uint64_t nextToken = 1;
   std::unordered_map<uint64_t, c10::intrusive_ptr<c10::ivalue::Future>> gets;
-  std::unordered_map<uint64_t, at::Tensor> puts;  // sources still being copied
+  std::unordered_map<uint64_t, Put> puts;
   std::thread completer;
+  std::once_flag stopped;
   py::object errorFromStatus;  // torch_hoplite.errors.error_from_status
 };
 
@@ -80,16 +123,23 @@ py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const p
     {
       std::lock_guard<std::mutex> lock(state_->mutex);
       token = state_->nextToken++;
-      state_->puts.emplace(token, tensor);
+      state_->puts.emplace(token, State::Put{tensor, blocking});
     }
     s = node_->put(key, meta, static_cast<const uint8_t*>(tensor.data_ptr()), token, timeout);
     std::unique_lock<std::mutex> lock(state_->mutex);
     if (!s.ok()) {
-      state_->puts.erase(token);
+      state_->puts.erase(token);  // no copy was started
     } else if (blocking) {
-      bool copied = state_->putDone.wait_for(lock, std::chrono::duration<double>(timeout),
-                                             [&] { return state_->puts.count(token) == 0; });
-      if (!copied) s = Status(Code::kTimeout, "put of object " + printableId(key) + ": local copy did not finish in time");
+      // A waiter's entry stays until it is read here.
+      auto& put = state_->puts.at(token);
+      if (state_->putDone.wait_for(lock, std::chrono::duration<double>(timeout), [&] { return put.done; })) {
+        s = put.status;  // e.g. deleted while copying
+        state_->puts.erase(token);
+      } else {
+        put.waiter = false;  // deliver() forgets it when the copy ends
+        s = Status(Code::kTimeout, "put of object " + printableId(key) +
+                                       " is registered, but its local copy did not finish in time");
+      }
     }
   }
   return py::make_tuple(static_cast<int>(s.code), s.message);
@@ -120,39 +170,47 @@ void NodeHandle::completeLoop() {
 void NodeHandle::deliver(Completion c) {
   std::unique_lock<std::mutex> lock(state_->mutex);
   if (c.kind == Completion::Kind::kPutCopied) {
-    at::Tensor source = std::move(state_->puts.at(c.token));
-    state_->puts.erase(c.token);
+    auto it = state_->puts.find(c.token);
+    if (it == state_->puts.end()) return;
+    at::Tensor source = std::move(it->second.source);
+    if (it->second.waiter) {
+      it->second.done = true;
+      it->second.status = c.status;
+    } else {
+      state_->puts.erase(it);
+    }
     lock.unlock();
     state_->putDone.notify_all();
     return;  // `source` is released here, without the GIL
   }
-  auto fut = std::move(state_->gets.at(c.token));
-  state_->gets.erase(c.token);
+  auto it = state_->gets.find(c.token);
+  if (it == state_->gets.end()) return;
+  auto fut = std::move(it->second);
+  state_->gets.erase(it);
   lock.unlock();
-  if (c.status.ok()) {
-    try {
-      fut->markCompleted(c10::IValue(tensorOf(c)));
-      return;
-    } catch (const std::exception& e) {
-      c.status = Status(Code::kInternal, e.what());
-    }
-  }
-  // Errors become the matching torch_hoplite exception; waiting on the future
-  // re-raises exactly that exception.
-  std::exception_ptr error;
-  {
-    py::gil_scoped_acquire gil;
-    py::object exc = state_->errorFromStatus(static_cast<int>(c.status.code), c.status.message);
-    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
-    error = std::make_exception_ptr(py::error_already_set());
-  }
-  fut->setError(error);
+  complete(fut, std::move(c), state_->errorFromStatus);
 }
 
 void NodeHandle::shutdown() {
-  py::gil_scoped_release release;
-  node_->shutdown();
-  if (state_->completer.joinable()) state_->completer.join();
+  std::call_once(state_->stopped, [this] {
+    {
+      py::gil_scoped_release release;
+      node_->shutdown();
+      state_->completer.join();
+    }
+    // The node failed its pending gets before stopping; anything left could
+    // never complete, so fail it here rather than leave a waiter hanging.
+    std::unordered_map<uint64_t, c10::intrusive_ptr<c10::ivalue::Future>> left;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      left.swap(state_->gets);
+      state_->puts.clear();
+    }
+    for (auto& [token, fut] : left) {
+      complete(fut, Completion{token, Completion::Kind::kGet, Status(Code::kShutdown, "node shut down"), nullptr, {}},
+               state_->errorFromStatus);
+    }
+  });
 }
 
 }  // namespace hoplite

@@ -31,7 +31,8 @@ TcpConnection::TcpConnection(EventLoop& loop, int fd, bool connecting, std::stri
       connecting_(connecting),
       peerAddress_(std::move(peerAddress)),
       observer_(observer),
-      options_(options) {}
+      options_(options),
+      trusted_(connecting) {}  // we dialed it: a peer from the rendezvous
 
 TcpConnection::~TcpConnection() {
   if (fd_ >= 0) ::close(fd_);
@@ -39,7 +40,11 @@ TcpConnection::~TcpConnection() {
 
 void TcpConnection::open() {
   wantWrite_ = connecting_;
-  loop_.addFd(fd_, EPOLLIN | EPOLLRDHUP | (connecting_ ? EPOLLOUT : 0), this);
+  if (!loop_.addFd(fd_, EPOLLIN | EPOLLRDHUP | (connecting_ ? EPOLLOUT : 0), this)) {
+    // Report it from the loop, after the owner has stored this connection.
+    auto self = shared_from_this();
+    loop_.post([self] { self->close(Status(Code::kInternal, "cannot watch socket")); });
+  }
 }
 
 std::string TcpConnection::describe() const {
@@ -107,7 +112,7 @@ void TcpConnection::handleEvents(uint32_t events) {
 void TcpConnection::finishConnect() {
   int err = 0;
   socklen_t len = sizeof(err);
-  getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len);
+  if (getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
   if (err != 0) {
     close(errnoStatus(("connect to " + describe()).c_str(), err));
     return;
@@ -139,7 +144,10 @@ void TcpConnection::flush() {
       size_t bodySize = it->data ? it->dataSize : it->owned.size();
       if (bodySize > skip) iov[n++] = {const_cast<uint8_t*>(body) + skip, bodySize - skip};
     }
-    ssize_t wrote = ::writev(fd_, iov, n);
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n;
+    ssize_t wrote = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);  // a dead peer is an error, not SIGPIPE
     if (wrote < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       if (errno == EINTR) continue;
@@ -164,7 +172,10 @@ void TcpConnection::flush() {
 }
 
 void TcpConnection::onHeader() {
-  Status s = wire::decodeHeader(header_, options_.limits, &frame_);
+  constexpr uint64_t kHandshakeLimit = 4096;
+  wire::FrameLimits limits = options_.limits;
+  if (!trusted_) limits = wire::FrameLimits{kHandshakeLimit, 0};
+  Status s = wire::decodeHeader(header_, limits, &frame_);
   if (!s.ok()) {
     close(Status(Code::kProtocol, s.message + " from " + describe()));
     return;
@@ -250,13 +261,17 @@ void TcpConnection::readSome() {
           wire::decodeDataSubheader(sub_, &dataRequest_, &dataOffset_);
           dataSize_ = frame_.length - wire::kDataSubheaderSize;
           dataGot_ = 0;
-          dataDest_ = observer_->dataDestination(*this, dataRequest_, dataOffset_, dataSize_);
+          dataDest_ = observer_->dataDestination(*this, dataRequest_, dataOffset_, dataSize_, &dataKeep_);
           readState_ = ReadState::kDataPayload;
           if (dataSize_ == 0) readState_ = ReadState::kHeader;
         }
         break;
       case ReadState::kDataPayload:
-        if (dataGot_ == dataSize_) readState_ = ReadState::kHeader;
+        if (dataGot_ == dataSize_) {
+          readState_ = ReadState::kHeader;
+          dataDest_ = nullptr;
+          dataKeep_.reset();
+        }
         break;
     }
   }

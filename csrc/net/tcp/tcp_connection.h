@@ -31,6 +31,7 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
   bool isOpen() const override { return fd_ >= 0; }
   uint64_t queuedBytes() const override { return queuedBytes_; }
   std::string describe() const override;
+  void markTrusted() override { trusted_ = true; }
 
   void handleEvents(uint32_t events) override;
 
@@ -60,6 +61,7 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
   ConnectionObserver* observer_;
   TransportOptions options_;
   bool closed_ = false;
+  bool trusted_;
 
   std::deque<Outgoing> outq_;
   uint64_t queuedBytes_ = 0;
@@ -75,6 +77,7 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
   size_t subGot_ = 0;
   uint64_t dataRequest_ = 0, dataOffset_ = 0, dataSize_ = 0, dataGot_ = 0;
   uint8_t* dataDest_ = nullptr;
+  std::shared_ptr<const void> dataKeep_;  // holds dataDest_'s memory for the frame
   std::vector<uint8_t> discard_;
 };
 

@@ -65,7 +65,16 @@ class TcpListener : public Listener, public EventHandler {
       int fd = ::accept4(fd_, reinterpret_cast<sockaddr*>(&peer), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) HLOG(kWarn, "accept: %s", std::strerror(errno));
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          // Out of descriptors: stop listening for a moment instead of spinning.
+          HLOG(kWarn, "accept: %s; pausing for 100 ms", std::strerror(errno));
+          loop_.removeFd(fd_);
+          loop_.addTimer(0.1, [this] {
+            if (fd_ >= 0) loop_.addFd(fd_, EPOLLIN, this);
+          });
+        } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          HLOG(kWarn, "accept: %s", std::strerror(errno));
+        }
         return;
       }
       configureSocket(fd, options_);
@@ -123,12 +132,13 @@ std::shared_ptr<Connection> TcpTransport::connect(const std::string& host, int p
   if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
   configureSocket(fd, options_);
   int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  bool connecting = rc != 0 && errno == EINPROGRESS;
+  int err = rc == 0 ? 0 : errno;
+  bool connecting = rc != 0 && err == EINPROGRESS;
   auto conn = std::make_shared<TcpConnection>(loop_, fd, true, addressString(addr), observer, options_);
   conn->open();
   if (rc != 0 && !connecting) {
     // Report the failure from the loop, after the caller has stored the connection.
-    Status why(Code::kPeerFailed, "connect to " + addressString(addr) + ": " + std::strerror(errno));
+    Status why(Code::kPeerFailed, "connect to " + addressString(addr) + ": " + std::strerror(err));
     loop_.post([conn, why] { conn->close(why); });
   }
   return conn;
