@@ -182,6 +182,10 @@ void TcpConnection::onHeader() {
   }
   headerGot_ = 0;
   if (static_cast<wire::MsgType>(frame_.type) == wire::MsgType::kData) {
+    if (!trusted_) {
+      close(Status(Code::kProtocol, "data frame before the handshake from " + describe()));
+      return;
+    }
     readState_ = ReadState::kDataSubheader;
     subGot_ = 0;
   } else {
