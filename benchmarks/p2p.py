@@ -3,8 +3,9 @@ torch_hoplite put/get, gloo send/recv and torch RPC (TensorPipe) rpc_sync.
 
     python benchmarks/p2p.py [--sizes 1KB,1MB,64MB,256MB] [--trials 5]
 
-One round trip: rank 0's tensor reaches rank 1, which sends it back. Both
-processes run all systems, interleaved trial by trial.
+One round trip: rank 0's tensor reaches rank 1, which sends it back. One pair
+of processes runs hoplite and gloo interleaved trial by trial; torch RPC runs in
+a pair of its own (TensorPipe's polling threads would slow the others).
   hoplite:   put(x) on 0; get on 1, put(reply); get of the reply on 0.
              ("hoplite-zero-copy": the same with get(copy=False)). Objects are
              deleted after each trial, outside the timed region.
@@ -97,15 +98,19 @@ class TorchRpc:
 
 
 def worker(rank, port, systems, sizes, warmup, minimum, queue):
-    """Both processes run every system, interleaved trial by trial, so that drift
-    in the machine's speed affects all systems alike."""
+    """Both processes run the given systems, interleaved trial by trial, so that
+    drift in the machine's speed affects them alike. (torch RPC runs in a pair of
+    its own: TensorPipe's threads poll and would slow everything beside them.)"""
     import torch_hoplite as hop
 
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=(rank == 0), timeout=datetime.timedelta(seconds=600))
+    # gloo's process group also provides the barrier between trials.
     dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=2)
-    hop.init(dist.PrefixStore("hoplite", store), rank=rank, world_size=2)
-    opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port + 1}", rpc_timeout=600)
-    rpc.init_rpc(f"w{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
+    if any(s.startswith("hoplite") for s in systems):
+        hop.init(dist.PrefixStore("hoplite", store), rank=rank, world_size=2)
+    if "torch-rpc" in systems:
+        opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port + 1}", rpc_timeout=600)
+        rpc.init_rpc(f"w{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
     impls = {
         "hoplite": Hoplite(zero_copy=False),
         "hoplite-zero-copy": Hoplite(zero_copy=True),
@@ -131,9 +136,11 @@ def worker(rank, port, systems, sizes, warmup, minimum, queue):
                     times.append(t1 - t0)
                     # CPU over the trial and the barrier that closes it, per second of that span.
                     cores.append((c1 - c0) / (t2 - t0))
-    rpc.shutdown()
-    hop.barrier()
-    hop.shutdown()
+    if "torch-rpc" in systems:
+        rpc.shutdown()
+    if hop.is_initialized():
+        hop.barrier()
+        hop.shutdown()
     dist.destroy_process_group()
     queue.put((rank, results))
 
@@ -222,8 +229,11 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
 
-    print(f"measuring {', '.join(systems)} at {', '.join(map(common.human_size, sizes))} ...", flush=True)
-    records = measure(systems, sizes, args.warmup, args.trials)
+    records = []
+    groups = [[s for s in systems if s != "torch-rpc"], [s for s in systems if s == "torch-rpc"]]
+    for group in filter(None, groups):
+        print(f"measuring {', '.join(group)} at {', '.join(map(common.human_size, sizes))} ...", flush=True)
+        records += measure(group, sizes, args.warmup, args.trials)
     gloo = {r["size_bytes"]: r["median_s"] for r in records if r["system"] == "gloo"}
     for r in records:
         r["time_vs_gloo"] = r["median_s"] / gloo[r["size_bytes"]] if r["size_bytes"] in gloo else None
