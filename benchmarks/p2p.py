@@ -6,9 +6,11 @@ torch_hoplite put/get, gloo send/recv and torch RPC (TensorPipe) rpc_sync.
 One round trip: rank 0's tensor reaches rank 1, which sends it back. One pair
 of processes runs hoplite and gloo interleaved trial by trial; torch RPC runs in
 a pair of its own (TensorPipe's polling threads would slow the others).
-  hoplite:   put(x) on 0; get on 1, put(reply); get of the reply on 0.
-             ("hoplite-zero-copy": the same with get(copy=False)). Objects are
-             deleted after each trial, outside the timed region.
+  hoplite:   put(x) on 0; get on 1, put(reply); get of the reply on 0, all
+             with default options (put and get each copy once).
+             "hoplite-zero-copy": the same with put(copy=False) and
+             get(copy=False), for tensors the program leaves unmodified.
+             Objects are deleted after each trial, outside the timed region.
   gloo:      send/recv into preallocated tensors, both directions.
   torch-rpc: rpc_sync of an echo function taking and returning the tensor.
 Reported: median / min / max round-trip time over the trials after warm-up,
@@ -61,12 +63,12 @@ class Hoplite:
         self.i += 1
         ping, pong = f"{self.prefix}-ping-{self.i}", f"{self.prefix}-pong-{self.i}"
         if rank == 0:
-            hop.put(x, ping)
+            hop.put(x, ping, copy=self.copy)
             y = hop.get(pong, copy=self.copy).wait()
             assert y.numel() == x.numel()
         else:
             y = hop.get(ping, copy=self.copy).wait()
-            hop.put(y, pong)
+            hop.put(y, pong, copy=self.copy)
 
     def cleanup(self, rank: int) -> None:
         import torch_hoplite as hop

@@ -215,3 +215,17 @@ def test_bad_input_raises_clear_errors(cluster4):
         hop.get("x", device="meta")
     with pytest.raises(RuntimeError, match="already initialized"):
         hop.init(rank=0, world_size=1)
+
+
+def test_zero_copy_put_shares_the_tensor_memory(cluster4):
+    t = torch.arange(300_000, dtype=torch.float32)
+    ref = hop.put(t, "zero-copy-put", copy=False)
+    local = hop.get(ref, copy=False).wait()
+    assert local.data_ptr() == t.data_ptr()  # the store's copy is the tensor itself
+    assert torch.equal(cluster4.call(2, workers.get, ref, 30), t)
+    small = torch.arange(10, dtype=torch.int16)  # inline objects work the same way
+    ref_small = hop.put(small, "zero-copy-put-small", copy=False)
+    assert torch.equal(cluster4.call(1, workers.get, ref_small, 30), small)
+    hop.delete(ref)
+    hop.delete(ref_small)
+    assert float(t[-1]) == 299_999.0  # still the caller's tensor after the store let go

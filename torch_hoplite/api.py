@@ -72,6 +72,7 @@ def put(
     *,
     timeout: Optional[float] = None,
     blocking: bool = False,
+    copy: bool = True,
 ) -> ObjectRef:
     """Stores an immutable copy of `tensor` and returns its reference.
 
@@ -80,12 +81,16 @@ def put(
     them. As with ``isend``, do not modify `tensor` until the copy is done, or
     pass ``blocking=True`` to return only then.
 
+    ``copy=False`` copies nothing: the store keeps a reference to the tensor's
+    memory as the object's primary copy until :func:`delete`. The tensor must
+    then not be modified while the object exists (objects are immutable).
+
     Raises:
         ObjectExistsError: `id` already names an object.
         CapacityError: the store has no room.
         TypeError, ValueError, NotImplementedError: the tensor cannot be stored.
     """
-    return _rt().put(tensor, id, timeout, blocking)
+    return _rt().put(tensor, id, timeout, blocking, copy)
 
 
 def get(

@@ -51,13 +51,16 @@ class Runtime:
 
     # ------------------------------------------------------------------ operations
 
-    def put(self, tensor: torch.Tensor, obj_id: Optional[ObjectId], timeout: Optional[float], blocking: bool) -> ObjectRef:
+    def put(
+        self, tensor: torch.Tensor, obj_id: Optional[ObjectId], timeout: Optional[float], blocking: bool, copy: bool
+    ) -> ObjectRef:
         tensor = prepare_for_put(tensor)
         if obj_id is None:
             obj_id = f"{self.rank}-{uuid.uuid4().hex}"
         key = id_bytes(obj_id)
-        # The node keeps `tensor` alive until its bytes are copied into the store.
-        code, message = self._node.put(key, dtype_name(tensor.dtype), tensor, self._timeout(timeout), blocking)
+        # The node keeps `tensor` alive until its bytes are copied into the store
+        # (copy=False: until the object is deleted; its memory is the store's copy).
+        code, message = self._node.put(key, dtype_name(tensor.dtype), tensor, self._timeout(timeout), blocking, copy)
         if code != 0:
             raise error_from_status(code, message)
         nbytes = tensor.numel() * tensor.element_size()

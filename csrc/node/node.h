@@ -68,8 +68,10 @@ class Node : public ConnectionObserver {
   void addPeer(int rank, const std::string& host, int port);
   // Registers the object and returns; the bytes are copied in the background
   // (a kPutCopied completion with `token` says when `src` may be released).
+  // With `borrowed` memory (holding the bytes), nothing is copied: the store
+  // keeps the caller's memory until the object is deleted.
   Status put(const std::string& id, const ObjectMeta& meta, const uint8_t* src, uint64_t token,
-             double timeoutSeconds);
+             double timeoutSeconds, std::shared_ptr<Buffer> borrowed = nullptr);
   // Starts a get; the outcome arrives as a kGet completion with `token`, except
   // when a complete local copy exists: then it is served at once into *now and
   // true is returned. copy=false hands out the store's own buffer (read-only by contract).

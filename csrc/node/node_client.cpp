@@ -47,37 +47,37 @@ void Node::requestStatus(int rank, wire::MsgType type, std::string payload, uint
 // ---------------------------------------------------------------- put
 
 Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* src, uint64_t token,
-                 double timeoutSeconds) {
+                 double timeoutSeconds, std::shared_ptr<Buffer> borrowed) {
   Status s = validateId(id);
   if (s.ok()) s = validateMeta(meta);
   if (!s.ok()) return s;
   if (stopped()) return Status(Code::kShutdown, "put of object " + printableId(id) + ": node is shut down");
+  const bool zeroCopy = borrowed != nullptr;
   std::shared_ptr<LocalObject> obj;
-  s = store_->create(id, meta, /*primary=*/true, &obj);
+  s = store_->create(id, meta, /*primary=*/true, &obj, std::move(borrowed));
   if (!s.ok()) return s;
 
   const bool small = meta.nbytes <= config_.inlineThresholdBytes || meta.nbytes == 0;
   // Mid-sized objects are copied here while the registration is in flight; the
   // copy of large ones continues in the background after put returns.
-  const bool copyHere = !small && meta.nbytes <= kCallerCopyBytes;
+  const bool copyHere = !small && !zeroCopy && meta.nbytes <= kCallerCopyBytes;
   wire::Register reg;
   reg.id = id;
   reg.meta = meta;
   reg.holder = config_.rank;
   if (small) {
     if (meta.nbytes > 0) {
-      std::memcpy(obj->data(), src, meta.nbytes);
+      if (!zeroCopy) std::memcpy(obj->data(), src, meta.nbytes);
       reg.inlineData.assign(reinterpret_cast<const char*>(src), meta.nbytes);
     }
-    reg.complete = true;
     reg.hasInline = true;
   }
+  reg.complete = small || zeroCopy;
   int shard = shardOf(id);
   // Whoever comes first, the shard's answer (1) or the caller giving up (2), decides.
   auto decided = std::make_shared<std::atomic<int>>(0);
-  auto registered = startOnLoop([this, reg = std::move(reg), shard, obj, small,
-                                 decided](std::function<void(Status)> done) mutable {
-    if (small) obj->advance(obj->size());
+  auto registered = startOnLoop([this, reg = std::move(reg), shard, obj, decided](std::function<void(Status)> done) mutable {
+    if (reg.complete) obj->advance(obj->size());
     uint64_t request = newRequest();
     reg.request = request;
     std::string id = reg.id;
@@ -107,7 +107,7 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
     if (s.code == Code::kAlreadyExists) s.message = "put of object " + printableId(id) + " failed: it already exists";
     return s;
   }
-  if (small || copyHere) {
+  if (small || copyHere || zeroCopy) {
     if (copyHere) {
       loop_.post([this, obj] {
         send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete});

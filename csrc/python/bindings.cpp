@@ -48,7 +48,7 @@ PYBIND11_MODULE(_C, m) {
           "add_peer", [](NodeHandle& h, int rank, const std::string& host, int port) { h.node().addPeer(rank, host, port); },
           py::arg("rank"), py::arg("host"), py::arg("port"))
       .def("put", &NodeHandle::put, py::arg("id"), py::arg("dtype"), py::arg("tensor"), py::arg("timeout"),
-           py::arg("blocking"))
+           py::arg("blocking"), py::arg("copy"))
       .def("get", &NodeHandle::get, py::arg("id"), py::arg("timeout"), py::arg("copy"), py::arg("future"))
       .def(
           "delete",

@@ -107,7 +107,7 @@ NodeHandle::~NodeHandle() {
 }
 
 py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const py::object& tensorObj,
-                          double timeout, bool blocking) {
+                          double timeout, bool blocking, bool copy) {
   at::Tensor tensor = THPVariable_Unpack(tensorObj.ptr());
   ObjectMeta meta;
   meta.dtype = dtype;
@@ -125,7 +125,10 @@ py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const p
       token = state_->nextToken++;
       state_->puts.emplace(token, State::Put{tensor, blocking});
     }
-    s = node_->put(key, meta, static_cast<const uint8_t*>(tensor.data_ptr()), token, timeout);
+    auto* data = static_cast<uint8_t*>(tensor.data_ptr());
+    std::shared_ptr<Buffer> borrowed;
+    if (!copy) borrowed = std::make_shared<Buffer>(data, meta.nbytes, [tensor]() mutable { tensor = at::Tensor(); });
+    s = node_->put(key, meta, data, token, timeout, std::move(borrowed));
     std::unique_lock<std::mutex> lock(state_->mutex);
     if (!s.ok()) {
       state_->puts.erase(token);  // no copy was started

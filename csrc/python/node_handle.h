@@ -18,10 +18,11 @@ class NodeHandle {
   ~NodeHandle();
 
   Node& node() { return *node_; }
-  // Registers `tensor` (contiguous CPU) under `id`; keeps it alive until copied.
-  // Returns (code, message). blocking=true also waits for the local copy.
+  // Registers `tensor` (contiguous CPU) under `id`; keeps it alive until copied
+  // (copy=false: until deleted, as the store's copy). Returns (code, message).
+  // blocking=true also waits for the local copy.
   pybind11::tuple put(const pybind11::bytes& id, const std::string& dtype, const pybind11::object& tensor,
-                      double timeout, bool blocking);
+                      double timeout, bool blocking, bool copy);
   // Completes `future` (a torch.futures.Future) with the tensor or a typed error.
   void get(const pybind11::bytes& id, double timeout, bool copy, const pybind11::object& future);
   void shutdown();

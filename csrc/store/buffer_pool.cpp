@@ -37,11 +37,6 @@ void unmapMemory(uint8_t* data, size_t capacity) {
 
 }  // namespace
 
-Buffer::Buffer(std::shared_ptr<BufferPool> pool, uint8_t* data, size_t size, size_t capacity)
-    : pool_(std::move(pool)), data_(data), size_(size), capacity_(capacity) {}
-
-Buffer::~Buffer() { pool_->release(data_, capacity_); }
-
 BufferPool::~BufferPool() {
   for (auto& [capacity, list] : free_) {
     for (uint8_t* p : list) unmapMemory(p, capacity);
@@ -73,7 +68,8 @@ std::shared_ptr<Buffer> BufferPool::allocate(size_t size) {
     std::lock_guard<std::mutex> lock(mutex_);
     mappedBytes_ += capacity;
   }
-  return std::make_shared<Buffer>(shared_from_this(), data, size, capacity);
+  auto pool = shared_from_this();
+  return std::make_shared<Buffer>(data, size, [pool, data, capacity] { pool->release(data, capacity); });
 }
 
 void BufferPool::release(uint8_t* data, size_t capacity) {

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -12,12 +13,15 @@
 
 namespace hoplite {
 
-class BufferPool;
-
+// Memory holding one object's bytes: from the pool, or borrowed from the caller
+// (a zero-copy put), released through `release` when the last user lets go.
 class Buffer {
  public:
-  Buffer(std::shared_ptr<BufferPool> pool, uint8_t* data, size_t size, size_t capacity);
-  ~Buffer();
+  Buffer(uint8_t* data, size_t size, std::function<void()> release)
+      : data_(data), size_(size), release_(std::move(release)) {}
+  ~Buffer() {
+    if (release_) release_();
+  }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
@@ -25,10 +29,9 @@ class Buffer {
   size_t size() const { return size_; }
 
  private:
-  std::shared_ptr<BufferPool> pool_;
   uint8_t* data_;
   size_t size_;
-  size_t capacity_;
+  std::function<void()> release_;
 };
 
 class BufferPool : public std::enable_shared_from_this<BufferPool> {
@@ -47,7 +50,6 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   static size_t sizeClass(size_t size);
 
  private:
-  friend class Buffer;
   void release(uint8_t* data, size_t capacity);
 
   const size_t maxCachedBytes_;

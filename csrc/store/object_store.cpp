@@ -28,7 +28,7 @@ bool ObjectStore::makeRoom(uint64_t bytes, std::vector<std::string>* evicted) {
 }
 
 Status ObjectStore::create(const std::string& id, const ObjectMeta& meta, bool primary,
-                           std::shared_ptr<LocalObject>* out) {
+                           std::shared_ptr<LocalObject>* out, std::shared_ptr<Buffer> borrowed) {
   std::vector<std::string> evicted;
   Status status;
   {
@@ -47,9 +47,9 @@ Status ObjectStore::create(const std::string& id, const ObjectMeta& meta, bool p
   for (const auto& e : evicted) onEvict_(e);
   if (!status.ok()) return status;
 
-  std::shared_ptr<Buffer> buffer;
+  std::shared_ptr<Buffer> buffer = std::move(borrowed);
   try {
-    buffer = pool_->allocate(meta.nbytes);
+    if (!buffer) buffer = pool_->allocate(meta.nbytes);
   } catch (const std::bad_alloc&) {
     std::lock_guard<std::mutex> lock(mutex_);
     used_ -= meta.nbytes;

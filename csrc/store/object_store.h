@@ -22,9 +22,11 @@ class ObjectStore {
 
   ObjectStore(std::shared_ptr<BufferPool> pool, uint64_t capacityBytes, EvictCallback onEvict);
 
-  // Reserves room (evicting if needed) and allocates the buffer. Fails with
-  // kAlreadyExists if the id is present, kCapacity if no room can be made.
-  Status create(const std::string& id, const ObjectMeta& meta, bool primary, std::shared_ptr<LocalObject>* out);
+  // Reserves room (evicting if needed) and allocates the buffer, or adopts
+  // `borrowed` memory. Fails with kAlreadyExists if the id is present, kCapacity
+  // if no room can be made.
+  Status create(const std::string& id, const ObjectMeta& meta, bool primary, std::shared_ptr<LocalObject>* out,
+                std::shared_ptr<Buffer> borrowed = nullptr);
   std::shared_ptr<LocalObject> find(const std::string& id);  // marks it recently used
   std::shared_ptr<LocalObject> remove(const std::string& id);
 
