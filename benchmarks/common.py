@@ -52,7 +52,12 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        git = ["git", "-C", os.path.dirname(os.path.abspath(__file__))]
+        commit = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        changed = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no", "--", ":!benchmarks/results"],
+                                 capture_output=True, text=True).stdout.strip()
+        if changed:
+            commit += "+uncommitted changes"
     except OSError:
         commit = ""
     return {
