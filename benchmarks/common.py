@@ -54,7 +54,7 @@ def machine() -> dict[str, Any]:
     try:
         git = ["git", "-C", os.path.dirname(os.path.abspath(__file__))]
         commit = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        changed = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no", "--", ":!benchmarks/results"],
+        changed = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no", "--", ":(top,exclude)benchmarks/results"],
                                  capture_output=True, text=True).stdout.strip()
         if changed:
             commit += "+uncommitted changes"
