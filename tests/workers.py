@@ -82,3 +82,9 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def get_after(delay, obj_id, n, seed, timeout=120):
+    """Sleeps, then gets a pattern object; returns whether it matched exactly."""
+    time.sleep(delay)
+    return get_matches_pattern(obj_id, n, seed, timeout)

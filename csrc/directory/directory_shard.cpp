@@ -26,7 +26,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
   }
   DirectoryEntry& entry = entries_[msg.id];
   entry.meta = msg.meta;
-  entry.holders[msg.holder] = msg.complete;
+  entry.holders[msg.holder] = Holder{msg.complete, 0};
   entry.hasInline = msg.hasInline;
   entry.inlineData = msg.inlineData;
 
@@ -36,31 +36,57 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
     waiters_.erase(it);
     for (auto& w : list) {
       loop_.cancelTimer(w.timer);
-      w.reply(Status(), &entry);
+      int sender = assignSender(entry, w.asker);
+      w.reply(Status(), &entry, sender);
     }
   }
   return Status();
 }
 
-bool DirectoryShard::updateHolder(const std::string& id, int holder, wire::HolderState state) {
-  auto it = entries_.find(id);
+bool DirectoryShard::updateHolder(const wire::HolderUpdate& msg) {
+  auto it = entries_.find(msg.id);
   if (it == entries_.end()) return false;
-  if (state == wire::HolderState::kRemoved) {
-    it->second.holders.erase(holder);
+  auto& holders = it->second.holders;
+  if (msg.released >= 0) {
+    auto sender = holders.find(msg.released);
+    if (sender != holders.end() && sender->second.serving > 0) sender->second.serving--;
+  }
+  if (msg.state == wire::HolderState::kRemoved) {
+    holders.erase(msg.holder);
   } else {
-    it->second.holders[holder] = state == wire::HolderState::kComplete;
+    holders[msg.holder].complete = msg.state == wire::HolderState::kComplete;
   }
   return true;
 }
 
-void DirectoryShard::lookup(const std::string& id, double timeoutSeconds, LookupCallback reply) {
+int DirectoryShard::assignSender(DirectoryEntry& entry, int asker) {
+  if (entry.hasInline) return -1;
+  // An idle complete copy first, then an idle partial one (an earlier receiver,
+  // which relays chunk by chunk), then whoever serves the fewest. Senders are
+  // always earlier arrivals than the asker, so relays form no cycles.
+  int best = -1;
+  auto rank = [](const Holder& h) { return std::make_pair(h.serving, h.complete ? 0 : 1); };
+  for (const auto& [r, h] : entry.holders) {
+    if (r == asker) continue;
+    if (best < 0 || rank(h) < rank(entry.holders.at(best))) best = r;
+  }
+  if (best >= 0) {
+    entry.holders[best].serving++;
+    Holder& self = entry.holders[asker];  // a partial holder from now on
+    self.complete = false;
+  }
+  return best;
+}
+
+void DirectoryShard::lookup(const std::string& id, int asker, double timeoutSeconds, LookupCallback reply) {
   auto it = entries_.find(id);
   if (it != entries_.end()) {
-    reply(Status(), &it->second);
+    int sender = assignSender(it->second, asker);
+    reply(Status(), &it->second, sender);
     return;
   }
   if (deleted_.count(id)) {
-    reply(Status(Code::kDeleted, "object " + printableId(id) + " was deleted"), nullptr);
+    reply(Status(Code::kDeleted, "object " + printableId(id) + " was deleted"), nullptr, -1);
     return;
   }
   uint64_t token = nextWaiter_++;
@@ -73,11 +99,11 @@ void DirectoryShard::lookup(const std::string& id, double timeoutSeconds, Lookup
       LookupCallback cb = std::move(w->reply);
       list.erase(w);
       if (list.empty()) waiters_.erase(wit);
-      cb(Status(Code::kTimeout, "object " + printableId(id) + " does not exist"), nullptr);
+      cb(Status(Code::kTimeout, "object " + printableId(id) + " does not exist"), nullptr, -1);
       return;
     }
   });
-  waiters_[id].push_back(Waiter{token, std::move(reply), timer});
+  waiters_[id].push_back(Waiter{token, asker, std::move(reply), timer});
 }
 
 Status DirectoryShard::remove(const std::string& id, std::vector<int>* holders) {
@@ -86,7 +112,7 @@ Status DirectoryShard::remove(const std::string& id, std::vector<int>* holders) 
     if (deleted_.count(id)) return Status(Code::kDeleted, "object " + printableId(id) + " was already deleted");
     return Status(Code::kNotFound, "object " + printableId(id) + " does not exist");
   }
-  for (const auto& [rank, complete] : it->second.holders) holders->push_back(rank);
+  for (const auto& holder : it->second.holders) holders->push_back(holder.first);
   entries_.erase(it);
   rememberDeleted(id);
   return Status();

@@ -19,27 +19,34 @@
 
 namespace hoplite {
 
+struct Holder {
+  bool complete = false;
+  int serving = 0;  // receivers this holder was assigned and has not been released from
+};
+
 struct DirectoryEntry {
   ObjectMeta meta;
-  std::map<int, bool> holders;  // rank → complete
+  std::map<int, Holder> holders;  // by rank
   bool hasInline = false;
   std::string inlineData;
 };
 
 class DirectoryShard {
  public:
-  // Called once: with the entry, or with an error (kDeleted, kTimeout).
-  using LookupCallback = std::function<void(const Status&, const DirectoryEntry*)>;
+  // Called once: with the entry and the sender assigned to the asker (-1 for
+  // inline objects or when no copy is left), or with an error (kDeleted, kTimeout).
+  using LookupCallback = std::function<void(const Status&, const DirectoryEntry*, int sender)>;
 
   explicit DirectoryShard(EventLoop& loop) : loop_(loop) {}
   ~DirectoryShard();
 
   Status registerObject(const wire::Register& msg);
   // Returns false if the object is unknown here (e.g. deleted meanwhile).
-  bool updateHolder(const std::string& id, int holder, wire::HolderState state);
+  bool updateHolder(const wire::HolderUpdate& msg);
   // Answers at once if the object exists or was deleted, else when it is
-  // registered or after `timeoutSeconds`.
-  void lookup(const std::string& id, double timeoutSeconds, LookupCallback reply);
+  // registered or after `timeoutSeconds`. For an object that is not inline,
+  // the answer assigns `asker` a sender and lists the asker as a partial holder.
+  void lookup(const std::string& id, int asker, double timeoutSeconds, LookupCallback reply);
   // Forgets the object, remembers the id as deleted, and returns who held copies.
   Status remove(const std::string& id, std::vector<int>* holders);
 
@@ -48,10 +55,13 @@ class DirectoryShard {
  private:
   struct Waiter {
     uint64_t token;
+    int asker;
     LookupCallback reply;
     EventLoop::TimerId timer;
   };
   void rememberDeleted(const std::string& id);
+  // Receiver-driven broadcast: picks who serves `asker` and marks it busy.
+  static int assignSender(DirectoryEntry& entry, int asker);
 
   EventLoop& loop_;
   std::unordered_map<std::string, DirectoryEntry> entries_;

@@ -41,7 +41,7 @@ Node::Node(NodeConfig config) : config_(std::move(config)) {
   store_ = std::make_unique<ObjectStore>(pool_, config_.capacityBytes, [this](const std::string& id) {
     counters_.evictions++;
     loop_.post([this, id] {
-      send(shardOf(id), wire::HolderUpdate{id, config_.rank, wire::HolderState::kRemoved});
+      send(shardOf(id), wire::HolderUpdate{id, config_.rank, wire::HolderState::kRemoved, -1});
     });
   });
   directory_ = std::make_unique<DirectoryShard>(loop_);
@@ -272,7 +272,7 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
       return;
     case wire::MsgType::kHolderUpdate: {
       auto msg = wire::HolderUpdate::decode(reader);
-      bool known = directory_->updateHolder(msg.id, msg.holder, msg.state);
+      bool known = directory_->updateHolder(msg);
       if (!known && msg.state != wire::HolderState::kRemoved && msg.holder == conn.peerRank()) {
         // A copy finished after its object was deleted: it must not outlive the delete.
         uint64_t drop = newRequest();
@@ -358,6 +358,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"bytes_received", counters_.bytesReceived.load()},
       {"pulls_served", counters_.pullsServed.load()},
       {"pulls_completed", counters_.pullsCompleted.load()},
+      {"relays_served", counters_.relaysServed.load()},
       {"inline_gets", counters_.inlineGets.load()},
       {"local_gets", counters_.localGets.load()},
       {"remote_gets", counters_.remoteGets.load()},

@@ -175,6 +175,11 @@ class Node : public ConnectionObserver {
   void handleDelete(Connection& conn, const wire::Delete& msg);
   void handleDropCopy(Connection& conn, const wire::DropCopy& msg);
   void handlePull(Connection& conn, const wire::Pull& msg);
+  void startServing(const std::shared_ptr<Connection>& conn, const wire::Pull& msg,
+                    const std::shared_ptr<LocalObject>& obj);
+  // A pull may reach a relay before the relay's own copy exists (the directory
+  // listed it as soon as it asked); such pulls wait here briefly.
+  void serveParkedPulls(const std::shared_ptr<LocalObject>& obj);
   void pump(const StreamKey& key);
   void endStream(const StreamKey& key);
   void dropLocalCopy(const std::string& id, const Status& why);
@@ -198,6 +203,12 @@ class Node : public ConnectionObserver {
   std::unordered_map<uint64_t, PullState> pulls_;
   std::unordered_map<uint64_t, GetOp> gets_;
   std::map<StreamKey, ServingStream> serving_;
+  struct ParkedPull {
+    std::weak_ptr<Connection> conn;
+    wire::Pull msg;
+    EventLoop::TimerId timer;
+  };
+  std::unordered_map<std::string, std::vector<ParkedPull>> parkedPulls_;
   bool shuttingDown_ = false;
 
   std::mutex completionMutex_;
@@ -212,6 +223,7 @@ class Node : public ConnectionObserver {
   struct Counters {
     std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, pullsServed{0}, pullsCompleted{0};
     std::atomic<uint64_t> inlineGets{0}, localGets{0}, remoteGets{0}, evictions{0};
+    std::atomic<uint64_t> relaysServed{0};  // pulls served from a copy still arriving
   } counters_;
 };
 

@@ -110,7 +110,7 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
   if (small || copyHere || zeroCopy) {
     if (copyHere) {
       loop_.post([this, obj] {
-        send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete});
+        send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete, -1});
       });
     }
     pushCompletion(Completion{token, Completion::Kind::kPutCopied, Status(), nullptr, {}});
@@ -134,7 +134,7 @@ void Node::copyIn(std::shared_ptr<LocalObject> obj, const uint8_t* src, uint64_t
   if (done < size) status = Status(Code::kDeleted, "object " + printableId(obj->id()) + " was deleted during put");
   if (status.ok()) {
     loop_.post([this, obj] {
-      send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete});
+      send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete, -1});
     });
   }
   pushCompletion(Completion{token, Completion::Kind::kPutCopied, status, nullptr, {}});
@@ -240,32 +240,33 @@ void Node::onLookupReply(uint64_t token, const Status& status, const wire::Looku
     finishGet(token, Status(), std::move(buffer));
     return;
   }
-  // Another get on this node may have started a copy meanwhile.
-  if (auto obj = store_->find(op.id)) {
-    counters_.localGets++;
-    waitForLocal(token, obj);
+  // The directory assigned a sender and now lists this node as a partial holder.
+  const int sender = reply->sender;
+  const int shard = shardOf(op.id);
+  if (sender < 0) {
+    finishGet(token, Status(Code::kNotFound, "get of object " + printableId(op.id) + " failed: no node holds a copy"));
     return;
   }
-  // Prefer a complete copy; a partial one streams as it fills.
-  int holder = -1;
-  for (const auto& h : reply->holders) {
-    if (h.rank == config_.rank) continue;
-    if (holder < 0 || h.complete) holder = h.rank;
-    if (h.complete) break;
-  }
-  if (holder < 0) {
-    finishGet(token, Status(Code::kNotFound, "get of object " + printableId(op.id) + " failed: no node holds a copy"));
+  // Another get on this node may have started a copy meanwhile: use it, and
+  // give the assigned sender back.
+  if (auto obj = store_->find(op.id)) {
+    send(shard, wire::HolderUpdate{op.id, config_.rank,
+                                   obj->complete() ? wire::HolderState::kComplete : wire::HolderState::kPartial, sender});
+    counters_.localGets++;
+    waitForLocal(token, obj);
     return;
   }
   std::shared_ptr<LocalObject> obj;
   Status s = store_->create(op.id, reply->meta, /*primary=*/false, &obj);
   if (!s.ok()) {
+    send(shard, wire::HolderUpdate{op.id, config_.rank, wire::HolderState::kRemoved, sender});
     finishGet(token, Status(s.code, "get of object " + printableId(op.id) + " failed: " + s.message));
     return;
   }
   counters_.remoteGets++;
-  op.stage = "transfer from " + peerName(holder);
-  startPull(holder, obj);
+  op.stage = "transfer from " + peerName(sender);
+  startPull(sender, obj);
+  serveParkedPulls(obj);  // later receivers that reached us first
   waitForLocal(token, obj);
 }
 
@@ -390,10 +391,11 @@ void Node::onDataReceived(Connection&, uint64_t request, uint64_t end) {
 void Node::finishPull(uint64_t request) {
   auto it = pulls_.find(request);
   auto obj = it->second.object;
+  int sender = it->second.rank;
   pulls_.erase(it);
   counters_.pullsCompleted++;
-  // This node now holds a complete copy and can serve later gets of it.
-  send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete});
+  // This node now holds a complete copy, and its sender is free for others.
+  send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete, sender});
 }
 
 void Node::failPull(uint64_t request, const Status& why) {
@@ -403,6 +405,7 @@ void Node::failPull(uint64_t request, const Status& why) {
   int rank = it->second.rank;
   pulls_.erase(it);
   if (store_->find(obj->id()) == obj) store_->remove(obj->id());
+  send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kRemoved, rank});
   std::string where = why.code == Code::kPeerFailed ? why.message
                                                      : "transfer from " + peerName(rank) + " failed: " + why.message;
   obj->fail(Status(why.code, where));

@@ -14,7 +14,8 @@ void Node::handleLookup(Connection& conn, const wire::Lookup& msg) {
   uint64_t request = msg.request;
   // The asker's timeout, within bounds: a peer must not park requests forever.
   double timeout = std::min(static_cast<double>(msg.timeoutMs) / 1000.0, kMaxTimeoutSeconds);
-  directory_->lookup(msg.id, timeout, [weak, request](const Status& s, const DirectoryEntry* entry) {
+  directory_->lookup(msg.id, conn.peerRank(), timeout, [weak, request](const Status& s, const DirectoryEntry* entry,
+                                                                      int sender) {
     auto c = weak.lock();
     if (!c) return;  // the asker went away
     wire::LookupReply reply;
@@ -24,7 +25,7 @@ void Node::handleLookup(Connection& conn, const wire::Lookup& msg) {
       reply.meta = entry->meta;
       reply.hasInline = entry->hasInline;
       reply.inlineData = entry->inlineData;
-      for (const auto& [rank, complete] : entry->holders) reply.holders.push_back({rank, complete});
+      reply.sender = sender;
     }
     c->sendControl(wire::MsgType::kLookupReply, wire::encode(reply));
   });
@@ -76,25 +77,71 @@ void Node::dropLocalCopy(const std::string& id, const Status& why) {
   obj->fail(why);  // wakes gets waiting on it and streams serving from it
 }
 
+namespace {
+constexpr double kParkSeconds = 5.0;
+}
+
 void Node::handlePull(Connection& conn, const wire::Pull& msg) {
-  auto obj = store_->find(msg.id);
+  auto shared = sharedConnection(conn);
+  if (auto obj = store_->find(msg.id)) {
+    startServing(shared, msg, obj);
+    return;
+  }
+  auto& parked = parkedPulls_[msg.id];
+  if (parked.size() >= 1024) {  // bounded: a peer cannot park requests without limit
+    startServing(shared, msg, nullptr);
+    return;
+  }
+  std::string id = msg.id;
+  uint64_t request = msg.request;
+  auto timer = loop_.addTimer(kParkSeconds, [this, id, request] {
+    auto it = parkedPulls_.find(id);
+    if (it == parkedPulls_.end()) return;
+    auto& list = it->second;
+    for (auto p = list.begin(); p != list.end(); ++p) {
+      if (p->msg.request != request) continue;
+      ParkedPull pull = std::move(*p);
+      list.erase(p);
+      if (list.empty()) parkedPulls_.erase(it);
+      if (auto c = pull.conn.lock()) startServing(c, pull.msg, store_->find(pull.msg.id));
+      return;
+    }
+  });
+  parked.push_back(ParkedPull{shared, msg, timer});
+}
+
+void Node::serveParkedPulls(const std::shared_ptr<LocalObject>& obj) {
+  auto it = parkedPulls_.find(obj->id());
+  if (it == parkedPulls_.end()) return;
+  auto list = std::move(it->second);
+  parkedPulls_.erase(it);
+  for (auto& pull : list) {
+    loop_.cancelTimer(pull.timer);
+    if (auto c = pull.conn.lock()) startServing(c, pull.msg, obj);
+  }
+}
+
+void Node::startServing(const std::shared_ptr<Connection>& conn, const wire::Pull& msg,
+                        const std::shared_ptr<LocalObject>& obj) {
+  if (!conn || !conn->isOpen()) return;
   if (!obj || obj->failed() || msg.offset > obj->size()) {
     Status s = !obj || obj->failed()
                    ? Status(Code::kNotFound, "rank " + std::to_string(config_.rank) + " holds no copy of object " +
                                                  printableId(msg.id))
                    : Status(Code::kInvalidArgument, "pull offset beyond the end of object " + printableId(msg.id));
-    conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, s}));
+    conn->sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, s}));
     return;
   }
-  StreamKey key{conn.id(), msg.request};
+  StreamKey key{conn->id(), msg.request};
   endStream(key);  // a repeated request replaces the earlier stream
   ServingStream& stream = serving_[key];
-  stream.conn = sharedConnection(conn);
+  stream.conn = conn;
   stream.request = msg.request;
   stream.object = obj;
   stream.next = msg.offset;
   stream.listener = obj->addListener([this, key] { pump(key); });
   counters_.pullsServed++;
+  if (!obj->complete()) counters_.relaysServed++;
   pump(key);
 }
 

@@ -120,6 +120,7 @@ void HolderUpdate::encode(Writer& w) const {
   encodeId(w, id);
   w.i32(holder);
   w.u8(static_cast<uint8_t>(state));
+  w.i32(released);
 }
 HolderUpdate HolderUpdate::decode(Reader& r) {
   HolderUpdate m;
@@ -128,6 +129,7 @@ HolderUpdate HolderUpdate::decode(Reader& r) {
   uint8_t st = r.u8();
   if (st > static_cast<uint8_t>(HolderState::kRemoved)) throw DecodeError("bad holder state");
   m.state = static_cast<HolderState>(st);
+  m.released = r.i32();
   r.expectEnd("holder update");
   return m;
 }
@@ -153,11 +155,7 @@ void LookupReply::encode(Writer& w) const {
   encodeMeta(w, meta);
   w.u8(hasInline);
   if (hasInline) w.str(inlineData);
-  w.u32(static_cast<uint32_t>(holders.size()));
-  for (const auto& h : holders) {
-    w.i32(h.rank);
-    w.u8(h.complete);
-  }
+  w.i32(sender);
 }
 LookupReply LookupReply::decode(Reader& r, uint64_t maxInline) {
   LookupReply m;
@@ -170,13 +168,7 @@ LookupReply LookupReply::decode(Reader& r, uint64_t maxInline) {
       m.inlineData = r.str(maxInline, "inline object");
       if (m.inlineData.size() != m.meta.nbytes) throw DecodeError("inline object size does not match metadata");
     }
-    uint32_t n = r.u32();
-    if (n > kMaxHolders || n * 5ull > r.remaining()) throw DecodeError("holder list out of bounds");
-    m.holders.resize(n);
-    for (auto& h : m.holders) {
-      h.rank = r.i32();
-      h.complete = decodeBool(r);
-    }
+    m.sender = r.i32();
   }
   r.expectEnd("lookup reply");
   return m;

@@ -13,8 +13,6 @@
 namespace hoplite {
 namespace wire {
 
-constexpr uint32_t kMaxHolders = 1 << 16;
-
 // Client → server, first frame on every connection.
 struct Hello {
   static constexpr MsgType kType = MsgType::kHello;
@@ -57,17 +55,22 @@ struct StatusReply {
 
 enum class HolderState : uint8_t { kPartial = 0, kComplete = 1, kRemoved = 2 };
 
-// One-way: a node's copy of an object changed state.
+// One-way: a node's copy of an object changed state, and/or it no longer pulls
+// from the sender the directory assigned it (`released`, -1 for none), which
+// becomes free to serve another receiver.
 struct HolderUpdate {
   static constexpr MsgType kType = MsgType::kHolderUpdate;
   std::string id;
   int32_t holder = -1;
   HolderState state = HolderState::kComplete;
+  int32_t released = -1;
   void encode(Writer& w) const;
   static HolderUpdate decode(Reader& r);
 };
 
-// Ask the shard where an object is; answered once it exists, or at the deadline.
+// Ask the shard for an object; answered once it exists, or at the deadline. The
+// answer assigns the asker one sender and lists the asker as a partial holder,
+// so that receivers arriving later may relay through it.
 struct Lookup {
   static constexpr MsgType kType = MsgType::kLookup;
   uint64_t request = 0;
@@ -77,11 +80,6 @@ struct Lookup {
   static Lookup decode(Reader& r);
 };
 
-struct HolderInfo {
-  int32_t rank = -1;
-  bool complete = false;
-};
-
 struct LookupReply {
   static constexpr MsgType kType = MsgType::kLookupReply;
   uint64_t request = 0;
@@ -89,7 +87,7 @@ struct LookupReply {
   ObjectMeta meta;  // the rest is meaningful only when status is ok
   bool hasInline = false;
   std::string inlineData;
-  std::vector<HolderInfo> holders;
+  int32_t sender = -1;  // who to pull from (-1 with inline data, or when no copy is left)
   void encode(Writer& w) const;
   static LookupReply decode(Reader& r, uint64_t maxInline);
 };

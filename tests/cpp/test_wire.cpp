@@ -126,7 +126,7 @@ static void testMessages() {
   LookupReply lr;
   lr.request = 9;
   lr.meta = sampleMeta();
-  lr.holders = {{1, true}, {2, false}};
+  lr.sender = 2;
   checkTruncations(lr, [&](Reader& r) { LookupReply::decode(r, maxInline); }, "lookup reply");
   LookupReply err;
   err.request = 9;
@@ -137,7 +137,7 @@ static void testMessages() {
   checkTruncations(HelloAck{2}, [](Reader& r) { HelloAck::decode(r); }, "hello ack");
   checkTruncations(StatusReply{1, Status(Code::kTimeout, "late")}, [](Reader& r) { StatusReply::decode(r); },
                    "status reply");
-  checkTruncations(HolderUpdate{"id", 1, HolderState::kRemoved}, [](Reader& r) { HolderUpdate::decode(r); },
+  checkTruncations(HolderUpdate{"id", 1, HolderState::kRemoved, 3}, [](Reader& r) { HolderUpdate::decode(r); },
                    "holder update");
   checkTruncations(Lookup{1, "id", 500}, [](Reader& r) { Lookup::decode(r); }, "lookup");
   checkTruncations(Delete{1, "id"}, [](Reader& r) { Delete::decode(r); }, "delete");
@@ -192,19 +192,20 @@ static void testBadFields() {
   std::string bytes = w.take();
   CHECK(throwsDecodeError(bytes, [](Reader& r) { Delete::decode(r); }));
 
-  // A holder count far beyond the frame.
+  // Inline bytes whose length prefix runs past the frame.
   LookupReply lr;
   lr.meta = sampleMeta();
+  lr.hasInline = true;
+  lr.inlineData = std::string(24, 'q');
   std::string enc = encode(lr);
-  enc.replace(enc.size() - 4, 4, std::string("\xff\xff\x00\x00", 4));
-  CHECK(throwsDecodeError(enc, [&](Reader& r) { LookupReply::decode(r, maxInline); }));
+  CHECK(throwsDecodeError(enc.substr(0, enc.size() - 10), [&](Reader& r) { LookupReply::decode(r, maxInline); }));
 
   // Unknown status code, bad boolean, bad holder state.
   std::string sr = encode(StatusReply{1, Status()});
   sr[8] = static_cast<char>(kMaxCode + 1);
   CHECK(throwsDecodeError(sr, [](Reader& r) { StatusReply::decode(r); }));
-  std::string hu = encode(HolderUpdate{"id", 1, HolderState::kComplete});
-  hu.back() = 7;
+  std::string hu = encode(HolderUpdate{"id", 1, HolderState::kComplete, -1});
+  hu[4 + 2 + 4] = 7;  // the state byte, after the id (u32 length + 2 bytes) and the holder
   CHECK(throwsDecodeError(hu, [](Reader& r) { HolderUpdate::decode(r); }));
 }
 
