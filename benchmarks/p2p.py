@@ -1,7 +1,7 @@
 """Point-to-point round trip between two processes on loopback, side by side:
 torch_hoplite put/get, gloo send/recv and torch RPC (TensorPipe) rpc_sync.
 
-    python benchmarks/p2p.py [--sizes 1KB,1MB,64MB,256MB] [--trials 5]
+    python benchmarks/p2p.py [--sizes 1KB,1MB,64MB,256MB] [--trials 10]
 
 One round trip: rank 0's tensor reaches rank 1, which sends it back. One pair
 of processes runs hoplite and gloo interleaved trial by trial; torch RPC runs in

@@ -87,20 +87,16 @@ def test_small_object_is_served_inline_by_the_directory(cluster4):
 
 def test_get_started_before_a_256_MiB_put_finished_returns_exact_bytes(cluster4):
     n = (256 << 20) // 4
+    relays_before = hop.stats()["relays_served"]
     pending = cluster4.submit(2, workers.get_matches_pattern, "big-early", n, 11, 120)
     time.sleep(0.5)  # the worker's get is now waiting for the object
     ref = hop.put(workers.pattern(n, 11), "big-early")  # returns before its copy is done
     assert ref.nbytes == 256 << 20
     assert pending.result() is True
+    # This node served the pull while its own copy was still being written.
+    assert hop.stats()["relays_served"] > relays_before
     # another receiver that arrives while the first copy is fresh gets the same bytes
     assert cluster4.call(3, workers.get_matches_pattern, "big-early", n, 11, 120) is True
-    hop.delete(ref)
-
-
-def test_get_pulls_from_a_partial_holder_while_the_put_is_still_copying(cluster4):
-    n = (128 << 20) // 4
-    ref = cluster4.call(1, workers.put_pattern, "partial-src", n, 5)  # returns as soon as registered
-    assert hop.get(ref, timeout=60).wait().equal(workers.pattern(n, 5))
     hop.delete(ref)
 
 
@@ -159,10 +155,10 @@ def test_four_processes_exchange_with_each_other(cluster4):
 def test_futures_compose_with_torch_futures(cluster4):
     refs = [cluster4.call(1, workers.put, torch.full((50_000,), float(i))) for i in range(3)]
     futs = [hop.get(r, timeout=30) for r in refs]
-    doubled = futs[0].then(lambda f: f.value() * 2)
+    doubled = futs[1].then(lambda f: f.value() * 2)
     torch.futures.wait_all(futs)
     assert [float(f.value()[0]) for f in futs] == [0.0, 1.0, 2.0]
-    assert float(doubled.wait()[0]) == 0.0
+    assert float(doubled.wait()[0]) == 2.0
     assert torch.futures.collect_all(futs).wait()[2].value()[0] == 2.0
 
 
@@ -226,6 +222,11 @@ def test_zero_copy_put_shares_the_tensor_memory(cluster4):
     small = torch.arange(10, dtype=torch.int16)  # inline objects work the same way
     ref_small = hop.put(small, "zero-copy-put-small", copy=False)
     assert torch.equal(cluster4.call(1, workers.get, ref_small, 30), small)
+    uses = torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+    objects = hop.stats()["store_objects"]
     hop.delete(ref)
     hop.delete(ref_small)
-    assert float(t[-1]) == 299_999.0  # still the caller's tensor after the store let go
+    del local
+    assert hop.stats()["store_objects"] == objects - 2
+    # The store let go of the tensor's memory.
+    assert torch._C._storage_Use_Count(t.untyped_storage()._cdata) < uses

@@ -28,12 +28,14 @@ def test_get_raises_when_the_holder_dies_mid_transfer(slow_pair):
     slow_pair.kill(1)
     received = hop.stats()["bytes_received"]
     assert received < ref.nbytes, "transfer finished before the kill; test is void"
+    objects = hop.stats()["store_objects"]
     start = time.monotonic()
     with pytest.raises(hop.PeerFailedError) as info:
         fut.wait()
     assert time.monotonic() - start < 10
     message = str(info.value)
     assert "'doomed'" in message and "rank 1" in message
-    # the failed copy is not left behind half-written
+    # the half-written copy is not left behind
+    assert hop.stats()["store_objects"] == objects - 1
     with pytest.raises(hop.PeerFailedError):
         hop.get(ref, timeout=10).wait()

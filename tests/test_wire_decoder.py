@@ -12,7 +12,6 @@ SOURCES = [
     "tests/cpp/test_wire.cpp",
     "csrc/wire/frame.cpp",
     "csrc/wire/messages.cpp",
-    "csrc/common/status.cpp",
     "csrc/common/object_meta.cpp",
 ]
 

@@ -36,10 +36,6 @@ def put_error(tensor, obj_id):
     return None, None
 
 
-def delete(ref):
-    hop.delete(ref)
-
-
 def stats():
     return hop.stats()
 
@@ -67,9 +63,6 @@ def exchange(rank, world_size, n):
         bool((f.value() == f.value()[0]).all()) for f in futs
     )
 
-
-def pid():
-    return os.getpid()
 
 
 def put_and_hold(obj_id, n, seed):

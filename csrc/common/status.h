@@ -31,6 +31,4 @@ struct Status {
   bool ok() const { return code == Code::kOk; }
 };
 
-const char* codeName(Code code);
-
 }  // namespace hoplite

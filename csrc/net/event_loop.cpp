@@ -35,18 +35,24 @@ void EventLoop::start() {
 }
 
 void EventLoop::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    accepting_ = false;
+  }
   if (!thread_.joinable()) return;
   running_ = false;
   wake();
   thread_.join();
 }
 
-void EventLoop::post(std::function<void()> fn) {
+bool EventLoop::post(std::function<void()> fn) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!accepting_) return false;
     posted_.push_back(std::move(fn));
   }
   wake();
+  return true;
 }
 
 void EventLoop::wake() {

@@ -36,7 +36,8 @@ class EventLoop {
   void start();
   // Runs what was already posted, then stops the thread and joins it.
   void stop();
-  void post(std::function<void()> fn);
+  // False once stop() began: the task will never run.
+  bool post(std::function<void()> fn);
 
   TimerId addTimer(double seconds, std::function<void()> fn);
   void cancelTimer(TimerId id);
@@ -59,6 +60,7 @@ class EventLoop {
 
   std::mutex mutex_;
   std::vector<std::function<void()>> posted_;
+  bool accepting_ = true;
 
   struct Timer {
     std::function<void()> fn;

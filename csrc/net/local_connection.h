@@ -18,7 +18,6 @@ class LocalConnection : public Connection, public std::enable_shared_from_this<L
                 std::shared_ptr<const void> keepalive) override;
   void close(const Status& why) override;
   bool isOpen() const override { return open_; }
-  uint64_t queuedBytes() const override { return 0; }
   std::string describe() const override { return "rank " + std::to_string(peerRank()) + " (self)"; }
 
  private:

@@ -43,8 +43,6 @@ class Connection {
   // Until called, an accepted connection takes only small control frames (the
   // handshake), so a stranger cannot make us allocate or write anything.
   virtual void markTrusted() {}
-  // Bytes accepted by sendData/sendControl and not yet handed to the kernel.
-  virtual uint64_t queuedBytes() const = 0;
 
   uint64_t id() const { return id_; }
   int peerRank() const { return peerRank_; }

@@ -86,11 +86,12 @@ std::future<Status> Node::startOnLoop(std::function<void(std::function<void(Stat
   auto promise = std::make_shared<std::promise<Status>>();
   auto future = promise->get_future();
   auto once = std::make_shared<std::atomic<bool>>(false);
-  loop_.post([fn = std::move(fn), promise, once] {
+  bool posted = loop_.post([fn = std::move(fn), promise, once] {
     fn([promise, once](Status s) {
       if (!once->exchange(true)) promise->set_value(std::move(s));
     });
   });
+  if (!posted) promise->set_value(Status(Code::kShutdown, "node is shut down"));
   return future;
 }
 

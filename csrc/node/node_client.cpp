@@ -178,7 +178,7 @@ bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t
     }
     return true;
   }
-  loop_.post([this, id, timeoutSeconds, copy, token] {
+  bool posted = loop_.post([this, id, timeoutSeconds, copy, token] {
     if (shuttingDown_) {
       pushCompletion(Completion{token, Completion::Kind::kGet, Status(Code::kShutdown, "node is shut down"), nullptr, {}});
       return;
@@ -196,7 +196,11 @@ bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t
     });
     startGet(token);
   });
-  return false;
+  if (!posted) {
+    *now = Completion{token, Completion::Kind::kGet,
+                      Status(Code::kShutdown, "get of object " + printableId(id) + ": node is shut down"), nullptr, {}};
+  }
+  return !posted;
 }
 
 void Node::startGet(uint64_t token) {

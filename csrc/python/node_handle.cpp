@@ -3,7 +3,6 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
-#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -95,10 +94,14 @@ struct NodeHandle::State {
   py::object errorFromStatus;  // torch_hoplite.errors.error_from_status
 };
 
+void completeLoop(Node& node, NodeHandle::State& state);
+// Completes the future of a get, or releases the source of a finished put.
+void deliver(NodeHandle::State& state, Completion c);
+
 NodeHandle::NodeHandle(const NodeConfig& config)
-    : node_(std::make_unique<Node>(config)), state_(std::make_shared<State>()) {
+    : node_(std::make_shared<Node>(config)), state_(std::make_shared<State>()) {
   state_->errorFromStatus = py::module_::import("torch_hoplite.errors").attr("error_from_status");
-  state_->completer = std::thread([this] { completeLoop(); });
+  state_->completer = std::thread([node = node_, state = state_] { completeLoop(*node, *state); });
 }
 
 NodeHandle::~NodeHandle() {
@@ -119,27 +122,38 @@ py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const p
   Status s;
   {
     py::gil_scoped_release release;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
     uint64_t token;
     {
       std::lock_guard<std::mutex> lock(state_->mutex);
       token = state_->nextToken++;
       state_->puts.emplace(token, State::Put{tensor, blocking});
     }
-    auto* data = static_cast<uint8_t*>(tensor.data_ptr());
-    std::shared_ptr<Buffer> borrowed;
-    if (!copy) borrowed = std::make_shared<Buffer>(data, meta.nbytes, [tensor]() mutable { tensor = at::Tensor(); });
-    s = node_->put(key, meta, data, token, timeout, std::move(borrowed));
+    try {
+      auto* data = static_cast<uint8_t*>(tensor.data_ptr());
+      std::shared_ptr<Buffer> borrowed;
+      if (!copy) borrowed = std::make_shared<Buffer>(data, meta.nbytes, [tensor]() mutable { tensor = at::Tensor(); });
+      s = node_->put(key, meta, data, token, timeout, std::move(borrowed));
+    } catch (const std::exception& e) {
+      s = Status(Code::kInternal, e.what());
+    }
     std::unique_lock<std::mutex> lock(state_->mutex);
     if (!s.ok()) {
       state_->puts.erase(token);  // no copy was started
     } else if (blocking) {
-      // A waiter's entry stays until it is read here.
-      auto& put = state_->puts.at(token);
-      if (state_->putDone.wait_for(lock, std::chrono::duration<double>(timeout), [&] { return put.done; })) {
-        s = put.status;  // e.g. deleted while copying
-        state_->puts.erase(token);
+      // A waiter's entry stays until it is read here (or shutdown fails it).
+      auto done = [&] {
+        auto it = state_->puts.find(token);
+        return it == state_->puts.end() || it->second.done;
+      };
+      if (state_->putDone.wait_until(lock, deadline, done)) {
+        auto it = state_->puts.find(token);
+        if (it != state_->puts.end()) {
+          s = it->second.status;  // e.g. deleted while copying, or shut down
+          state_->puts.erase(it);
+        }
       } else {
-        put.waiter = false;  // deliver() forgets it when the copy ends
+        state_->puts.at(token).waiter = false;  // deliver() forgets it when the copy ends
         s = Status(Code::kTimeout, "put of object " + printableId(key) +
                                        " is registered, but its local copy did not finish in time");
       }
@@ -159,61 +173,85 @@ void NodeHandle::get(const py::bytes& id, double timeout, bool copy, const py::o
     state_->gets.emplace(token, wrapper->fut);
   }
   Completion now;
-  if (node_->get(key, timeout, copy, token, &now)) deliver(std::move(now));  // served at once
+  try {
+    if (!node_->get(key, timeout, copy, token, &now)) return;
+  } catch (const std::exception& e) {
+    now = Completion{token, Completion::Kind::kGet, Status(Code::kInternal, e.what()), nullptr, {}};
+  }
+  deliver(*state_, std::move(now));  // served at once, or failed
 }
 
-void NodeHandle::completeLoop() {
+void completeLoop(Node& node, NodeHandle::State& state) {
   std::vector<Completion> batch;
-  while (node_->waitCompletions(&batch, 3600.0)) {
-    for (auto& c : batch) deliver(std::move(c));
+  while (node.waitCompletions(&batch, 3600.0)) {
+    for (auto& c : batch) deliver(state, std::move(c));
     batch.clear();
   }
 }
 
-void NodeHandle::deliver(Completion c) {
-  std::unique_lock<std::mutex> lock(state_->mutex);
+void deliver(NodeHandle::State& state, Completion c) {
+  std::unique_lock<std::mutex> lock(state.mutex);
   if (c.kind == Completion::Kind::kPutCopied) {
-    auto it = state_->puts.find(c.token);
-    if (it == state_->puts.end()) return;
+    auto it = state.puts.find(c.token);
+    if (it == state.puts.end()) return;
     at::Tensor source = std::move(it->second.source);
     if (it->second.waiter) {
       it->second.done = true;
       it->second.status = c.status;
     } else {
-      state_->puts.erase(it);
+      state.puts.erase(it);
     }
     lock.unlock();
-    state_->putDone.notify_all();
+    state.putDone.notify_all();
     return;  // `source` is released here, without the GIL
   }
-  auto it = state_->gets.find(c.token);
-  if (it == state_->gets.end()) return;
+  auto it = state.gets.find(c.token);
+  if (it == state.gets.end()) return;
   auto fut = std::move(it->second);
-  state_->gets.erase(it);
+  state.gets.erase(it);
   lock.unlock();
-  complete(fut, std::move(c), state_->errorFromStatus);
+  complete(fut, std::move(c), state.errorFromStatus);
 }
 
 void NodeHandle::shutdown() {
-  std::call_once(state_->stopped, [this] {
-    {
-      py::gil_scoped_release release;
+  bool first = false;
+  {
+    py::gil_scoped_release release;  // a concurrent shutdown may need the GIL to finish
+    std::call_once(state_->stopped, [&] {
+      first = true;
       node_->shutdown();
-      state_->completer.join();
-    }
+      if (std::this_thread::get_id() == state_->completer.get_id()) {
+        state_->completer.detach();  // called from a future's callback: the loop ends when it returns
+      } else {
+        state_->completer.join();
+      }
+    });
+  }
+  if (!first) return;
+  {
     // The node failed its pending gets before stopping; anything left could
     // never complete, so fail it here rather than leave a waiter hanging.
     std::unordered_map<uint64_t, c10::intrusive_ptr<c10::ivalue::Future>> left;
     {
       std::lock_guard<std::mutex> lock(state_->mutex);
       left.swap(state_->gets);
-      state_->puts.clear();
+      for (auto it = state_->puts.begin(); it != state_->puts.end();) {
+        if (it->second.waiter) {  // a blocking put still waits: tell it
+          it->second.done = true;
+          it->second.status = Status(Code::kShutdown, "node shut down during put");
+          it->second.source = at::Tensor();
+          ++it;
+        } else {
+          it = state_->puts.erase(it);
+        }
+      }
     }
+    state_->putDone.notify_all();
     for (auto& [token, fut] : left) {
       complete(fut, Completion{token, Completion::Kind::kGet, Status(Code::kShutdown, "node shut down"), nullptr, {}},
                state_->errorFromStatus);
     }
-  });
+  }
 }
 
 }  // namespace hoplite

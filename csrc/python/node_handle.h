@@ -27,13 +27,13 @@ class NodeHandle {
   void get(const pybind11::bytes& id, double timeout, bool copy, const pybind11::object& future);
   void shutdown();
 
- private:
-  struct State;
-  void completeLoop();
-  // Completes the future of a get, or releases the source of a finished put.
-  void deliver(Completion c);
+  struct State;  // internal: what the completer thread shares with the handle
 
-  std::unique_ptr<Node> node_;
+ private:
+  // The completer thread shares ownership of the node and this state, so a
+  // future callback may shut the node down and drop this handle while the
+  // thread is still inside it.
+  std::shared_ptr<Node> node_;
   std::shared_ptr<State> state_;
 };
 

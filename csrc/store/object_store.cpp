@@ -8,16 +8,28 @@ namespace hoplite {
 ObjectStore::ObjectStore(std::shared_ptr<BufferPool> pool, uint64_t capacityBytes, EvictCallback onEvict)
     : pool_(std::move(pool)), capacity_(capacityBytes), onEvict_(std::move(onEvict)) {}
 
+namespace {
+// A copy that may go: complete, not primary, and nobody streams from or into
+// it or holds its memory (a zero-copy get's tensor would keep it mapped).
+bool evictable(const std::shared_ptr<LocalObject>& obj) {
+  return obj.use_count() == 1 && !obj->primary() && obj->complete() && obj->buffer().use_count() == 1;
+}
+}  // namespace
+
 bool ObjectStore::makeRoom(uint64_t bytes, std::vector<std::string>* evicted) {
-  if (bytes > capacity_) return false;
-  // Walk from the least recently used end; only idle, complete, non-primary copies go.
+  if (used_ + bytes <= capacity_) return true;
+  // Evict only if that makes enough room.
+  uint64_t freeable = 0;
+  for (const auto& [id, entry] : objects_) {
+    if (evictable(entry.object)) freeable += entry.object->size();
+  }
+  if (bytes > capacity_ || used_ - freeable + bytes > capacity_) return false;
+  // Walk from the least recently used end.
   auto it = lru_.end();
   while (used_ + bytes > capacity_ && it != lru_.begin()) {
     --it;
-    auto& entry = objects_.at(*it);
-    const auto& obj = entry.object;
-    bool idle = obj.use_count() == 1;  // nobody streams from or into it
-    if (obj->primary() || !obj->complete() || !idle) continue;
+    const auto& obj = objects_.at(*it).object;
+    if (!evictable(obj)) continue;
     used_ -= obj->size();
     evicted->push_back(*it);
     std::string id = *it;

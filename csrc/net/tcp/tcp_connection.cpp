@@ -58,7 +58,6 @@ void TcpConnection::sendControl(wire::MsgType type, std::string payload) {
   wire::encodeHeader(out.head, type, payload.size());
   out.headSize = wire::kHeaderSize;
   out.owned = std::move(payload);
-  queuedBytes_ += out.total();
   outq_.push_back(std::move(out));
   if (!connecting_) flush();
 }
@@ -73,7 +72,6 @@ void TcpConnection::sendData(uint64_t request, uint64_t offset, const uint8_t* d
   out.data = data;
   out.dataSize = size;
   out.keepalive = std::move(keepalive);
-  queuedBytes_ += out.total();
   outq_.push_back(std::move(out));
   if (!connecting_) flush();
 }
@@ -85,7 +83,6 @@ void TcpConnection::close(const Status& why) {
   ::close(fd_);
   fd_ = -1;
   outq_.clear();
-  queuedBytes_ = 0;
   // Keep this object alive until the loop finishes the current batch of events,
   // which may still name it.
   auto self = shared_from_this();
@@ -155,7 +152,6 @@ void TcpConnection::flush() {
       return;
     }
     size_t left = static_cast<size_t>(wrote);
-    queuedBytes_ -= left;
     while (left > 0) {
       Outgoing& front = outq_.front();
       size_t rest = front.total() - front.sent;

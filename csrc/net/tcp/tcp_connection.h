@@ -29,7 +29,6 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
                 std::shared_ptr<const void> keepalive) override;
   void close(const Status& why) override;
   bool isOpen() const override { return fd_ >= 0; }
-  uint64_t queuedBytes() const override { return queuedBytes_; }
   std::string describe() const override;
   void markTrusted() override { trusted_ = true; }
 
@@ -64,7 +63,6 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
   bool trusted_;
 
   std::deque<Outgoing> outq_;
-  uint64_t queuedBytes_ = 0;
   bool wantWrite_ = false;
 
   ReadState readState_ = ReadState::kHeader;
