@@ -1,0 +1,175 @@
+"""Collectives on loopback, torch_hoplite side by side with gloo (issue #3).
+
+    python benchmarks/collectives.py [--ops broadcast] [--nodes 2,4,8] [--sizes 1MB,16MB,64MB,256MB]
+
+So far: broadcast. torch_hoplite: rank 0 puts, every other rank gets (no
+broadcast call: the directory builds the relay tree on the fly). gloo:
+dist.broadcast. Both run in the same processes, interleaved trial by trial;
+time = from rank 0's start to the slowest receiver's end (one host, one
+monotonic clock). Per point: median / min / max of >= --trials timed trials after
+--warmup, algbw = size / time, and CPU cores used by all processes. Results go
+to benchmarks/results/collectives.json and .png. On loopback the CPU, not a
+link, is the bottleneck: the emulated cluster (issue #6) gives ratios to ideal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+SYSTEMS = ["hoplite", "gloo"]
+
+
+def broadcast_once(system: str, rank: int, x: torch.Tensor, buf: torch.Tensor, tag: str) -> None:
+    import torch_hoplite as hop
+
+    if system == "gloo":
+        dist.broadcast(x if rank == 0 else buf, src=0)
+    elif rank == 0:
+        hop.put(x, tag)
+    else:
+        hop.get(tag).wait()
+
+
+def worker(rank, world, port, sizes, trials, warmup, queue):
+    import torch_hoplite as hop
+
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=(rank == 0), timeout=datetime.timedelta(seconds=900))
+    dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=world)
+    hop.init(dist.PrefixStore("hoplite", store), rank=rank, world_size=world)
+    results = {}
+    for size in sizes:
+        x = torch.ones(size // 4)
+        buf = torch.empty_like(x)
+        for trial in range(warmup + trials):
+            for system in SYSTEMS if trial % 2 == 0 else SYSTEMS[::-1]:
+                tag = f"b-{size}-{trial}"
+                dist.barrier()
+                c0, t0 = time.process_time(), time.monotonic()
+                broadcast_once(system, rank, x, buf, tag)
+                t1 = time.monotonic()
+                dist.barrier()
+                c1, t2 = time.process_time(), time.monotonic()
+                if system == "hoplite" and rank == 0:
+                    hop.delete(tag)
+                if trial >= warmup:
+                    results.setdefault((system, size), []).append((t0, t1, (c1 - c0) / (t2 - t0)))
+    hop.barrier()
+    hop.shutdown()
+    dist.destroy_process_group()
+    queue.put((rank, results))
+
+
+def measure(world: int, sizes: list[int], trials: int, warmup: int) -> list[dict]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = common.free_port()
+    procs = [ctx.Process(target=worker, args=(r, world, port, sizes, trials, warmup, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    per_rank = {}
+    while len(per_rank) < world:
+        if queue.empty():
+            if any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.kill()
+                raise RuntimeError("a benchmark process failed (see its traceback above)")
+            time.sleep(0.2)
+            continue
+        rank, result = queue.get()
+        per_rank[rank] = result
+    for p in procs:
+        p.join(60)
+    records = []
+    for system in SYSTEMS:
+        for size in sizes:
+            runs = [per_rank[r][(system, size)] for r in range(world)]
+            times = [max(run[i][1] for run in runs) - runs[0][i][0] for i in range(trials)]
+            cores = [sum(run[i][2] for run in runs) for i in range(trials)]
+            median = statistics.median(times)
+            records.append(
+                {
+                    "system": system,
+                    "op": "broadcast",
+                    "nodes": world,
+                    "path": "loopback TCP",
+                    "size_bytes": size,
+                    "trials": trials,
+                    "median_s": median,
+                    "min_s": min(times),
+                    "max_s": max(times),
+                    "algbw_gbps": size / median / 1e9,
+                    "busbw_gbps": size / median / 1e9,
+                    "cpu_cores": statistics.median(cores),
+                }
+            )
+    return records
+
+
+def plot(records: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    nodes = sorted({r["nodes"] for r in records})
+    fig, axes = plt.subplots(1, len(nodes), figsize=(4.5 * len(nodes), 4), squeeze=False)
+    for ax, n in zip(axes[0], nodes):
+        for system in SYSTEMS:
+            rs = [r for r in records if r["nodes"] == n and r["system"] == system]
+            ax.plot([r["size_bytes"] for r in rs], [r["median_s"] * 1e3 for r in rs], marker="o", label=system)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"broadcast, {n} processes")
+        ax.set_xlabel("size (bytes)")
+        ax.set_ylabel("time to slowest receiver, median (ms)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", default="broadcast", help="only 'broadcast' so far")
+    parser.add_argument("--nodes", default="2,4,8")
+    parser.add_argument("--sizes", default="1MB,16MB,64MB,256MB")
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--out", default=os.path.join(common.RESULTS, "collectives"))
+    args = parser.parse_args()
+    if args.ops != "broadcast":
+        parser.error("only --ops broadcast is implemented so far")
+    sizes = common.parse_sizes(args.sizes)
+    records = []
+    for world in (int(n) for n in args.nodes.split(",")):
+        print(f"measuring broadcast with {world} processes ...", flush=True)
+        records += measure(world, sizes, args.trials, args.warmup)
+    gloo = {(r["nodes"], r["size_bytes"]): r["median_s"] for r in records if r["system"] == "gloo"}
+    for r in records:
+        r["time_vs_gloo"] = r["median_s"] / gloo[(r["nodes"], r["size_bytes"])]
+        r["median_ms"] = r["median_s"] * 1e3
+    common.print_table(
+        records,
+        [("system", "system", ""), ("nodes", "nodes", "d"), ("size", "size_bytes", "d"), ("median ms", "median_ms", ".2f"),
+         ("GB/s", "algbw_gbps", ".2f"), ("x gloo time", "time_vs_gloo", ".2f"), ("cpu cores", "cpu_cores", ".2f")],
+    )
+    settings = {"sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup}
+    common.write_json(args.out + ".json", "collectives", records, settings)
+    plot(records, args.out + ".png")
+    print(f"wrote {args.out}.json and {args.out}.png")
+
+
+if __name__ == "__main__":
+    main()
