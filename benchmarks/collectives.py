@@ -42,10 +42,10 @@ def broadcast_once(system: str, rank: int, x: torch.Tensor, buf: torch.Tensor, t
         hop.get(tag).wait()
 
 
-def worker(rank, world, port, sizes, trials, warmup, queue):
+def worker(rank, world, host, port, sizes, trials, warmup) -> dict:
     import torch_hoplite as hop
 
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=(rank == 0), timeout=datetime.timedelta(seconds=900))
+    store = dist.TCPStore(host, port, world, is_master=(rank == 0), timeout=datetime.timedelta(seconds=900))
     dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=world)
     hop.init(dist.PrefixStore("hoplite", store), rank=rank, world_size=world)
     results = {}
@@ -68,14 +68,19 @@ def worker(rank, world, port, sizes, trials, warmup, queue):
     hop.barrier()
     hop.shutdown()
     dist.destroy_process_group()
-    queue.put((rank, results))
+    return results
 
 
-def measure(world: int, sizes: list[int], trials: int, warmup: int) -> list[dict]:
+def _queue_worker(rank, world, port, sizes, trials, warmup, queue):
+    queue.put((rank, worker(rank, world, "127.0.0.1", port, sizes, trials, warmup)))
+
+
+def run_loopback(world: int, sizes: list[int], trials: int, warmup: int) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = common.free_port()
-    procs = [ctx.Process(target=worker, args=(r, world, port, sizes, trials, warmup, queue)) for r in range(world)]
+    args = (world, port, sizes, trials, warmup, queue)
+    procs = [ctx.Process(target=_queue_worker, args=(r, *args)) for r in range(world)]
     for p in procs:
         p.start()
     per_rank = {}
@@ -91,6 +96,40 @@ def measure(world: int, sizes: list[int], trials: int, warmup: int) -> list[dict
         per_rank[rank] = result
     for p in procs:
         p.join(60)
+    return per_rank
+
+
+def run_emulated(world: int, sizes: list[int], trials: int, warmup: int, rate: str) -> dict:
+    """One process per network namespace, links limited to `rate` each way."""
+    import json
+    import tempfile
+
+    from emulated_cluster import EmulatedCluster
+
+    with EmulatedCluster(world, rate=rate) as cluster, tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", PYTHONUNBUFFERED="1")
+        procs = []
+        for r in range(world):
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(r), "--nodes", str(world),
+                   "--master", cluster.address(0), "--sizes", ",".join(map(str, sizes)),
+                   "--trials", str(trials), "--warmup", str(warmup), "--out", os.path.join(tmp, f"rank{r}")]
+            procs.append(cluster.popen(r, cmd, env=env))
+        for p in procs:
+            if p.wait(timeout=1800) != 0:
+                for q in procs:
+                    q.kill()
+                raise RuntimeError("a benchmark process failed (see its traceback above)")
+        per_rank = {}
+        for r in range(world):
+            with open(os.path.join(tmp, f"rank{r}.json")) as f:
+                per_rank[r] = {}
+                for key, runs in json.load(f).items():
+                    system, size = key.rsplit("/", 1)
+                    per_rank[r][(system, int(size))] = runs
+        return per_rank
+
+
+def summarize(per_rank: dict, world: int, sizes: list[int], trials: int, path: str, rate_bps: float) -> list[dict]:
     records = []
     for system in SYSTEMS:
         for size in sizes:
@@ -98,13 +137,16 @@ def measure(world: int, sizes: list[int], trials: int, warmup: int) -> list[dict
             times = [max(run[i][1] for run in runs) - runs[0][i][0] for i in range(trials)]
             cores = [sum(run[i][2] for run in runs) for i in range(trials)]
             median = statistics.median(times)
+            ideal = size / (rate_bps / 8) if rate_bps else None
             records.append(
                 {
                     "system": system,
                     "op": "broadcast",
                     "nodes": world,
-                    "path": "loopback TCP",
+                    "path": path,
                     "size_bytes": size,
+                    "ideal_s": ideal,
+                    "ratio_to_ideal": median / ideal if ideal else None,
                     "trials": trials,
                     "median_s": median,
                     "min_s": min(times),
@@ -115,6 +157,15 @@ def measure(world: int, sizes: list[int], trials: int, warmup: int) -> list[dict
                 }
             )
     return records
+
+
+def _rate_bps(rate: str) -> float:
+    """'1gbit' -> 1e9, '500mbit' -> 5e8 (tc's decimal units)."""
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
+    for suffix, scale in units.items():
+        if rate.lower().endswith(suffix):
+            return float(rate[: -len(suffix)]) * scale
+    raise ValueError(f"rate {rate!r}: use e.g. 1gbit or 500mbit")
 
 
 def plot(records: list[dict], path: str) -> None:
@@ -148,14 +199,37 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "collectives"))
+    parser.add_argument("--rate", default=None,
+                        help="run on an emulated cluster with this per-node rate (e.g. 1gbit); default: loopback")
+    parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--master", default="127.0.0.1", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker is not None:  # one rank inside an emulated node
+        import json
+
+        results = worker(args.worker, int(args.nodes), args.master, 29511, common.parse_sizes(args.sizes),
+                         args.trials, args.warmup)
+        with open(args.out + ".json", "w") as f:
+            json.dump({f"{s}/{z}": v for (s, z), v in results.items()}, f)
+        return
     if args.ops != "broadcast":
         parser.error("only --ops broadcast is implemented so far")
     sizes = common.parse_sizes(args.sizes)
     records = []
     for world in (int(n) for n in args.nodes.split(",")):
-        print(f"measuring broadcast with {world} processes ...", flush=True)
-        records += measure(world, sizes, args.trials, args.warmup)
+        if args.rate:
+            from emulated_cluster import available
+
+            if not available():
+                parser.error("--rate needs root and iproute2 (network namespaces)")
+            print(f"measuring broadcast with {world} nodes at {args.rate} ...", flush=True)
+            per_rank = run_emulated(world, sizes, args.trials, args.warmup, args.rate)
+            path, rate_bps = f"emulated cluster, tbf {args.rate} per node each way", _rate_bps(args.rate)
+        else:
+            print(f"measuring broadcast with {world} processes ...", flush=True)
+            per_rank = run_loopback(world, sizes, args.trials, args.warmup)
+            path, rate_bps = "loopback TCP", 0.0
+        records += summarize(per_rank, world, sizes, args.trials, path, rate_bps)
     gloo = {(r["nodes"], r["size_bytes"]): r["median_s"] for r in records if r["system"] == "gloo"}
     for r in records:
         r["time_vs_gloo"] = r["median_s"] / gloo[(r["nodes"], r["size_bytes"])]
@@ -163,9 +237,10 @@ def main() -> None:
     common.print_table(
         records,
         [("system", "system", ""), ("nodes", "nodes", "d"), ("size", "size_bytes", "d"), ("median ms", "median_ms", ".2f"),
-         ("GB/s", "algbw_gbps", ".2f"), ("x gloo time", "time_vs_gloo", ".2f"), ("cpu cores", "cpu_cores", ".2f")],
+         ("GB/s", "algbw_gbps", ".2f"), ("x gloo time", "time_vs_gloo", ".2f"), ("x ideal", "ratio_to_ideal", ".2f"),
+         ("cpu cores", "cpu_cores", ".2f")],
     )
-    settings = {"sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup}
+    settings = {"sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup, "rate": args.rate}
     common.write_json(args.out + ".json", "collectives", records, settings)
     plot(records, args.out + ".png")
     print(f"wrote {args.out}.json and {args.out}.png")
