@@ -1,0 +1,41 @@
+"""Nodes in separate network namespaces (separate hosts, as far as the network
+goes): each advertises its own interface address, found through the route to
+the store's host, and a broadcast crosses the emulated links."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from emulated_cluster import EmulatedCluster, available  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not available(), reason="needs root and iproute2 for network namespaces")
+
+
+def test_broadcast_across_namespaces(tmp_path):
+    world = 3
+    with EmulatedCluster(world, rate="1gbit", name="hpltest") as cluster:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
+        procs = [
+            cluster.popen(r, [sys.executable, os.path.join(ROOT, "tests", "emulated_node.py"), str(r), str(world),
+                              cluster.address(0), str(tmp_path / f"rank{r}.json")], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for r in range(world)
+        ]
+        outputs = []
+        for p in procs:
+            try:
+                outputs.append(p.communicate(timeout=120)[0])
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                raise
+        assert all(p.returncode == 0 for p in procs), "\n".join(outputs)
+        results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    assert all(r["ok"] for r in results)
+    assert [r["address"] for r in results] == [cluster.address(r) for r in range(world)]
+    assert sum(r["served"] for r in results) == world - 1  # one transfer per receiver
