@@ -1,6 +1,7 @@
 """Receiver-driven broadcast: many gets of one object form a relay tree on the fly."""
 
 import random
+import time
 
 import torch
 
@@ -15,7 +16,10 @@ def test_broadcast_to_7_receivers_arriving_at_random_times_relays_through_receiv
         n = (64 << 20) // 4
         rng = random.Random(3)
         before = {r: c.call(r, workers.stats) for r in range(8)}
-        pendings = {r: c.submit(r, workers.get_after, rng.uniform(0.0, 0.4), "bcast", n, 21) for r in range(1, 8)}
+        # Two receivers wait before the put; the others arrive at random times after it.
+        delays = {1: 0.0, 2: 0.0, **{r: 0.3 + rng.uniform(0.0, 0.3) for r in range(3, 8)}}
+        pendings = {r: c.submit(r, workers.get_after, delays[r], "bcast", n, 21) for r in range(1, 8)}
+        time.sleep(0.2)
         hop.put(workers.pattern(n, 21), "bcast")
         assert {r: p.result() for r, p in pendings.items()} == {r: True for r in range(1, 8)}
         after = {r: c.call(r, workers.stats) for r in range(8)}
