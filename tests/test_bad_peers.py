@@ -62,8 +62,8 @@ def test_garbage_and_strangers_are_dropped_and_others_unaffected():
         c.close()
 
 
-def test_silent_connection_does_not_block_the_node():
-    c = Cluster(2)
+def test_silent_connection_does_not_block_the_node_and_is_dropped():
+    c = Cluster(2, options={"connect_timeout": 1.0})
     try:
         host, port = api._rt().address
         idle = socket.create_connection((host, port), timeout=5)  # connects, never speaks
@@ -72,6 +72,9 @@ def test_silent_connection_does_not_block_the_node():
         time.sleep(0.2)
         ref = c.call(1, workers.put, torch.full((100_000,), 2.0), "while-idle")
         assert torch.equal(hop.get(ref, timeout=30).wait(), torch.full((100_000,), 2.0))
+        # Neither completed the handshake: both are closed after the connect timeout.
+        assert closed_by_peer(idle, timeout=5.0)
+        assert closed_by_peer(half, timeout=5.0)
         idle.close()
         half.close()
     finally:

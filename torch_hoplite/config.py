@@ -17,7 +17,8 @@ HOPLITE_INLINE_THRESHOLD       objects up to this size live in the         64KiB
 HOPLITE_POOL_CACHE   pool      freed buffer memory kept for reuse          capacity
                      _cache_bytes
 HOPLITE_TIMEOUT      timeout   default timeout of put/get/delete, seconds  300
-HOPLITE_CONNECT_TIMEOUT        how long to retry connecting to a peer, s   30
+HOPLITE_CONNECT_TIMEOUT        retrying connects to a peer, and waiting    30
+                               for a new connection's hello, s
                      connect_timeout
 HOPLITE_COPY_THREADS           threads for memory copies                   2
                      copy_threads

@@ -48,6 +48,13 @@ Node::Node(NodeConfig config) : config_(std::move(config)) {
   workers_ = std::make_unique<WorkerPool>(config_.copyThreads);
   self_ = std::make_shared<LocalConnection>(loop_, this, config_.rank);
   listener_ = transport_->listen(config_.host, config_.port, this, [this](std::shared_ptr<Connection> conn) {
+    // A connection that does not complete the handshake in time is dropped, so
+    // silent strangers cannot pile up descriptors.
+    std::weak_ptr<Connection> weak = conn;
+    loop_.addTimer(config_.connectTimeoutSeconds, [weak] {
+      auto c = weak.lock();
+      if (c && c->isOpen() && c->peerRank() < 0) c->close(Status(Code::kProtocol, "no hello in time"));
+    });
     incoming_[conn->id()] = std::move(conn);
   });
   loop_.start();
