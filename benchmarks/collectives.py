@@ -28,7 +28,8 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-SYSTEMS = ["hoplite", "gloo"]
+SYSTEMS = ["hoplite", "hoplite-zero-copy", "gloo"]
+DEFAULT_SYSTEMS = "hoplite,gloo"
 
 
 def broadcast_once(system: str, rank: int, x: torch.Tensor, buf: torch.Tensor, tag: str) -> None:
@@ -39,10 +40,10 @@ def broadcast_once(system: str, rank: int, x: torch.Tensor, buf: torch.Tensor, t
     elif rank == 0:
         hop.put(x, tag)
     else:
-        hop.get(tag).wait()
+        hop.get(tag, copy=system != "hoplite-zero-copy").wait()
 
 
-def worker(rank, world, host, port, sizes, trials, warmup) -> dict:
+def worker(rank, world, host, port, sizes, trials, warmup, systems) -> dict:
     import torch_hoplite as hop
 
     store = dist.TCPStore(host, port, world, is_master=(rank == 0), timeout=datetime.timedelta(seconds=900))
@@ -53,15 +54,15 @@ def worker(rank, world, host, port, sizes, trials, warmup) -> dict:
         x = torch.ones(size // 4)
         buf = torch.empty_like(x)
         for trial in range(warmup + trials):
-            for system in SYSTEMS if trial % 2 == 0 else SYSTEMS[::-1]:
-                tag = f"b-{size}-{trial}"
+            for system in systems if trial % 2 == 0 else systems[::-1]:
+                tag = f"{system}-{size}-{trial}"
                 dist.barrier()
                 c0, t0 = time.process_time(), time.monotonic()
                 broadcast_once(system, rank, x, buf, tag)
                 t1 = time.monotonic()
                 dist.barrier()
                 c1, t2 = time.process_time(), time.monotonic()
-                if system == "hoplite" and rank == 0:
+                if system.startswith("hoplite") and rank == 0:
                     hop.delete(tag)
                 if trial >= warmup:
                     results.setdefault((system, size), []).append((t0, t1, (c1 - c0) / (t2 - t0)))
@@ -71,15 +72,15 @@ def worker(rank, world, host, port, sizes, trials, warmup) -> dict:
     return results
 
 
-def _queue_worker(rank, world, port, sizes, trials, warmup, queue):
-    queue.put((rank, worker(rank, world, "127.0.0.1", port, sizes, trials, warmup)))
+def _queue_worker(rank, world, port, sizes, trials, warmup, systems, queue):
+    queue.put((rank, worker(rank, world, "127.0.0.1", port, sizes, trials, warmup, systems)))
 
 
-def run_loopback(world: int, sizes: list[int], trials: int, warmup: int) -> dict:
+def run_loopback(world: int, sizes: list[int], trials: int, warmup: int, systems: list[str]) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = common.free_port()
-    args = (world, port, sizes, trials, warmup, queue)
+    args = (world, port, sizes, trials, warmup, systems, queue)
     procs = [ctx.Process(target=_queue_worker, args=(r, *args)) for r in range(world)]
     for p in procs:
         p.start()
@@ -99,7 +100,7 @@ def run_loopback(world: int, sizes: list[int], trials: int, warmup: int) -> dict
     return per_rank
 
 
-def run_emulated(world: int, sizes: list[int], trials: int, warmup: int, rate: str) -> dict:
+def run_emulated(world: int, sizes: list[int], trials: int, warmup: int, systems: list[str], rate: str) -> dict:
     """One process per network namespace, links limited to `rate` each way."""
     import json
     import tempfile
@@ -112,7 +113,8 @@ def run_emulated(world: int, sizes: list[int], trials: int, warmup: int, rate: s
         for r in range(world):
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(r), "--nodes", str(world),
                    "--master", cluster.address(0), "--sizes", ",".join(map(str, sizes)),
-                   "--trials", str(trials), "--warmup", str(warmup), "--out", os.path.join(tmp, f"rank{r}")]
+                   "--trials", str(trials), "--warmup", str(warmup), "--systems", ",".join(systems),
+                   "--out", os.path.join(tmp, f"rank{r}")]
             procs.append(cluster.popen(r, cmd, env=env))
         for p in procs:
             if p.wait(timeout=1800) != 0:
@@ -129,9 +131,10 @@ def run_emulated(world: int, sizes: list[int], trials: int, warmup: int, rate: s
         return per_rank
 
 
-def summarize(per_rank: dict, world: int, sizes: list[int], trials: int, path: str, rate_bps: float) -> list[dict]:
+def summarize(per_rank: dict, world: int, sizes: list[int], trials: int, systems: list[str], path: str,
+              rate_bps: float) -> list[dict]:
     records = []
-    for system in SYSTEMS:
+    for system in systems:
         for size in sizes:
             runs = [per_rank[r][(system, size)] for r in range(world)]
             times = [max(run[i][1] for run in runs) - runs[0][i][0] for i in range(trials)]
@@ -177,7 +180,7 @@ def plot(records: list[dict], path: str) -> None:
     nodes = sorted({r["nodes"] for r in records})
     fig, axes = plt.subplots(1, len(nodes), figsize=(4.5 * len(nodes), 4), squeeze=False)
     for ax, n in zip(axes[0], nodes):
-        for system in SYSTEMS:
+        for system in dict.fromkeys(r["system"] for r in records):
             rs = [r for r in records if r["nodes"] == n and r["system"] == system]
             ax.plot([r["size_bytes"] for r in rs], [r["median_s"] * 1e3 for r in rs], marker="o", label=system)
         ax.set_xscale("log", base=2)
@@ -199,16 +202,20 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "collectives"))
+    parser.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"from {','.join(SYSTEMS)}")
     parser.add_argument("--rate", default=None,
                         help="run on an emulated cluster with this per-node rate (e.g. 1gbit); default: loopback")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--master", default="127.0.0.1", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    systems = [s for s in args.systems.split(",") if s]
+    if set(systems) - set(SYSTEMS) or "gloo" not in systems:
+        parser.error(f"--systems: choose from {SYSTEMS}, gloo included (ratios are to it)")
     if args.worker is not None:  # one rank inside an emulated node
         import json
 
         results = worker(args.worker, int(args.nodes), args.master, 29511, common.parse_sizes(args.sizes),
-                         args.trials, args.warmup)
+                         args.trials, args.warmup, systems)
         with open(args.out + ".json", "w") as f:
             json.dump({f"{s}/{z}": v for (s, z), v in results.items()}, f)
         return
@@ -223,13 +230,13 @@ def main() -> None:
             if not available():
                 parser.error("--rate needs root and iproute2 (network namespaces)")
             print(f"measuring broadcast with {world} nodes at {args.rate} ...", flush=True)
-            per_rank = run_emulated(world, sizes, args.trials, args.warmup, args.rate)
+            per_rank = run_emulated(world, sizes, args.trials, args.warmup, systems, args.rate)
             path, rate_bps = f"emulated cluster, tbf {args.rate} per node each way", _rate_bps(args.rate)
         else:
             print(f"measuring broadcast with {world} processes ...", flush=True)
-            per_rank = run_loopback(world, sizes, args.trials, args.warmup)
+            per_rank = run_loopback(world, sizes, args.trials, args.warmup, systems)
             path, rate_bps = "loopback TCP", 0.0
-        records += summarize(per_rank, world, sizes, args.trials, path, rate_bps)
+        records += summarize(per_rank, world, sizes, args.trials, systems, path, rate_bps)
     gloo = {(r["nodes"], r["size_bytes"]): r["median_s"] for r in records if r["system"] == "gloo"}
     for r in records:
         r["time_vs_gloo"] = r["median_s"] / gloo[(r["nodes"], r["size_bytes"])]
@@ -240,7 +247,8 @@ def main() -> None:
          ("GB/s", "algbw_gbps", ".2f"), ("x gloo time", "time_vs_gloo", ".2f"), ("x ideal", "ratio_to_ideal", ".2f"),
          ("cpu cores", "cpu_cores", ".2f")],
     )
-    settings = {"sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup, "rate": args.rate}
+    settings = {"sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup, "rate": args.rate,
+                "systems": systems}
     common.write_json(args.out + ".json", "collectives", records, settings)
     plot(records, args.out + ".png")
     print(f"wrote {args.out}.json and {args.out}.png")
