@@ -23,7 +23,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -77,27 +76,7 @@ def _queue_worker(rank, world, port, sizes, trials, warmup, systems, queue):
 
 
 def run_loopback(world: int, sizes: list[int], trials: int, warmup: int, systems: list[str]) -> dict:
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = common.free_port()
-    args = (world, port, sizes, trials, warmup, systems, queue)
-    procs = [ctx.Process(target=_queue_worker, args=(r, *args)) for r in range(world)]
-    for p in procs:
-        p.start()
-    per_rank = {}
-    while len(per_rank) < world:
-        if queue.empty():
-            if any(p.exitcode not in (None, 0) for p in procs):
-                for p in procs:
-                    p.kill()
-                raise RuntimeError("a benchmark process failed (see its traceback above)")
-            time.sleep(0.2)
-            continue
-        rank, result = queue.get()
-        per_rank[rank] = result
-    for p in procs:
-        p.join(60)
-    return per_rank
+    return common.run_ranks(_queue_worker, world, (world, common.free_port(), sizes, trials, warmup, systems))
 
 
 def run_emulated(world: int, sizes: list[int], trials: int, warmup: int, systems: list[str], rate: str) -> dict:

@@ -21,6 +21,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_ranks(target, world: int, args: tuple) -> dict:
+    """Runs target(rank, *args, queue) in `world` spawned processes; each puts
+    (rank, result) on the queue. Returns {rank: result}; raises, killing the rest,
+    as soon as one process fails instead of waiting forever."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    procs = [ctx.Process(target=target, args=(r, *args, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {}
+    while len(results) < world:
+        if queue.empty():
+            if any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.kill()
+                raise RuntimeError("a benchmark process failed (see its traceback above)")
+            time.sleep(0.2)
+            continue
+        rank, result = queue.get()
+        results[rank] = result
+    for p in procs:
+        p.join(60)
+    return results
+
+
 def parse_sizes(text: str) -> list[int]:
     from torch_hoplite.config import parse_size
 

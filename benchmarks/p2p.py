@@ -32,7 +32,6 @@ import time
 import torch
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -148,25 +147,7 @@ def worker(rank, port, systems, sizes, warmup, minimum, queue):
 
 
 def measure(systems: list[str], sizes: list[int], warmup: int, minimum: int) -> list[dict]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = common.free_port()
-    procs = [ctx.Process(target=worker, args=(r, port, systems, sizes, warmup, minimum, queue)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    results = {}
-    while len(results) < 2:
-        if queue.empty():
-            if any(p.exitcode not in (None, 0) for p in procs):
-                for p in procs:
-                    p.kill()
-                raise RuntimeError("a benchmark process failed (see its traceback above)")
-            time.sleep(0.2)
-            continue
-        rank, result = queue.get()
-        results[rank] = result
-    for p in procs:
-        p.join(60)
+    results = common.run_ranks(worker, 2, (common.free_port(), systems, sizes, warmup, minimum))
     records = []
     for system in systems:
         for size in sizes:
