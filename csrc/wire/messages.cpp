@@ -6,14 +6,6 @@ namespace {
 
 constexpr size_t kMaxMessageText = 4096;
 
-void encodeId(Writer& w, const std::string& id) { w.str(id); }
-
-std::string decodeId(Reader& r) {
-  std::string id = r.str(kMaxIdBytes, "object id");
-  if (id.empty()) throw DecodeError("empty object id");
-  return id;
-}
-
 void encodeMeta(Writer& w, const ObjectMeta& m) {
   w.str(m.dtype);
   w.u32(m.itemsize);
@@ -56,6 +48,14 @@ bool decodeBool(Reader& r) {
 }
 
 }  // namespace
+
+void encodeId(Writer& w, const std::string& id) { w.str(id); }
+
+std::string decodeId(Reader& r) {
+  std::string id = r.str(kMaxIdBytes, "object id");
+  if (id.empty()) throw DecodeError("empty object id");
+  return id;
+}
 
 void Hello::encode(Writer& w) const {
   w.u32(protocol);
@@ -171,30 +171,6 @@ LookupReply LookupReply::decode(Reader& r, uint64_t maxInline) {
     m.sender = r.i32();
   }
   r.expectEnd("lookup reply");
-  return m;
-}
-
-void Delete::encode(Writer& w) const {
-  w.u64(request);
-  encodeId(w, id);
-}
-Delete Delete::decode(Reader& r) {
-  Delete m;
-  m.request = r.u64();
-  m.id = decodeId(r);
-  r.expectEnd("delete");
-  return m;
-}
-
-void DropCopy::encode(Writer& w) const {
-  w.u64(request);
-  encodeId(w, id);
-}
-DropCopy DropCopy::decode(Reader& r) {
-  DropCopy m;
-  m.request = r.u64();
-  m.id = decodeId(r);
-  r.expectEnd("drop copy");
   return m;
 }
 

@@ -13,6 +13,9 @@
 namespace hoplite {
 namespace wire {
 
+void encodeId(Writer& w, const std::string& id);
+std::string decodeId(Reader& r);  // throws DecodeError for empty or oversized ids
+
 // Client → server, first frame on every connection.
 struct Hello {
   static constexpr MsgType kType = MsgType::kHello;
@@ -92,22 +95,28 @@ struct LookupReply {
   static LookupReply decode(Reader& r, uint64_t maxInline);
 };
 
-// Delete everywhere (to the shard), or drop one node's copy (shard → holder).
-struct Delete {
-  static constexpr MsgType kType = MsgType::kDelete;
+// A request that names one object and nothing else.
+template <MsgType T>
+struct IdRequest {
+  static constexpr MsgType kType = T;
   uint64_t request = 0;
   std::string id;
-  void encode(Writer& w) const;
-  static Delete decode(Reader& r);
+  void encode(Writer& w) const {
+    w.u64(request);
+    encodeId(w, id);
+  }
+  static IdRequest decode(Reader& r) {
+    IdRequest m;
+    m.request = r.u64();
+    m.id = decodeId(r);
+    r.expectEnd("request");
+    return m;
+  }
 };
 
-struct DropCopy {
-  static constexpr MsgType kType = MsgType::kDropCopy;
-  uint64_t request = 0;
-  std::string id;
-  void encode(Writer& w) const;
-  static DropCopy decode(Reader& r);
-};
+// Delete everywhere (to the shard), or drop one node's copy (shard → holder).
+using Delete = IdRequest<MsgType::kDelete>;
+using DropCopy = IdRequest<MsgType::kDropCopy>;
 
 // Receiver → holder: stream the object from `offset`. Answered by data frames
 // until the end of the object, or by a StatusReply carrying the error.
