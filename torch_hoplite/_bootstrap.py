@@ -137,11 +137,19 @@ class Rendezvous:
         return peers
 
     def barrier(self, timeout: float) -> None:
+        """All ranks meet. Rank 0 returns only after every rank is done with the
+        store for this barrier, so a store hosted by rank 0 (torchrun's
+        convention) may go away right after it without breaking anyone's wait."""
         n = self._barriers
         self._barriers += 1
-        if self.store.add(f"barrier/{n}", 1) == self.world_size:
-            self.store.set(f"barrier/{n}/done", "1")
-        self._wait(f"barrier/{n}/done", "all ranks to reach the barrier", timeout)
+        key = f"barrier/{n}"
+        if self.store.add(key, 1) == self.world_size:
+            self.store.set(f"{key}/done", "1")
+        self._wait(f"{key}/done", "all ranks to reach the barrier", timeout)
+        if self.store.add(f"{key}/left", 1) == self.world_size:
+            self.store.set(f"{key}/all_left", "1")
+        if self.rank == 0:
+            self._wait(f"{key}/all_left", "all ranks to leave the barrier", timeout)
 
     def _wait(self, key: str, what: str, timeout: Optional[float] = None) -> None:
         seconds = self.timeout if timeout is None else timeout

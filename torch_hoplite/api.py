@@ -126,7 +126,10 @@ def delete(ref: Union[ObjectRef, ObjectId], timeout: Optional[float] = None) -> 
 
 
 def barrier(timeout: Optional[float] = None) -> None:
-    """Waits until every rank has called barrier() (through the rendezvous store)."""
+    """Waits until every rank has called barrier() (through the rendezvous store).
+
+    Rank 0 returns last, once every rank is done with the store, so a store that
+    rank 0 hosts may be shut down right after."""
     _rt().barrier(timeout)
 
 
