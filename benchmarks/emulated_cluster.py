@@ -29,8 +29,15 @@ def _ip(*args: str, ns: Optional[str] = None) -> None:
 
 
 def available() -> bool:
-    """Whether this process may create namespaces (root and iproute2)."""
-    return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
+    """Whether this process may create network namespaces (root, iproute2, and a
+    kernel/container that allows it: probed by making one)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        return False
+    probe = f"hpl-probe-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode == 0
+    if made:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return made
 
 
 class EmulatedCluster:
