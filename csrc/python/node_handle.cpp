@@ -111,7 +111,11 @@ NodeHandle::~NodeHandle() {
 
 py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const py::object& tensorObj,
                           double timeout, bool blocking, bool copy) {
+  if (!THPVariable_Check(tensorObj.ptr())) throw py::type_error("put expects a tensor");
   at::Tensor tensor = THPVariable_Unpack(tensorObj.ptr());
+  if (!tensor.device().is_cpu() || !tensor.is_contiguous()) {
+    throw py::value_error("put expects a contiguous CPU tensor (torch_hoplite.put prepares it)");
+  }
   ObjectMeta meta;
   meta.dtype = dtype;
   meta.itemsize = static_cast<uint32_t>(tensor.element_size());
