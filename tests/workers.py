@@ -45,10 +45,6 @@ def pattern(n: int, seed: int) -> torch.Tensor:
     return torch.arange(seed, seed + n, dtype=torch.int32)
 
 
-def put_pattern(obj_id, n, seed):
-    return hop.put(pattern(n, seed), obj_id)
-
-
 def get_matches_pattern(obj_id, n, seed, timeout=None):
     got = hop.get(obj_id, timeout=timeout).wait()
     return got.dtype == torch.int32 and got.shape == (n,) and bool(torch.equal(got, pattern(n, seed)))

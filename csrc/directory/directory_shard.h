@@ -50,8 +50,6 @@ class DirectoryShard {
   // Forgets the object, remembers the id as deleted, and returns who held copies.
   Status remove(const std::string& id, std::vector<int>* holders);
 
-  size_t size() const { return entries_.size(); }
-
  private:
   struct Waiter {
     uint64_t token;

@@ -380,10 +380,7 @@ std::map<std::string, uint64_t> Node::stats() {
 }
 
 void Node::shutdown() {
-  {
-    std::lock_guard<std::mutex> lock(shutdownMutex_);
-    if (stopped_.exchange(true)) return;
-  }
+  if (stopped_.exchange(true)) return;
   std::promise<void> done;
   loop_.post([this, &done] {
     shuttingDown_ = true;

@@ -216,7 +216,6 @@ class Node : public ConnectionObserver {
   std::deque<Completion> completions_;
   bool closed_ = false;
 
-  std::mutex shutdownMutex_;
   std::atomic<bool> stopped_{false};
   bool stopped() const { return stopped_.load(); }
 
