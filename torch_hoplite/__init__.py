@@ -5,6 +5,7 @@ receiver-driven transfers for asynchronous PyTorch programs.
     hop.init()                       # joins through torchrun's / the process group's store
     ref = hop.put(torch.ones(1024))  # ObjectRef: picklable, cheap to pass around
     t = hop.get(ref).wait()          # from any process
+    total, _ = hop.reduce([ref, other])  # streaming reduce; the result is an object too
 """
 
 import torch  # noqa: F401  (loads libtorch before the extension)
@@ -21,11 +22,13 @@ from torch_hoplite.api import (
     shutdown,
     stats,
 )
+from torch_hoplite.collectives import ReduceOp, ReducePlan, allreduce, gather, reduce
 from torch_hoplite.config import Config
 from torch_hoplite.errors import (
     CapacityError,
     HopliteError,
     HopliteTimeoutError,
+    InvalidArgumentError,
     NotInitializedError,
     ObjectDeletedError,
     ObjectExistsError,
@@ -40,6 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "shutdown", "is_initialized", "put", "get", "delete", "barrier", "stats",
     "get_rank", "get_world_size", "ObjectRef", "Config",
+    "reduce", "allreduce", "gather", "ReduceOp", "ReducePlan", "InvalidArgumentError",
     "HopliteError", "HopliteTimeoutError", "ObjectExistsError", "ObjectNotFoundError",
     "ObjectDeletedError", "PeerFailedError", "CapacityError", "ProtocolError", "NotInitializedError",
 ]

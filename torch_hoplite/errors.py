@@ -8,6 +8,10 @@ class HopliteError(RuntimeError):
     """Base class of every torch_hoplite error."""
 
 
+class InvalidArgumentError(HopliteError, ValueError):
+    """The core refused an argument, e.g. reduce inputs of different dtypes."""
+
+
 class ObjectExistsError(HopliteError):
     """A put used an id that already names an object."""
 
@@ -44,7 +48,7 @@ class NotInitializedError(HopliteError):
 
 
 _BY_CODE: dict[int, type[HopliteError]] = {
-    1: HopliteError,  # invalid argument (checked in Python first; ValueError there)
+    1: InvalidArgumentError,
     2: ObjectNotFoundError,
     3: ObjectExistsError,
     4: ObjectDeletedError,

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import torch
+
+if TYPE_CHECKING:
+    from torch_hoplite.collectives import ReducePlan
 
 ObjectId = Union[str, bytes]
 
@@ -23,6 +26,8 @@ class ObjectRef:
     dtype: torch.dtype = dataclasses.field(compare=False)
     shape: tuple[int, ...] = dataclasses.field(compare=False)
     device: torch.device = dataclasses.field(compare=False, default=torch.device("cpu"))
+    #: For the result of :func:`torch_hoplite.reduce`: which inputs it used and how.
+    reduce_plan: Optional["ReducePlan"] = dataclasses.field(compare=False, default=None, repr=False)
 
     def __repr__(self) -> str:
         shape = "x".join(str(d) for d in self.shape) or "scalar"

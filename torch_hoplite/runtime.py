@@ -25,7 +25,7 @@ class Runtime:
         self.world_size = rendezvous.world_size
         self._rendezvous = rendezvous
         host = advertise_address(config.host, config.ifname, rendezvous.store)
-        self._node = _C.Node(
+        self.node = _C.Node(
             {
                 "rank": self.rank,
                 "world_size": self.world_size,
@@ -41,12 +41,12 @@ class Runtime:
                 "socket_buffer_bytes": config.socket_buffer_bytes,
             }
         )
-        self.address = (self._node.host, self._node.port)
+        self.address = (self.node.host, self.node.port)
         try:
             for r, (peer_host, peer_port) in rendezvous.exchange_addresses(*self.address).items():
-                self._node.add_peer(r, peer_host, peer_port)
+                self.node.add_peer(r, peer_host, peer_port)
         except BaseException:
-            self._node.shutdown()
+            self.node.shutdown()
             raise
 
     # ------------------------------------------------------------------ operations
@@ -60,7 +60,7 @@ class Runtime:
         key = id_bytes(obj_id)
         # The node keeps `tensor` alive until its bytes are copied into the store
         # (copy=False: until the object is deleted; its memory is the store's copy).
-        code, message = self._node.put(key, dtype_name(tensor.dtype), tensor, self._timeout(timeout), blocking, copy)
+        code, message = self.node.put(key, dtype_name(tensor.dtype), tensor, self.timeout(timeout), blocking, copy)
         if code != 0:
             raise error_from_status(code, message)
         nbytes = tensor.numel() * tensor.element_size()
@@ -68,26 +68,27 @@ class Runtime:
 
     def get(self, obj_id: ObjectId, timeout: Optional[float], copy: bool) -> torch.futures.Future:
         fut: torch.futures.Future = torch.futures.Future()
-        self._node.get(id_bytes(obj_id), self._timeout(timeout), copy, fut)
+        self.node.get(id_bytes(obj_id), self.timeout(timeout), copy, fut)
         return fut
 
     def delete(self, obj_id: ObjectId, timeout: Optional[float]) -> None:
-        code, message = self._node.delete(id_bytes(obj_id), self._timeout(timeout))
+        code, message = self.node.delete(id_bytes(obj_id), self.timeout(timeout))
         if code != 0:
             raise error_from_status(code, message)
 
     def barrier(self, timeout: Optional[float]) -> None:
-        self._rendezvous.barrier(self._timeout(timeout))
+        self._rendezvous.barrier(self.timeout(timeout))
 
     def stats(self) -> dict[str, int]:
-        return dict(self._node.stats())
+        return dict(self.node.stats())
 
     def shutdown(self) -> None:
-        self._node.shutdown()
+        self.node.shutdown()
 
     # ------------------------------------------------------------------ internals
 
-    def _timeout(self, timeout: Optional[float]) -> float:
+    def timeout(self, timeout: Optional[float]) -> float:
+        """`timeout` checked, or the configured default."""
         if timeout is None:
             return self.config.timeout
         if not 0 < timeout < math.inf:

@@ -36,7 +36,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
     waiters_.erase(it);
     for (auto& w : list) {
       loop_.cancelTimer(w.timer);
-      int sender = assignSender(entry, w.asker);
+      int sender = answerFor(entry, w.asker, w.locate);
       w.reply(Status(), &entry, sender);
     }
   }
@@ -78,10 +78,19 @@ int DirectoryShard::assignSender(DirectoryEntry& entry, int asker) {
   return best;
 }
 
-void DirectoryShard::lookup(const std::string& id, int asker, double timeoutSeconds, LookupCallback reply) {
+int DirectoryShard::anyHolder(const DirectoryEntry& entry) {
+  int best = -1;
+  auto rank = [](const Holder& h) { return std::make_pair(h.complete ? 0 : 1, h.serving); };
+  for (const auto& [r, h] : entry.holders) {
+    if (best < 0 || rank(h) < rank(entry.holders.at(best))) best = r;
+  }
+  return best;
+}
+
+void DirectoryShard::lookup(const std::string& id, int asker, bool locate, double timeoutSeconds, LookupCallback reply) {
   auto it = entries_.find(id);
   if (it != entries_.end()) {
-    int sender = assignSender(it->second, asker);
+    int sender = answerFor(it->second, asker, locate);
     reply(Status(), &it->second, sender);
     return;
   }
@@ -103,7 +112,7 @@ void DirectoryShard::lookup(const std::string& id, int asker, double timeoutSeco
       return;
     }
   });
-  waiters_[id].push_back(Waiter{token, asker, std::move(reply), timer});
+  waiters_[id].push_back(Waiter{token, asker, locate, std::move(reply), timer});
 }
 
 Status DirectoryShard::remove(const std::string& id, std::vector<int>* holders) {

@@ -46,7 +46,9 @@ class DirectoryShard {
   // Answers at once if the object exists or was deleted, else when it is
   // registered or after `timeoutSeconds`. For an object that is not inline,
   // the answer assigns `asker` a sender and lists the asker as a partial holder.
-  void lookup(const std::string& id, int asker, double timeoutSeconds, LookupCallback reply);
+  // With `locate`, the answer only names a holder (complete ones first) and
+  // changes nothing.
+  void lookup(const std::string& id, int asker, bool locate, double timeoutSeconds, LookupCallback reply);
   // Forgets the object, remembers the id as deleted, and returns who held copies.
   Status remove(const std::string& id, std::vector<int>* holders);
 
@@ -54,12 +56,17 @@ class DirectoryShard {
   struct Waiter {
     uint64_t token;
     int asker;
+    bool locate;
     LookupCallback reply;
     EventLoop::TimerId timer;
   };
   void rememberDeleted(const std::string& id);
   // Receiver-driven broadcast: picks who serves `asker` and marks it busy.
   static int assignSender(DirectoryEntry& entry, int asker);
+  static int anyHolder(const DirectoryEntry& entry);
+  static int answerFor(DirectoryEntry& entry, int asker, bool locate) {
+    return locate ? anyHolder(entry) : assignSender(entry, asker);
+  }
 
   EventLoop& loop_;
   std::unordered_map<std::string, DirectoryEntry> entries_;

@@ -3,7 +3,10 @@
 
 #include <chrono>
 #include <future>
+#include <random>
 #include <stdexcept>
+
+#include "node/reduce_state.h"
 
 #include "common/logging.h"
 #include "net/tcp/tcp_transport.h"
@@ -33,6 +36,7 @@ Node::Node(NodeConfig config) : config_(std::move(config)) {
     throw std::invalid_argument("chunk size must be at most " + std::to_string(kMaxDataFrame) + " bytes");
   }
   setLogRank(config_.rank);
+  reduceNonce_ = std::to_string(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32));
   limits_.maxControl = std::max<uint64_t>(config_.inlineThresholdBytes, 1u << 20) + (64u << 10);
   limits_.maxData = kMaxDataFrame;
   TransportOptions options{limits_, config_.socketBufferBytes};
@@ -330,6 +334,17 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
       if (p.onStatus) p.onStatus(msg.status);
       return;
     }
+    case wire::MsgType::kReduceTask:
+      handleReduceTask(conn, wire::ReduceTask::decode(reader));
+      return;
+    case wire::MsgType::kReduceAbort:
+      handleReduceAbort(conn, wire::ReduceAbort::decode(reader));
+      return;
+    case wire::MsgType::kProbe: {
+      auto msg = wire::Probe::decode(reader, limits_.maxControl);
+      conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, Status()}));
+      return;
+    }
     case wire::MsgType::kHello:
       conn.close(Status(Code::kProtocol, "unexpected hello"));
       return;
@@ -367,6 +382,10 @@ std::map<std::string, uint64_t> Node::stats() {
       {"pulls_served", counters_.pullsServed.load()},
       {"pulls_completed", counters_.pullsCompleted.load()},
       {"relays_served", counters_.relaysServed.load()},
+      {"reduces_coordinated", counters_.reducesCoordinated.load()},
+      {"reduce_tasks", counters_.reduceTasks.load()},
+      {"reduce_bytes", counters_.reduceBytes.load()},
+      {"link_probes", counters_.probes.load()},
       {"inline_gets", counters_.inlineGets.load()},
       {"local_gets", counters_.localGets.load()},
       {"remote_gets", counters_.remoteGets.load()},
@@ -401,6 +420,12 @@ void Node::shutdown() {
       if (p.onStatus) p.onStatus(why);
       if (p.onLookup) p.onLookup(why, nullptr);
     }
+    std::vector<uint64_t> reduces;
+    for (const auto& entry : reduces_) reduces.push_back(entry.first);
+    for (uint64_t key : reduces) failReduce(key, why);
+    std::vector<uint64_t> tasks;
+    for (const auto& entry : tasks_) tasks.push_back(entry.first);
+    for (uint64_t task : tasks) failTask(task, why);
     done.set_value();
   });
   done.get_future().wait();

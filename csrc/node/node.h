@@ -18,6 +18,8 @@
 #include "common/object_meta.h"
 #include "common/status.h"
 #include "common/worker_pool.h"
+#include "coll/reduce_kernels.h"
+#include "coll/reduce_plan.h"
 #include "directory/directory_shard.h"
 #include "net/event_loop.h"
 #include "net/local_connection.h"
@@ -44,6 +46,27 @@ struct NodeConfig {
   double connectTimeoutSeconds = 30;
   int copyThreads = 2;
   int socketBufferBytes = 0;
+};
+
+// A streaming reduce as the caller asks for it.
+struct ReduceRequest {
+  std::string resultId;
+  std::vector<std::string> inputIds;
+  int count = 0;  // reduce the first `count` inputs to become ready
+  ReduceOp op = ReduceOp::kSum;
+  int degree = 0;  // 0: chosen by the cost model
+  double timeoutSeconds = 0;
+};
+
+// What ran: observable for tests and benchmarks.
+struct ReducePlan {
+  ObjectMeta meta;           // the result's (every input's)
+  std::vector<int> used;     // indices into inputIds, in the order they became ready (= tree position)
+  std::vector<int> holders;  // rank that computed each position
+  ReduceTree tree;
+  LinkEstimate link;         // what the degree was chosen from
+  bool linkMeasured = false;  // false: defaults (no peer to probe, or the probe failed)
+  double planSeconds = 0;    // from the call until every task had started
 };
 
 // Delivered to the caller through waitCompletions().
@@ -77,6 +100,10 @@ class Node : public ConnectionObserver {
   // true is returned. copy=false hands out the store's own buffer (read-only by contract).
   bool get(const std::string& id, double timeoutSeconds, bool copy, uint64_t token, Completion* now);
   Status remove(const std::string& id, double timeoutSeconds);
+  // Starts a streaming reduce (node_reduce.cpp) and returns once its inputs are
+  // chosen and every tree position has registered its output: the result
+  // object then exists and fills as the reduce streams.
+  Status reduce(const ReduceRequest& request, ReducePlan* plan);
   // Waits up to `timeoutSeconds` for completions; false once shut down and drained.
   bool waitCompletions(std::vector<Completion>* out, double timeoutSeconds);
   std::map<std::string, uint64_t> stats();
@@ -150,7 +177,13 @@ class Node : public ConnectionObserver {
   uint64_t newRequest() { return nextRequest_++; }
   void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb);
   void startGet(uint64_t token);
-  void onLookupReply(uint64_t token, const Status& status, const wire::LookupReply* reply);
+  // Obtains a local copy of an object: this node's own (complete or still
+  // arriving), a copy pulled from the sender the directory assigns (`sender`,
+  // else -1), or a standalone one for an inline object. Runs `done` once.
+  using FetchCallback = std::function<void(const Status&, std::shared_ptr<LocalObject>, int sender)>;
+  void fetch(const std::string& id, double timeoutSeconds, FetchCallback done);
+  void onFetchLookup(const std::string& id, const Status& status, const wire::LookupReply* reply,
+                     const FetchCallback& done);
   void waitForLocal(uint64_t token, std::shared_ptr<LocalObject> object);
   void progressGet(uint64_t token);
   void finishGet(uint64_t token, const Status& status, std::shared_ptr<Buffer> result = nullptr);
@@ -160,6 +193,27 @@ class Node : public ConnectionObserver {
   void copyIn(std::shared_ptr<LocalObject> object, const uint8_t* src, uint64_t token);
   uint64_t chunkFor(uint64_t size) const;
   void pushCompletion(Completion c);
+
+  // --- streaming reduce (node_reduce.cpp) ---
+  struct ReduceCoordination;
+  struct ReduceTaskState;
+  void startReduce(uint64_t key);
+  void onReduceInput(uint64_t key, int index, const Status& status, const wire::LookupReply* reply);
+  void launchReadyInputs(uint64_t key);
+  void failReduce(uint64_t key, const Status& why);
+  void finishReduce(uint64_t key);
+  void handleReduceTask(Connection& conn, const wire::ReduceTask& msg);
+  void startTask(uint64_t task, std::shared_ptr<LocalObject> input);
+  void answerTask(ReduceTaskState& task, const Status& status);
+  void watchTaskObject(uint64_t task, const std::shared_ptr<LocalObject>& obj);
+  void progressTask(uint64_t task);
+  void finishTask(uint64_t task);
+  void failTask(uint64_t task, const Status& why);
+  void handleReduceAbort(Connection& conn, const wire::ReduceAbort& msg);
+  void deleteEverywhere(const std::string& id);  // fire and forget
+  // Link latency and bandwidth for the cost model, from probes to a peer
+  // (refreshed when older than a minute); `then` runs once they are known.
+  void withLinkEstimate(std::function<void()> then);
 
   // --- requests this node serves (node_server.cpp) ---
   struct ServingStream {
@@ -210,6 +264,14 @@ class Node : public ConnectionObserver {
   };
   std::unordered_map<std::string, std::vector<ParkedPull>> parkedPulls_;
   bool shuttingDown_ = false;
+  uint64_t nextReduce_ = 1;
+  std::string reduceNonce_;  // makes this node's partial-result ids unique across restarts
+  std::unordered_map<uint64_t, std::unique_ptr<ReduceCoordination>> reduces_;
+  std::unordered_map<uint64_t, std::unique_ptr<ReduceTaskState>> tasks_;
+  LinkEstimate link_;
+  bool linkMeasured_ = false;
+  double linkMeasuredAt_ = -1;
+  std::vector<std::function<void()>> linkWaiters_;  // non-empty while probing
 
   std::mutex completionMutex_;
   std::condition_variable completionCv_;
@@ -223,6 +285,7 @@ class Node : public ConnectionObserver {
     std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, pullsServed{0}, pullsCompleted{0};
     std::atomic<uint64_t> inlineGets{0}, localGets{0}, remoteGets{0}, evictions{0};
     std::atomic<uint64_t> relaysServed{0};  // pulls served from a copy still arriving
+    std::atomic<uint64_t> reducesCoordinated{0}, reduceTasks{0}, reduceBytes{0}, probes{0};
   } counters_;
 };
 

@@ -205,73 +205,90 @@ bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t
 
 void Node::startGet(uint64_t token) {
   GetOp& op = gets_.at(token);
-  if (auto obj = store_->find(op.id)) {
+  op.stage = "waiting for the object to be put; directory shard on " + peerName(shardOf(op.id));
+  op.lookups++;
+  fetch(op.id, op.timeoutSeconds, [this, token](const Status& status, std::shared_ptr<LocalObject> obj, int sender) {
+    auto it = gets_.find(token);
+    if (it == gets_.end()) return;  // timed out meanwhile
+    GetOp& op = it->second;
+    if (!status.ok()) {
+      Status s = status;
+      if (s.code == Code::kTimeout) {
+        s.message = "get of object " + printableId(op.id) + " timed out after " + seconds(op.timeoutSeconds) +
+                    " (the object was never put)";
+      } else {
+        s.message = "get of object " + printableId(op.id) + " failed: " + s.message;
+      }
+      finishGet(token, s);
+      return;
+    }
+    if (sender >= 0) op.stage = "transfer from " + peerName(sender);
+    waitForLocal(token, std::move(obj));
+  });
+}
+
+void Node::fetch(const std::string& id, double timeoutSeconds, FetchCallback done) {
+  if (auto obj = store_->find(id)) {
     counters_.localGets++;
-    waitForLocal(token, obj);
+    done(Status(), obj, -1);
     return;
   }
   uint64_t request = newRequest();
-  int shard = shardOf(op.id);
-  op.stage = "waiting for the object to be put; directory shard on " + peerName(shard);
-  op.lookups++;
-  pending_[request] = Pending{shard, nullptr, [this, token](const Status& s, const wire::LookupReply* reply) {
-                                onLookupReply(token, s, reply);
+  int shard = shardOf(id);
+  pending_[request] = Pending{shard, nullptr, [this, id, done = std::move(done)](const Status& s,
+                                                                                 const wire::LookupReply* reply) {
+                                onFetchLookup(id, s, reply, done);
                               }};
-  uint64_t timeoutMs = static_cast<uint64_t>(op.timeoutSeconds * 1000) + 1;
-  send(shard, wire::Lookup{request, op.id, timeoutMs});
+  uint64_t timeoutMs = static_cast<uint64_t>(timeoutSeconds * 1000) + 1;
+  send(shard, wire::Lookup{request, id, timeoutMs, /*locate=*/false});
 }
 
-void Node::onLookupReply(uint64_t token, const Status& status, const wire::LookupReply* reply) {
-  auto it = gets_.find(token);
-  if (it == gets_.end()) return;  // timed out meanwhile
-  GetOp& op = it->second;
+void Node::onFetchLookup(const std::string& id, const Status& status, const wire::LookupReply* reply,
+                         const FetchCallback& done) {
   if (!status.ok()) {
-    Status s = status;
-    if (s.code == Code::kTimeout) {
-      s.message = "get of object " + printableId(op.id) + " timed out after " + seconds(op.timeoutSeconds) +
-                  " (the object was never put)";
-    } else {
-      s.message = "get of object " + printableId(op.id) + " failed: " + s.message;
-    }
-    finishGet(token, s);
+    done(status, nullptr, -1);
     return;
   }
-  op.meta = reply->meta;
+  const int shard = shardOf(id);
   if (reply->hasInline) {
+    // Served from the directory: a standalone copy, not a store entry (the
+    // shard does not list this node, so a delete would not reach one).
     counters_.inlineGets++;
     std::shared_ptr<Buffer> buffer = pool_->allocate(reply->meta.nbytes);
     if (reply->meta.nbytes > 0) std::memcpy(buffer->data(), reply->inlineData.data(), reply->meta.nbytes);
-    finishGet(token, Status(), std::move(buffer));
+    auto obj = std::make_shared<LocalObject>(id, reply->meta, std::move(buffer), /*primary=*/false);
+    obj->advance(obj->size());
+    done(Status(), obj, -1);
     return;
   }
-  // The directory assigned a sender and now lists this node as a partial holder.
+  // The directory assigned a sender and now lists this node as a partial
+  // holder. A copy may have appeared here meanwhile (another get, or a reduce
+  // task's output): use it, and give the assigned sender back.
   const int sender = reply->sender;
-  const int shard = shardOf(op.id);
-  if (sender < 0) {
-    finishGet(token, Status(Code::kNotFound, "get of object " + printableId(op.id) + " failed: no node holds a copy"));
+  if (auto obj = store_->find(id)) {
+    if (sender >= 0) {
+      send(shard, wire::HolderUpdate{id, config_.rank,
+                                     obj->complete() ? wire::HolderState::kComplete : wire::HolderState::kPartial, sender});
+    }
+    counters_.localGets++;
+    done(Status(), obj, -1);
     return;
   }
-  // Another get on this node may have started a copy meanwhile: use it, and
-  // give the assigned sender back.
-  if (auto obj = store_->find(op.id)) {
-    send(shard, wire::HolderUpdate{op.id, config_.rank,
-                                   obj->complete() ? wire::HolderState::kComplete : wire::HolderState::kPartial, sender});
-    counters_.localGets++;
-    waitForLocal(token, obj);
+  if (sender < 0) {
+    done(Status(Code::kNotFound, "no node holds a copy of object " + printableId(id)), nullptr, -1);
     return;
   }
   std::shared_ptr<LocalObject> obj;
-  Status s = store_->create(op.id, reply->meta, /*primary=*/false, &obj);
+  Status s = store_->create(id, reply->meta, /*primary=*/false, &obj);
   if (!s.ok()) {
-    send(shard, wire::HolderUpdate{op.id, config_.rank, wire::HolderState::kRemoved, sender});
-    finishGet(token, Status(s.code, "get of object " + printableId(op.id) + " failed: " + s.message));
+    send(shard, wire::HolderUpdate{id, config_.rank, wire::HolderState::kRemoved, sender});
+    done(s, nullptr, -1);
     return;
   }
   counters_.remoteGets++;
-  op.stage = "transfer from " + peerName(sender);
   startPull(sender, obj);
   serveParkedPulls(obj);  // later receivers that reached us first
-  waitForLocal(token, obj);
+  done(Status(), obj, sender);
 }
 
 void Node::waitForLocal(uint64_t token, std::shared_ptr<LocalObject> obj) {

@@ -14,7 +14,7 @@ void Node::handleLookup(Connection& conn, const wire::Lookup& msg) {
   uint64_t request = msg.request;
   // The asker's timeout, within bounds: a peer must not park requests forever.
   double timeout = std::min(static_cast<double>(msg.timeoutMs) / 1000.0, kMaxTimeoutSeconds);
-  directory_->lookup(msg.id, conn.peerRank(), timeout, [weak, request](const Status& s, const DirectoryEntry* entry,
+  directory_->lookup(msg.id, conn.peerRank(), msg.locate, timeout, [weak, request](const Status& s, const DirectoryEntry* entry,
                                                                       int sender) {
     auto c = weak.lock();
     if (!c) return;  // the asker went away

@@ -30,8 +30,11 @@ enum class MsgType : uint8_t {
   kPull = 10,
   kData = 11,
   kCancel = 12,
+  kReduceTask = 13,
+  kReduceAbort = 14,
+  kProbe = 15,
 };
-constexpr uint8_t kMaxMsgType = 12;
+constexpr uint8_t kMaxMsgType = 15;
 
 struct FrameHeader {
   uint8_t type = 0;

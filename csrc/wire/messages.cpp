@@ -138,12 +138,14 @@ void Lookup::encode(Writer& w) const {
   w.u64(request);
   encodeId(w, id);
   w.u64(timeoutMs);
+  w.u8(locate);
 }
 Lookup Lookup::decode(Reader& r) {
   Lookup m;
   m.request = r.u64();
   m.id = decodeId(r);
   m.timeoutMs = r.u64();
+  m.locate = decodeBool(r);
   r.expectEnd("lookup");
   return m;
 }
@@ -193,6 +195,54 @@ Cancel Cancel::decode(Reader& r) {
   Cancel m;
   m.request = r.u64();
   r.expectEnd("cancel");
+  return m;
+}
+
+namespace {
+constexpr uint32_t kMaxReduceChildren = 1u << 16;
+}
+
+void ReduceTask::encode(Writer& w) const {
+  w.u64(request);
+  encodeId(w, reduceId);
+  encodeId(w, inputId);
+  encodeId(w, outputId);
+  w.u32(static_cast<uint32_t>(childIds.size()));
+  for (const auto& c : childIds) encodeId(w, c);
+  encodeMeta(w, meta);
+  w.u8(op);
+  w.u32(count);
+  w.u8(root);
+  w.u64(timeoutMs);
+}
+ReduceTask ReduceTask::decode(Reader& r) {
+  ReduceTask m;
+  m.request = r.u64();
+  m.reduceId = decodeId(r);
+  m.inputId = decodeId(r);
+  m.outputId = decodeId(r);
+  uint32_t n = r.u32();
+  if (n > kMaxReduceChildren || n > r.remaining() / 5) throw DecodeError("too many reduce children");
+  m.childIds.resize(n);
+  for (auto& c : m.childIds) c = decodeId(r);
+  m.meta = decodeMeta(r);
+  m.op = r.u8();
+  m.count = r.u32();
+  m.root = decodeBool(r);
+  m.timeoutMs = r.u64();
+  r.expectEnd("reduce task");
+  return m;
+}
+
+void Probe::encode(Writer& w) const {
+  w.u64(request);
+  w.str(padding);
+}
+Probe Probe::decode(Reader& r, uint64_t maxPadding) {
+  Probe m;
+  m.request = r.u64();
+  m.padding = r.str(maxPadding, "probe padding");
+  r.expectEnd("probe");
   return m;
 }
 

@@ -73,12 +73,14 @@ struct HolderUpdate {
 
 // Ask the shard for an object; answered once it exists, or at the deadline. The
 // answer assigns the asker one sender and lists the asker as a partial holder,
-// so that receivers arriving later may relay through it.
+// so that receivers arriving later may relay through it. A `locate` lookup only
+// asks where the object is: the answer names a holder and changes nothing.
 struct Lookup {
   static constexpr MsgType kType = MsgType::kLookup;
   uint64_t request = 0;
   std::string id;
   uint64_t timeoutMs = 0;
+  bool locate = false;
   void encode(Writer& w) const;
   static Lookup decode(Reader& r);
 };
@@ -135,6 +137,39 @@ struct Cancel {
   uint64_t request = 0;
   void encode(Writer& w) const;
   static Cancel decode(Reader& r);
+};
+
+// Coordinator → the holder of one reduce input: compute one tree position.
+// The task registers `outputId` (answering with a StatusReply once it has),
+// then streams input op children into it; children are the outputs of other
+// positions, fetched as they appear. Every task ends by deleting its children's outputs.
+struct ReduceTask {
+  static constexpr MsgType kType = MsgType::kReduceTask;
+  uint64_t request = 0;
+  std::string reduceId;  // the result's id: names the whole reduce
+  std::string inputId;
+  std::string outputId;
+  std::vector<std::string> childIds;
+  ObjectMeta meta;  // every input's, checked again by the task
+  uint8_t op = 0;   // ReduceOp
+  uint32_t count = 0;  // inputs in the whole reduce (AVG divides by it at the root)
+  bool root = false;
+  uint64_t timeoutMs = 0;  // how long to wait for children to appear
+  void encode(Writer& w) const;
+  static ReduceTask decode(Reader& r);
+};
+
+// Coordinator → task holders: the reduce named by `id` failed; drop its tasks.
+using ReduceAbort = IdRequest<MsgType::kReduceAbort>;
+
+// Measures the link: answered by an empty StatusReply; `padding` makes it a
+// bandwidth probe.
+struct Probe {
+  static constexpr MsgType kType = MsgType::kProbe;
+  uint64_t request = 0;
+  std::string padding;
+  void encode(Writer& w) const;
+  static Probe decode(Reader& r, uint64_t maxPadding);
 };
 
 template <typename M>

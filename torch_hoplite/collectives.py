@@ -1,0 +1,202 @@
+"""Collectives built on the object store: streaming reduce, allreduce for a
+dynamic group, and gather. Broadcast needs no call of its own: many gets of one
+object relay through each other."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import uuid
+from typing import Iterable, Optional, Sequence, Union
+
+import torch
+import torch.distributed as dist
+
+from torch_hoplite import api
+from torch_hoplite._tensors import _DTYPES
+from torch_hoplite.errors import error_from_status
+from torch_hoplite.object_ref import ObjectId, ObjectRef, id_bytes, id_of
+
+_log = logging.getLogger(__name__)
+
+
+class ReduceOp(enum.IntEnum):
+    """Element-wise reductions. ``torch.distributed.ReduceOp`` values and their
+    names (``"sum"``) are accepted wherever one is expected.
+
+    bool tensors: SUM and MAX are logical or, PROD and MIN logical and. AVG
+    needs a floating-point or complex dtype; MIN and MAX are not defined for
+    complex ones."""
+
+    SUM = 0
+    PROD = 1
+    MIN = 2
+    MAX = 3
+    AVG = 4
+
+
+def _op_code(op: Union[ReduceOp, str, "dist.ReduceOp.RedOpType"]) -> ReduceOp:
+    if isinstance(op, ReduceOp):
+        return op
+    name = op if isinstance(op, str) else getattr(op, "name", None)
+    if isinstance(op, (str, dist.ReduceOp.RedOpType)) and isinstance(name, str):
+        try:
+            return ReduceOp[name.upper()]
+        except KeyError:
+            raise ValueError(f"reduce op {op} is not supported; use one of {', '.join(ReduceOp.__members__)}") from None
+    raise TypeError(f"reduce op must be a torch_hoplite.ReduceOp, a torch.distributed.ReduceOp or a name, got {op!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReducePlan:
+    """What a reduce did: which inputs it used and the tree it built.
+
+    Position ``j`` is the ``j``-th input to become ready; ``parents[j]`` is the
+    position it streamed its partial result to (-1 for the root)."""
+
+    inputs: tuple  # the refs (or ids) used, in the order they became ready
+    holders: tuple[int, ...]  # rank that computed each position
+    degree: int  # tree degree d (1 = chain)
+    depth: int
+    root: int
+    parents: tuple[int, ...]
+    latency_s: float  # link latency the degree was chosen from
+    bandwidth_Bps: float  # link bandwidth the degree was chosen from
+    link_measured: bool  # False: defaults, no peer could be probed
+    plan_s: float  # from the call until every position had started
+
+
+def reduce(
+    refs: Sequence[Union[ObjectRef, ObjectId]],
+    op: Union[ReduceOp, str, "dist.ReduceOp.RedOpType"] = ReduceOp.SUM,
+    num_objects: Optional[int] = None,
+    id: Optional[ObjectId] = None,
+    *,
+    degree: Optional[int] = None,
+    timeout: Optional[float] = None,
+) -> tuple[ObjectRef, list[Union[ObjectRef, ObjectId]]]:
+    """Reduces the first `num_objects` of `refs` to become ready (default: all).
+
+    Inputs may not exist yet: each is placed into a d-ary reduce tree as soon as
+    it is put, and every tree node streams its partial result chunk by chunk.
+    Returns once the inputs are chosen and the tree is running; the result is
+    an object like any other, which others may ``get`` (or reduce further)
+    while it is still being computed.
+
+    Args:
+        refs: the inputs; all must have the same dtype, shape and device.
+        op: the reduction (see :class:`ReduceOp`).
+        num_objects: how many inputs to reduce, in [1, len(refs)].
+        id: the result's id (default: a fresh unique one).
+        degree: tree degree (1 = chain); default chosen by the cost model from
+            the measured link latency and bandwidth and the object size.
+        timeout: seconds to wait for enough inputs (default ``HOPLITE_TIMEOUT``).
+
+    Returns:
+        ``(result, unused)``: the result's ref, whose ``reduce_plan`` lists the
+        inputs used, and the refs that were left out.
+
+    Raises:
+        InvalidArgumentError (a ValueError): the inputs differ in dtype, shape
+            or device, or the op is not defined for their dtype; names the objects.
+        HopliteTimeoutError: fewer than `num_objects` inputs appeared in time.
+        ObjectExistsError: `id` names an existing object.
+    """
+    rt = api._rt()
+    refs = list(refs)
+    if not refs:
+        raise ValueError("reduce needs at least one input")
+    count = len(refs) if num_objects is None else num_objects
+    if not isinstance(count, int) or not 1 <= count <= len(refs):
+        raise ValueError(f"num_objects must be an int in [1, {len(refs)}], got {num_objects!r}")
+    if degree is not None and (not isinstance(degree, int) or degree < 1):
+        raise ValueError(f"degree must be a positive int, got {degree!r}")
+    code = _op_code(op)
+    if id is None:
+        id = f"reduce-{rt.rank}-{uuid.uuid4().hex}"
+    status, message, plan = rt.node.reduce(
+        id_bytes(id), [id_bytes(id_of(r)) for r in refs], count, int(code), degree or 0, rt.timeout(timeout)
+    )
+    if status != 0:
+        raise error_from_status(status, message)
+    used = set(plan["used"])
+    result = ObjectRef(
+        id,
+        plan["nbytes"],
+        _DTYPES[plan["dtype"]],
+        tuple(plan["shape"]),
+        torch.device("cpu"),
+        reduce_plan=ReducePlan(
+            inputs=tuple(refs[i] for i in plan["used"]),
+            holders=tuple(plan["holders"]),
+            degree=plan["degree"],
+            depth=plan["depth"],
+            root=plan["root"],
+            parents=tuple(plan["parent"]),
+            latency_s=plan["latency_s"],
+            bandwidth_Bps=plan["bandwidth_Bps"],
+            link_measured=plan["link_measured"],
+            plan_s=plan["plan_s"],
+        ),
+    )
+    return result, [r for i, r in enumerate(refs) if i not in used]
+
+
+def allreduce(
+    tensor: torch.Tensor,
+    id: ObjectId,
+    *,
+    group: Optional[Iterable[int]] = None,
+    op: Union[ReduceOp, str, "dist.ReduceOp.RedOpType"] = ReduceOp.SUM,
+    degree: Optional[int] = None,
+    timeout: Optional[float] = None,
+) -> torch.Tensor:
+    """Reduces `tensor` over the ranks of `group` (default: all) and returns the
+    result on each of them; every member calls it with the same `id`.
+
+    The group is chosen per call, not set up in advance. The lowest rank of the
+    group starts a streaming reduce whose result every member fetches while it
+    is computed, so the broadcast of the first chunks overlaps the reduce. The
+    objects it creates (``id`` and ids starting with ``id``) are deleted once
+    every member has the result.
+    """
+    rt = api._rt()
+    members = sorted(set(range(rt.world_size) if group is None else group))
+    if rt.rank not in members:
+        raise ValueError(f"rank {rt.rank} called allreduce {id!r} but is not in its group {members}")
+    if members[0] < 0 or members[-1] >= rt.world_size:
+        raise ValueError(f"allreduce group {members} has ranks outside [0, {rt.world_size})")
+    key = id_bytes(id)
+    inputs = [key + b"/in/%d" % r for r in members]
+    marker = key + b"/done/%d"
+    mine = inputs[members.index(rt.rank)]
+    api.put(tensor, mine, timeout=timeout)
+    coordinator = members[0]
+    if rt.rank == coordinator:
+        reduce(inputs, op, id=key, degree=degree, timeout=timeout)
+    out = api.get(key, timeout=timeout).wait()
+    api.delete(mine, timeout=timeout)  # the result is complete, so every input was consumed
+    if rt.rank != coordinator:
+        api.put(torch.zeros((), dtype=torch.uint8), marker % rt.rank, timeout=timeout)
+    else:
+        others = [marker % r for r in members[1:]]
+        pending = torch.futures.collect_all([api.get(m, timeout=timeout) for m in others])
+        pending.then(lambda _: _cleanup(key, others))
+    return out
+
+
+def _cleanup(result: bytes, markers: list[bytes]) -> None:
+    """Deletes an allreduce's objects once every member has its result (runs on
+    the node's completion thread)."""
+    for obj in (result, *markers):
+        try:
+            api.delete(obj)
+        except Exception as e:  # noqa: BLE001  (shutdown or a vanished peer: nothing left to free)
+            _log.debug("allreduce cleanup of %r: %s", obj, e)
+
+
+def gather(refs: Sequence[Union[ObjectRef, ObjectId]], timeout: Optional[float] = None) -> list[torch.Tensor]:
+    """Fetches all `refs` concurrently and returns their tensors in order."""
+    futures = [api.get(r, timeout=timeout) for r in refs]
+    return [f.wait() for f in futures]
