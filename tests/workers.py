@@ -77,3 +77,13 @@ def get_after(delay, obj_id, n, seed, timeout=120):
     """Sleeps, then gets a pattern object; returns whether it matched exactly."""
     time.sleep(delay)
     return get_matches_pattern(obj_id, n, seed, timeout)
+
+
+def put_after(delay, tensor, obj_id):
+    time.sleep(delay)
+    return hop.put(tensor, obj_id)
+
+
+def allreduce(tensor, obj_id, kwargs):
+    return hop.allreduce(tensor, obj_id, **kwargs)
+

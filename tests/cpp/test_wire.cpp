@@ -11,18 +11,11 @@
 #include "wire/frame.h"
 #include "wire/messages.h"
 
+#include "check.h"
+
 using namespace hoplite;
 using namespace hoplite::wire;
 
-static int failures = 0;
-
-#define CHECK(cond)                                                    \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                      \
-    }                                                                  \
-  } while (0)
 
 static ObjectMeta sampleMeta() {
   ObjectMeta m;
@@ -59,7 +52,7 @@ static void checkTruncations(const M& msg, Decode decode, const char* name) {
   for (size_t n = 0; n < bytes.size(); ++n) {
     if (!throwsDecodeError(bytes.substr(0, n), decode)) {
       std::fprintf(stderr, "%s: prefix of %zu/%zu bytes decoded\n", name, n, bytes.size());
-      ++failures;
+      ++checkFailures();
     }
   }
   CHECK(throwsDecodeError(bytes + '\0', decode));
@@ -139,11 +132,43 @@ static void testMessages() {
                    "status reply");
   checkTruncations(HolderUpdate{"id", 1, HolderState::kRemoved, 3}, [](Reader& r) { HolderUpdate::decode(r); },
                    "holder update");
-  checkTruncations(Lookup{1, "id", 500}, [](Reader& r) { Lookup::decode(r); }, "lookup");
+  checkTruncations(Lookup{1, "id", 500, true}, [](Reader& r) { Lookup::decode(r); }, "lookup");
   checkTruncations(Delete{1, "id"}, [](Reader& r) { Delete::decode(r); }, "delete");
   checkTruncations(DropCopy{1, "id"}, [](Reader& r) { DropCopy::decode(r); }, "drop copy");
   checkTruncations(Pull{1, "id", 4}, [](Reader& r) { Pull::decode(r); }, "pull");
   checkTruncations(Cancel{1}, [](Reader& r) { Cancel::decode(r); }, "cancel");
+  ReduceTask task;
+  task.request = 9;
+  task.reduceId = "sum";
+  task.inputId = "x";
+  task.outputId = "p/1";
+  task.childIds = {"p/0", "p/2"};
+  task.meta = sampleMeta();
+  task.op = 4;
+  task.count = 3;
+  task.root = true;
+  task.timeoutMs = 1000;
+  checkTruncations(task, [](Reader& r) { ReduceTask::decode(r); }, "reduce task");
+  {
+    std::string bytes = encode(task);
+    Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    ReduceTask back = ReduceTask::decode(r);
+    CHECK(back.childIds == task.childIds && back.outputId == "p/1" && back.root && back.count == 3 && back.op == 4);
+  }
+  checkTruncations(ReduceAbort{0, "sum"}, [](Reader& r) { ReduceAbort::decode(r); }, "reduce abort");
+  checkTruncations(Probe{1, std::string(100, 'x')}, [](Reader& r) { Probe::decode(r, 1000); }, "probe");
+  // A child count that the payload cannot hold is refused before allocating.
+  {
+    Writer w;
+    w.u64(1);
+    encodeId(w, "r");
+    encodeId(w, "i");
+    encodeId(w, "o");
+    w.u32(0xffffffffu);
+    std::string bytes = w.take();
+    CHECK(throwsDecodeError(bytes, [](Reader& r) { ReduceTask::decode(r); }));
+  }
+  CHECK(throwsDecodeError(encode(Probe{1, std::string(1001, 'x')}), [](Reader& r) { Probe::decode(r, 1000); }));
 }
 
 static void testBadFields() {
@@ -234,10 +259,5 @@ int main() {
   testMessages();
   testBadFields();
   testRandomBytes();
-  if (failures) {
-    std::fprintf(stderr, "%d check(s) failed\n", failures);
-    return 1;
-  }
-  std::printf("wire decoder: all checks passed\n");
-  return 0;
+  return finish("wire decoder");
 }

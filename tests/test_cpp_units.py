@@ -1,0 +1,27 @@
+"""C++ unit tests (tests/cpp), built with AddressSanitizer and UBSan."""
+
+import shutil
+
+import pytest
+
+from cpp_units import build_and_run
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+
+
+@needs_gxx
+def test_wire_decoder_rejects_truncated_oversized_and_garbage_frames(tmp_path):
+    build_and_run(
+        tmp_path,
+        "test_wire",
+        ["tests/cpp/test_wire.cpp", "csrc/wire/frame.cpp", "csrc/wire/messages.cpp", "csrc/common/object_meta.cpp"],
+    )
+
+
+@needs_gxx
+def test_reduce_trees_cost_model_and_kernels(tmp_path):
+    build_and_run(
+        tmp_path,
+        "test_reduce",
+        ["tests/cpp/test_reduce.cpp", "csrc/coll/reduce_plan.cpp", "csrc/coll/reduce_kernels.cpp"],
+    )
