@@ -1,15 +1,28 @@
-"""Collectives on loopback, torch_hoplite side by side with gloo (issue #3).
+"""Collectives, torch_hoplite side by side with gloo (issue #3).
 
-    python benchmarks/collectives.py [--ops broadcast] [--nodes 2,4,8] [--sizes 1MB,16MB,64MB,256MB]
+    python benchmarks/collectives.py [--ops broadcast,reduce,allreduce,gather]
+        [--nodes 2,4,8] [--sizes 1MB,16MB,64MB,256MB] [--rate 1gbit]
 
-So far: broadcast. torch_hoplite: rank 0 puts, every other rank gets (no
-broadcast call: the directory builds the relay tree on the fly). gloo:
-dist.broadcast. Both run in the same processes, interleaved trial by trial;
-time = from rank 0's start to the slowest receiver's end (one host, one
-monotonic clock). Per point: median / min / max of >= --trials timed trials after
---warmup, algbw = size / time, and CPU cores used by all processes. Results go
-to benchmarks/results/collectives.json and .png. On loopback the CPU, not a
-link, is the bottleneck: the emulated cluster (issue #6) gives ratios to ideal.
+What each system runs per op (every rank holds an integer-valued tensor):
+  broadcast  hoplite: rank 0 puts, every other rank gets (no broadcast call:
+             the directory builds the relay tree on the fly). gloo: dist.broadcast.
+  reduce     hoplite: every rank puts, rank 0 calls reduce() and gets the
+             result (the streaming tree's degree comes from the cost model).
+             gloo: dist.reduce to rank 0.
+  allreduce  hoplite: torch_hoplite.allreduce (a streaming reduce whose result
+             every rank gets while it is computed). gloo: dist.all_reduce (ring).
+  gather     hoplite: every rank puts, rank 0 gets them all concurrently.
+             gloo: dist.gather to rank 0.
+"hoplite-zero-copy" puts and gets with copy=False (broadcast, reduce, gather).
+All systems run in the same processes, interleaved trial by trial; time = from
+the common start to the slowest participant's end (one monotonic clock per
+host; on the emulated cluster the namespaces share the host's clock). Per point:
+median / min / max of --trials timed trials after --warmup, algbw = size/time,
+busbw = algbw x factor (allreduce 2(N-1)/N, gather (N-1)/N, else 1), CPU cores
+used by all processes, and, with --rate, the ratio to the ideal time (broadcast
+and reduce S/B, allreduce 2(N-1)/N S/B, gather (N-1) S/B). The first warm-up
+trial checks every result exactly. On loopback the CPU, not a link, is the
+bottleneck: --rate runs on the emulated cluster (emulated_cluster.py).
 """
 
 from __future__ import annotations
@@ -27,59 +40,125 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
+OPS = ["broadcast", "reduce", "allreduce", "gather"]
 SYSTEMS = ["hoplite", "hoplite-zero-copy", "gloo"]
 DEFAULT_SYSTEMS = "hoplite,gloo"
+ZERO_COPY_OPS = {"broadcast", "reduce", "gather"}
 
 
-def broadcast_once(system: str, rank: int, x: torch.Tensor, buf: torch.Tensor, tag: str) -> None:
+def expected(op: str, world: int, x: torch.Tensor) -> torch.Tensor:
+    """Rank r holds r+1 everywhere."""
+    if op in ("reduce", "allreduce"):
+        return torch.full_like(x, world * (world + 1) / 2)
+    return torch.ones_like(x)
+
+
+def run_op(op: str, system: str, rank: int, world: int, x: torch.Tensor, buf: torch.Tensor, tag: str):
+    """One collective; returns what this rank received (None where nothing)."""
     import torch_hoplite as hop
 
     if system == "gloo":
-        dist.broadcast(x if rank == 0 else buf, src=0)
-    elif rank == 0:
-        hop.put(x, tag)
+        if op == "broadcast":
+            dist.broadcast(x if rank == 0 else buf, src=0)
+            return buf if rank else None
+        if op == "reduce":
+            dist.reduce(buf, dst=0)
+            return buf if rank == 0 else None
+        if op == "allreduce":
+            dist.all_reduce(buf)
+            return buf
+        outs = [torch.empty_like(x) for _ in range(world)] if rank == 0 else None
+        dist.gather(x, outs, dst=0)
+        return outs
+    copy = system != "hoplite-zero-copy"
+    if op == "broadcast":
+        if rank == 0:
+            hop.put(x, tag, copy=copy)
+            return None
+        return hop.get(tag, copy=copy).wait()
+    if op == "allreduce":
+        return hop.allreduce(x, tag)
+    hop.put(x, f"{tag}/{rank}", copy=copy)
+    if rank != 0:
+        return None
+    ids = [f"{tag}/{r}" for r in range(world)]
+    if op == "reduce":
+        result, _ = hop.reduce(ids, id=tag)
+        return hop.get(result, copy=copy).wait()
+    return hop.gather(ids) if copy else [hop.get(i, copy=False).wait() for i in ids]
+
+
+def cleanup(op: str, system: str, rank: int, tag: str) -> None:
+    import torch_hoplite as hop
+
+    if system == "gloo" or op == "allreduce":  # allreduce deletes its own objects
+        return
+    if op == "broadcast":
+        if rank == 0:
+            hop.delete(tag)
+        return
+    hop.delete(f"{tag}/{rank}")
+    if op == "reduce" and rank == 0:
+        hop.delete(tag)
+
+
+def check(op: str, rank: int, world: int, x: torch.Tensor, got) -> None:
+    if got is None:
+        return
+    if op == "gather":
+        ok = all(torch.equal(t, torch.full_like(x, r + 1)) for r, t in enumerate(got))
+    elif op == "broadcast":
+        ok = torch.equal(got, torch.ones_like(x))
     else:
-        hop.get(tag, copy=system != "hoplite-zero-copy").wait()
+        ok = torch.equal(got, expected(op, world, x))
+    if not ok:
+        raise AssertionError(f"{op}: wrong result on rank {rank}")
 
 
-def worker(rank, world, host, port, sizes, trials, warmup, systems) -> dict:
+def worker(rank, world, host, port, ops, sizes, trials, warmup, systems) -> dict:
     import torch_hoplite as hop
 
     store = dist.TCPStore(host, port, world, is_master=(rank == 0), timeout=datetime.timedelta(seconds=900))
     dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=world)
     hop.init(dist.PrefixStore("hoplite", store), rank=rank, world_size=world)
     results = {}
-    for size in sizes:
-        x = torch.ones(size // 4)
-        buf = torch.empty_like(x)
-        for trial in range(warmup + trials):
-            for system in systems if trial % 2 == 0 else systems[::-1]:
-                tag = f"{system}-{size}-{trial}"
-                dist.barrier()
-                c0, t0 = time.process_time(), time.monotonic()
-                broadcast_once(system, rank, x, buf, tag)
-                t1 = time.monotonic()
-                dist.barrier()
-                c1, t2 = time.process_time(), time.monotonic()
-                if system.startswith("hoplite") and rank == 0:
-                    hop.delete(tag)
-                if trial >= warmup:
-                    results.setdefault((system, size), []).append((t0, t1, (c1 - c0) / (t2 - t0)))
+    for op in ops:
+        runs = [s for s in systems if s == "gloo" or s == "hoplite" or op in ZERO_COPY_OPS]
+        for size in sizes:
+            x = torch.full((size // 4,), 1.0 if op == "broadcast" else float(rank + 1))
+            buf = torch.empty_like(x)
+            for trial in range(warmup + trials):
+                for system in runs if trial % 2 == 0 else runs[::-1]:
+                    tag = f"{op}-{system}-{size}-{trial}"
+                    buf.copy_(x)
+                    dist.barrier()
+                    c0, t0 = time.process_time(), time.monotonic()
+                    got = run_op(op, system, rank, world, x, buf, tag)
+                    t1 = time.monotonic()
+                    dist.barrier()
+                    c1, t2 = time.process_time(), time.monotonic()
+                    if trial == 0:
+                        check(op, rank, world, x, got)
+                    del got
+                    cleanup(op, system, rank, tag)
+                    if trial >= warmup:
+                        results.setdefault((op, system, size), []).append((t0, t1, (c1 - c0) / (t2 - t0)))
     hop.barrier()
     hop.shutdown()
     dist.destroy_process_group()
     return results
 
 
-def _queue_worker(rank, world, port, sizes, trials, warmup, systems, queue):
-    queue.put((rank, worker(rank, world, "127.0.0.1", port, sizes, trials, warmup, systems)))
+def _queue_worker(rank, world, port, ops, sizes, trials, warmup, systems, queue):
+    queue.put((rank, worker(rank, world, "127.0.0.1", port, ops, sizes, trials, warmup, systems)))
 
 
-def run_loopback(world: int, sizes: list[int], trials: int, warmup: int, systems: list[str]) -> dict:
-    return common.run_ranks(_queue_worker, world, (world, common.free_port(), sizes, trials, warmup, systems))
+def run_loopback(world: int, ops: list[str], sizes: list[int], trials: int, warmup: int, systems: list[str]) -> dict:
+    return common.run_ranks(_queue_worker, world, (world, common.free_port(), ops, sizes, trials, warmup, systems))
 
 
-def run_emulated(world: int, sizes: list[int], trials: int, warmup: int, systems: list[str], rate: str) -> dict:
+def run_emulated(world: int, ops: list[str], sizes: list[int], trials: int, warmup: int, systems: list[str],
+                 rate: str) -> dict:
     """One process per network namespace, links limited to `rate` each way."""
     import json
     import tempfile
@@ -91,7 +170,7 @@ def run_emulated(world: int, sizes: list[int], trials: int, warmup: int, systems
         procs = []
         for r in range(world):
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(r), "--nodes", str(world),
-                   "--master", cluster.address(0), "--sizes", ",".join(map(str, sizes)),
+                   "--master", cluster.address(0), "--sizes", ",".join(map(str, sizes)), "--ops", ",".join(ops),
                    "--trials", str(trials), "--warmup", str(warmup), "--systems", ",".join(systems),
                    "--out", os.path.join(tmp, f"rank{r}")]
             procs.append(cluster.popen(r, cmd, env=env))
@@ -105,39 +184,50 @@ def run_emulated(world: int, sizes: list[int], trials: int, warmup: int, systems
             with open(os.path.join(tmp, f"rank{r}.json")) as f:
                 per_rank[r] = {}
                 for key, runs in json.load(f).items():
-                    system, size = key.rsplit("/", 1)
-                    per_rank[r][(system, int(size))] = runs
+                    op, system, size = key.split("/")
+                    per_rank[r][(op, system, int(size))] = runs
         return per_rank
 
 
-def summarize(per_rank: dict, world: int, sizes: list[int], trials: int, systems: list[str], path: str,
-              rate_bps: float) -> list[dict]:
+def ideal_and_factor(op: str, world: int) -> tuple[float, float]:
+    """(ideal time in units of S/B, busbw factor)."""
+    return {
+        "broadcast": (1.0, 1.0),
+        "reduce": (1.0, 1.0),
+        "allreduce": (2 * (world - 1) / world, 2 * (world - 1) / world),
+        "gather": (world - 1, (world - 1) / world),
+    }[op]
+
+
+def summarize(per_rank: dict, world: int, path: str, rate_bps: float) -> list[dict]:
     records = []
-    for system in systems:
-        for size in sizes:
-            runs = [per_rank[r][(system, size)] for r in range(world)]
-            times = [max(run[i][1] for run in runs) - runs[0][i][0] for i in range(trials)]
-            cores = [sum(run[i][2] for run in runs) for i in range(trials)]
-            median = statistics.median(times)
-            ideal = size / (rate_bps / 8) if rate_bps else None
-            records.append(
-                {
-                    "system": system,
-                    "op": "broadcast",
-                    "nodes": world,
-                    "path": path,
-                    "size_bytes": size,
-                    "ideal_s": ideal,
-                    "ratio_to_ideal": median / ideal if ideal else None,
-                    "trials": trials,
-                    "median_s": median,
-                    "min_s": min(times),
-                    "max_s": max(times),
-                    "algbw_gbps": size / median / 1e9,
-                    "busbw_gbps": size / median / 1e9,
-                    "cpu_cores": statistics.median(cores),
-                }
-            )
+    for key in per_rank[0]:
+        op, system, size = key
+        runs = [per_rank[r][key] for r in range(world)]
+        trials = len(runs[0])
+        times = [max(run[i][1] for run in runs) - min(run[i][0] for run in runs) for i in range(trials)]
+        cores = [sum(run[i][2] for run in runs) for i in range(trials)]
+        median = statistics.median(times)
+        units, factor = ideal_and_factor(op, world)
+        ideal = units * size / (rate_bps / 8) if rate_bps else None
+        records.append(
+            {
+                "system": system,
+                "op": op,
+                "nodes": world,
+                "path": path,
+                "size_bytes": size,
+                "ideal_s": ideal,
+                "ratio_to_ideal": median / ideal if ideal else None,
+                "trials": trials,
+                "median_s": median,
+                "min_s": min(times),
+                "max_s": max(times),
+                "algbw_gbps": size / median / 1e9,
+                "busbw_gbps": size / median / 1e9 * factor,
+                "cpu_cores": statistics.median(cores),
+            }
+        )
     return records
 
 
@@ -151,31 +241,39 @@ def _rate_bps(rate: str) -> float:
 
 
 def plot(records: list[dict], path: str) -> None:
+    """One row per node count, one panel per op: median time vs size."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     nodes = sorted({r["nodes"] for r in records})
-    fig, axes = plt.subplots(1, len(nodes), figsize=(4.5 * len(nodes), 4), squeeze=False)
-    for ax, n in zip(axes[0], nodes):
-        for system in dict.fromkeys(r["system"] for r in records):
-            rs = [r for r in records if r["nodes"] == n and r["system"] == system]
-            ax.plot([r["size_bytes"] for r in rs], [r["median_s"] * 1e3 for r in rs], marker="o", label=system)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(f"broadcast, {n} processes")
-        ax.set_xlabel("size (bytes)")
-        ax.set_ylabel("time to slowest receiver, median (ms)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+    ops = [op for op in OPS if any(r["op"] == op for r in records)]
+    ratio = all(r["ratio_to_ideal"] for r in records)
+    fig, axes = plt.subplots(len(nodes), len(ops), figsize=(4.2 * len(ops), 3.6 * len(nodes)), squeeze=False)
+    for row, n in enumerate(nodes):
+        for col, op in enumerate(ops):
+            ax = axes[row][col]
+            for system in dict.fromkeys(r["system"] for r in records):
+                rs = [r for r in records if r["nodes"] == n and r["system"] == system and r["op"] == op]
+                if rs:
+                    ys = [r["ratio_to_ideal"] if ratio else r["median_s"] * 1e3 for r in rs]
+                    ax.plot([r["size_bytes"] for r in rs], ys, marker="o", label=system)
+            ax.set_xscale("log", base=2)
+            if not ratio:
+                ax.set_yscale("log")
+            ax.set_title(f"{op}, {n} processes")
+            ax.set_xlabel("size (bytes)")
+            ax.set_ylabel("time / ideal (median)" if ratio else "time to slowest, median (ms)")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ops", default="broadcast", help="only 'broadcast' so far")
+    parser.add_argument("--ops", default=",".join(OPS), help=f"from {','.join(OPS)}")
     parser.add_argument("--nodes", default="2,4,8")
     parser.add_argument("--sizes", default="1MB,16MB,64MB,256MB")
     parser.add_argument("--trials", type=int, default=5)
@@ -190,17 +288,18 @@ def main() -> None:
     systems = [s for s in args.systems.split(",") if s]
     if set(systems) - set(SYSTEMS) or "gloo" not in systems:
         parser.error(f"--systems: choose from {SYSTEMS}, gloo included (ratios are to it)")
+    ops = [o for o in args.ops.split(",") if o]
+    if not ops or set(ops) - set(OPS):
+        parser.error(f"--ops: choose from {OPS}")
+    sizes = common.parse_sizes(args.sizes)
     if args.worker is not None:  # one rank inside an emulated node
         import json
 
-        results = worker(args.worker, int(args.nodes), args.master, 29511, common.parse_sizes(args.sizes),
-                         args.trials, args.warmup, systems)
+        results = worker(args.worker, int(args.nodes), args.master, 29511, ops, sizes, args.trials, args.warmup,
+                         systems)
         with open(args.out + ".json", "w") as f:
-            json.dump({f"{s}/{z}": v for (s, z), v in results.items()}, f)
+            json.dump({"/".join(map(str, key)): v for key, v in results.items()}, f)
         return
-    if args.ops != "broadcast":
-        parser.error("only --ops broadcast is implemented so far")
-    sizes = common.parse_sizes(args.sizes)
     records = []
     for world in (int(n) for n in args.nodes.split(",")):
         if args.rate:
@@ -208,26 +307,26 @@ def main() -> None:
 
             if not available():
                 parser.error("--rate needs root and iproute2 (network namespaces)")
-            print(f"measuring broadcast with {world} nodes at {args.rate} ...", flush=True)
-            per_rank = run_emulated(world, sizes, args.trials, args.warmup, systems, args.rate)
+            print(f"measuring {','.join(ops)} with {world} nodes at {args.rate} ...", flush=True)
+            per_rank = run_emulated(world, ops, sizes, args.trials, args.warmup, systems, args.rate)
             path, rate_bps = f"emulated cluster, tbf {args.rate} per node each way", _rate_bps(args.rate)
         else:
-            print(f"measuring broadcast with {world} processes ...", flush=True)
-            per_rank = run_loopback(world, sizes, args.trials, args.warmup, systems)
+            print(f"measuring {','.join(ops)} with {world} processes ...", flush=True)
+            per_rank = run_loopback(world, ops, sizes, args.trials, args.warmup, systems)
             path, rate_bps = "loopback TCP", 0.0
-        records += summarize(per_rank, world, sizes, args.trials, systems, path, rate_bps)
-    gloo = {(r["nodes"], r["size_bytes"]): r["median_s"] for r in records if r["system"] == "gloo"}
+        records += summarize(per_rank, world, path, rate_bps)
+    gloo = {(r["op"], r["nodes"], r["size_bytes"]): r["median_s"] for r in records if r["system"] == "gloo"}
     for r in records:
-        r["time_vs_gloo"] = r["median_s"] / gloo[(r["nodes"], r["size_bytes"])]
+        r["time_vs_gloo"] = r["median_s"] / gloo[(r["op"], r["nodes"], r["size_bytes"])]
         r["median_ms"] = r["median_s"] * 1e3
     common.print_table(
         records,
-        [("system", "system", ""), ("nodes", "nodes", "d"), ("size", "size_bytes", "d"), ("median ms", "median_ms", ".2f"),
-         ("GB/s", "algbw_gbps", ".2f"), ("x gloo time", "time_vs_gloo", ".2f"), ("x ideal", "ratio_to_ideal", ".2f"),
-         ("cpu cores", "cpu_cores", ".2f")],
+        [("op", "op", ""), ("system", "system", ""), ("nodes", "nodes", "d"), ("size", "size_bytes", "d"),
+         ("median ms", "median_ms", ".2f"), ("GB/s", "algbw_gbps", ".2f"), ("busbw GB/s", "busbw_gbps", ".2f"),
+         ("x gloo time", "time_vs_gloo", ".2f"), ("x ideal", "ratio_to_ideal", ".2f"), ("cpu cores", "cpu_cores", ".2f")],
     )
-    settings = {"sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup, "rate": args.rate,
-                "systems": systems}
+    settings = {"ops": ops, "sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup,
+                "rate": args.rate, "systems": systems}
     common.write_json(args.out + ".json", "collectives", records, settings)
     plot(records, args.out + ".png")
     print(f"wrote {args.out}.json and {args.out}.png")

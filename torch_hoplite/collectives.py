@@ -52,10 +52,12 @@ def _op_code(op: Union[ReduceOp, str, "dist.ReduceOp.RedOpType"]) -> ReduceOp:
 class ReducePlan:
     """What a reduce did: which inputs it used and the tree it built.
 
-    Position ``j`` is the ``j``-th input to become ready; ``parents[j]`` is the
-    position it streamed its partial result to (-1 for the root)."""
+    Positions are filled in the order the inputs become ready, except that an
+    input held by the calling process takes the root position (the result is
+    then computed where it is wanted). ``parents[j]`` is the position that
+    position ``j`` streamed its partial result to (-1 for the root)."""
 
-    inputs: tuple  # the refs (or ids) used, in the order they became ready
+    inputs: tuple  # the refs (or ids) used, by tree position
     holders: tuple[int, ...]  # rank that computed each position
     degree: int  # tree degree d (1 = chain)
     depth: int

@@ -61,7 +61,7 @@ struct ReduceRequest {
 // What ran: observable for tests and benchmarks.
 struct ReducePlan {
   ObjectMeta meta;           // the result's (every input's)
-  std::vector<int> used;     // indices into inputIds, in the order they became ready (= tree position)
+  std::vector<int> used;     // indices into inputIds, by tree position (see launchReadyInputs)
   std::vector<int> holders;  // rank that computed each position
   ReduceTree tree;
   LinkEstimate link;         // what the degree was chosen from
@@ -196,10 +196,15 @@ class Node : public ConnectionObserver {
 
   // --- streaming reduce (node_reduce.cpp) ---
   struct ReduceCoordination;
+  struct ReduceInput;
   struct ReduceTaskState;
   void startReduce(uint64_t key);
   void onReduceInput(uint64_t key, int index, const Status& status, const wire::LookupReply* reply);
   void launchReadyInputs(uint64_t key);
+  // Fixes the tree on the first input and checks each input against it;
+  // false when the reduce failed.
+  bool planInput(uint64_t key, const ReduceInput& input);
+  void launchInput(uint64_t key, const ReduceInput& input);
   void failReduce(uint64_t key, const Status& why);
   void finishReduce(uint64_t key);
   void handleReduceTask(Connection& conn, const wire::ReduceTask& msg);

@@ -96,7 +96,7 @@ void Node::startReduce(uint64_t key) {
     failReduce(key, Status(Code::kTimeout, "reduce into " + printableId(c.request.resultId) + " timed out after " +
                                                buf + ": needed " + std::to_string(c.request.count) + " of " +
                                                std::to_string(c.arrived.size()) + " inputs, " +
-                                               std::to_string(c.launched) + " ready" +
+                                               std::to_string(c.launched + (c.reserved ? 1 : 0)) + " ready" +
                                                (missing.empty() ? std::string() : "; still missing " + missing)));
   });
   const uint64_t timeoutMs = static_cast<uint64_t>(c.request.timeoutSeconds * 1000) + 1;
@@ -137,74 +137,32 @@ void Node::onReduceInput(uint64_t key, int index, const Status& status, const wi
     return;
   }
   c.arrived[index] = true;
-  c.ready.push_back(ReduceCoordination::Ready{index, *reply});
+  c.ready.push_back(ReduceInput{index, *reply});
   launchReadyInputs(key);
 }
 
 void Node::launchReadyInputs(uint64_t key) {
   ReduceCoordination& c = *reduces_.at(key);
   if (!c.linkKnown) return;
-  const std::string resultName = printableId(c.request.resultId);
   const int k = c.request.count;
-  while (!c.ready.empty() && c.launched < k) {
+  while (c.launched < k) {
+    // The caller wants the result here: an input this node holds takes the
+    // root position, which saves the result a hop over this node's link.
+    if (c.planned && c.launched == c.plan->tree.root && c.reserved) {
+      auto reserved = std::move(*c.reserved);
+      c.reserved.reset();
+      launchInput(key, reserved);
+      continue;
+    }
+    if (c.ready.empty()) break;
     auto ready = std::move(c.ready.front());
     c.ready.erase(c.ready.begin());
-    const std::string& id = c.request.inputIds[ready.index];
-    const ObjectMeta& meta = ready.reply.meta;
-    if (!c.planned) {
-      ReduceKernel kernel;
-      Status s = reduceKernel(c.request.op, meta.dtype, &kernel);
-      if (!s.ok()) {
-        failReduce(key, Status(s.code, "reduce into " + resultName + ": input " + printableId(id) + ": " + s.message));
-        return;
-      }
-      c.meta = meta;
-      c.metaFrom = id;
-      c.plan->meta = meta;
-      const int degree = c.request.degree > 0 ? std::min(c.request.degree, std::max(1, k - 1))
-                                              : chooseReduceDegree(k, meta.nbytes, chunkFor(meta.nbytes), link_);
-      c.plan->tree = buildReduceTree(k, degree);
-      c.plan->link = link_;
-      c.plan->linkMeasured = linkMeasured_;
-      c.planned = true;
-    } else if (!sameContents(meta, c.meta)) {
-      failReduce(key, Status(Code::kInvalidArgument, "reduce into " + resultName + ": inputs differ: object " +
-                                                         printableId(c.metaFrom) + " is " + describeMeta(c.meta) +
-                                                         ", object " + printableId(id) + " is " + describeMeta(meta)));
-      return;
+    if (!planInput(key, ready)) return;  // failed the reduce
+    if (ready.reply.sender == config_.rank && !c.reserved && c.launched < c.plan->tree.root) {
+      c.reserved = std::move(ready);
+      continue;
     }
-    if (ready.reply.sender < 0) {
-      failReduce(key, Status(Code::kNotFound, "reduce into " + resultName + ": no node holds a copy of input " +
-                                                  printableId(id)));
-      return;
-    }
-    const int position = c.launched++;
-    const ReduceTree& tree = c.plan->tree;
-    auto outputOf = [&](int p) { return p == tree.root ? c.request.resultId : c.partialPrefix + std::to_string(p); };
-    wire::ReduceTask task;
-    task.request = newRequest();
-    task.reduceId = c.request.resultId;
-    task.inputId = id;
-    task.outputId = outputOf(position);
-    for (int child : tree.children[position]) task.childIds.push_back(outputOf(child));
-    task.meta = c.meta;
-    task.op = static_cast<uint8_t>(c.request.op);
-    task.count = static_cast<uint32_t>(k);
-    task.root = position == tree.root;
-    task.timeoutMs = static_cast<uint64_t>(c.request.timeoutSeconds * 1000) + 1;
-    const int holder = ready.reply.sender;
-    c.plan->used.push_back(ready.index);
-    c.plan->holders.push_back(holder);
-    if (std::find(c.taskRanks.begin(), c.taskRanks.end(), holder) == c.taskRanks.end()) c.taskRanks.push_back(holder);
-    requestStatus(holder, wire::MsgType::kReduceTask, wire::encode(task), task.request, [this, key](const Status& s) {
-      auto it = reduces_.find(key);
-      if (it == reduces_.end()) return;
-      if (!s.ok()) {
-        failReduce(key, s);
-        return;
-      }
-      if (++it->second->startedTasks == it->second->request.count) finishReduce(key);
-    });
+    launchInput(key, ready);
   }
   if (c.launched == k) {
     // The choice is made: later arrivals are not used.
@@ -212,6 +170,74 @@ void Node::launchReadyInputs(uint64_t key) {
     c.lookups.clear();
     c.ready.clear();
   }
+}
+
+bool Node::planInput(uint64_t key, const ReduceInput& ready) {
+  ReduceCoordination& c = *reduces_.at(key);
+  const std::string resultName = printableId(c.request.resultId);
+  const std::string& id = c.request.inputIds[ready.index];
+  const ObjectMeta& meta = ready.reply.meta;
+  const int k = c.request.count;
+  if (!c.planned) {
+    ReduceKernel kernel;
+    Status s = reduceKernel(c.request.op, meta.dtype, &kernel);
+    if (!s.ok()) {
+      failReduce(key, Status(s.code, "reduce into " + resultName + ": input " + printableId(id) + ": " + s.message));
+      return false;
+    }
+    c.meta = meta;
+    c.metaFrom = id;
+    c.plan->meta = meta;
+    const int degree = c.request.degree > 0 ? std::min(c.request.degree, std::max(1, k - 1))
+                                            : chooseReduceDegree(k, meta.nbytes, chunkFor(meta.nbytes), link_);
+    c.plan->tree = buildReduceTree(k, degree);
+    c.plan->link = link_;
+    c.plan->linkMeasured = linkMeasured_;
+    c.planned = true;
+  } else if (!sameContents(meta, c.meta)) {
+    failReduce(key, Status(Code::kInvalidArgument, "reduce into " + resultName + ": inputs differ: object " +
+                                                       printableId(c.metaFrom) + " is " + describeMeta(c.meta) +
+                                                       ", object " + printableId(id) + " is " + describeMeta(meta)));
+    return false;
+  }
+  if (ready.reply.sender < 0) {
+    failReduce(key, Status(Code::kNotFound, "reduce into " + resultName + ": no node holds a copy of input " +
+                                                printableId(id)));
+    return false;
+  }
+  return true;
+}
+
+void Node::launchInput(uint64_t key, const ReduceInput& ready) {
+  ReduceCoordination& c = *reduces_.at(key);
+  const int k = c.request.count;
+  const int position = c.launched++;
+  const ReduceTree& tree = c.plan->tree;
+  auto outputOf = [&](int p) { return p == tree.root ? c.request.resultId : c.partialPrefix + std::to_string(p); };
+  wire::ReduceTask task;
+  task.request = newRequest();
+  task.reduceId = c.request.resultId;
+  task.inputId = c.request.inputIds[ready.index];
+  task.outputId = outputOf(position);
+  for (int child : tree.children[position]) task.childIds.push_back(outputOf(child));
+  task.meta = c.meta;
+  task.op = static_cast<uint8_t>(c.request.op);
+  task.count = static_cast<uint32_t>(k);
+  task.root = position == tree.root;
+  task.timeoutMs = static_cast<uint64_t>(c.request.timeoutSeconds * 1000) + 1;
+  const int holder = ready.reply.sender;
+  c.plan->used.push_back(ready.index);
+  c.plan->holders.push_back(holder);
+  if (std::find(c.taskRanks.begin(), c.taskRanks.end(), holder) == c.taskRanks.end()) c.taskRanks.push_back(holder);
+  requestStatus(holder, wire::MsgType::kReduceTask, wire::encode(task), task.request, [this, key](const Status& s) {
+    auto it = reduces_.find(key);
+    if (it == reduces_.end()) return;
+    if (!s.ok()) {
+      failReduce(key, s);
+      return;
+    }
+    if (++it->second->startedTasks == it->second->request.count) finishReduce(key);
+  });
 }
 
 void Node::finishReduce(uint64_t key) {

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,12 @@
 
 namespace hoplite {
 
+// An input the directory located: its index in the request, and where it is.
+struct Node::ReduceInput {
+  int index;
+  wire::LookupReply reply;
+};
+
 struct Node::ReduceCoordination {
   ReduceRequest request;
   std::shared_ptr<ReducePlan> plan;
@@ -19,11 +26,8 @@ struct Node::ReduceCoordination {
   double started = 0;
   EventLoop::TimerId timer = 0;
   std::vector<uint64_t> lookups;  // pending_ keys of locate lookups still out
-  struct Ready {
-    int index;
-    wire::LookupReply reply;
-  };
-  std::vector<Ready> ready;   // located, waiting for the plan or their turn
+  std::vector<ReduceInput> ready;      // located, waiting for the plan or their turn
+  std::optional<ReduceInput> reserved;  // this node's own input, kept for the root position
   std::vector<bool> arrived;  // by input index
   int lost = 0;               // inputs that can no longer arrive (deleted)
   bool linkKnown = false;
