@@ -15,11 +15,13 @@
 namespace hoplite {
 
 namespace {
-// Reduce at least this much at a time (or what is left), at most kMaxStep.
-constexpr uint64_t kMinStep = 256u << 10;
-constexpr uint64_t kMaxStep = 4u << 20;
-// Steps up to this size run on the loop thread; larger ones on a worker.
-constexpr uint64_t kLoopStep = 64u << 10;
+// Reduce at least this much at a time (or what is left), at most kMaxStep:
+// every step delays the parent by its own length, so steps stay short.
+constexpr uint64_t kMinStep = 128u << 10;
+constexpr uint64_t kMaxStep = 2u << 20;
+// Steps up to this size run on the loop thread (~100 us of arithmetic), which
+// spares a hand-off to a worker; larger ones (a fast link's backlog) on a worker.
+constexpr uint64_t kLoopStep = 512u << 10;
 constexpr uint64_t kProbeBytes = 1u << 20;
 constexpr double kLinkMaxAge = 60.0;
 // Used when there is no peer to probe, or a probe fails: a 10 Gbit/s LAN.
