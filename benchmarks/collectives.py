@@ -13,7 +13,9 @@ What each system runs per op (every rank holds an integer-valued tensor):
              every rank gets while it is computed). gloo: dist.all_reduce (ring).
   gather     hoplite: every rank puts, rank 0 gets them all concurrently.
              gloo: dist.gather to rank 0.
-"hoplite-zero-copy" puts and gets with copy=False (broadcast, reduce, gather).
+"hoplite-zero-copy" puts and gets with copy=False (broadcast, reduce, gather);
+"hoplite-sharded" is allreduce(shards=N): N reduces of 1/N each, one rooted at
+every rank, then every rank gets every piece.
 All systems run in the same processes, interleaved trial by trial; time = from
 the common start to the slowest participant's end (one monotonic clock per
 host; on the emulated cluster the namespaces share the host's clock). Per point:
@@ -41,9 +43,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 OPS = ["broadcast", "reduce", "allreduce", "gather"]
-SYSTEMS = ["hoplite", "hoplite-zero-copy", "gloo"]
+SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-sharded", "gloo"]
 DEFAULT_SYSTEMS = "hoplite,gloo"
-ZERO_COPY_OPS = {"broadcast", "reduce", "gather"}
+ONLY_FOR = {"hoplite-zero-copy": {"broadcast", "reduce", "gather"}, "hoplite-sharded": {"allreduce"}}
 
 
 def expected(op: str, world: int, x: torch.Tensor) -> torch.Tensor:
@@ -77,7 +79,7 @@ def run_op(op: str, system: str, rank: int, world: int, x: torch.Tensor, buf: to
             return None
         return hop.get(tag, copy=copy).wait()
     if op == "allreduce":
-        return hop.allreduce(x, tag)
+        return hop.allreduce(x, tag, shards=world if system == "hoplite-sharded" else 1)
     hop.put(x, f"{tag}/{rank}", copy=copy)
     if rank != 0:
         return None
@@ -123,7 +125,7 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems) -> dict
     hop.init(dist.PrefixStore("hoplite", store), rank=rank, world_size=world)
     results = {}
     for op in ops:
-        runs = [s for s in systems if s == "gloo" or s == "hoplite" or op in ZERO_COPY_OPS]
+        runs = [s for s in systems if op in ONLY_FOR.get(s, {op})]
         for size in sizes:
             x = torch.full((size // 4,), 1.0 if op == "broadcast" else float(rank + 1))
             buf = torch.empty_like(x)

@@ -4,6 +4,7 @@ integer values, so every result is exact whatever the tree's order."""
 import functools
 import random
 import threading
+import time
 import uuid
 
 import pytest
@@ -315,13 +316,34 @@ def test_allreduce_all_ranks(cluster4, op):
     tag = uid("allreduce")
     n = (2 << 20) // 4 + 3
     make = lambda r: ints(r, n, torch.float64)  # noqa: E731
-    out = allreduce_everywhere(cluster4, range(4), make, tag, op=op)
+    out = allreduce_everywhere(cluster4, range(4), make, tag, op=op, shards=1 if op == ReduceOp.MAX else 4)
     want = expected(op, [make(r) for r in range(4)])
     for r in range(4):
         assert torch.equal(out[r], want), r
-    # Inputs are deleted when it returns; the result once everyone has it.
+    # Inputs are deleted when it returns; the reduced pieces once everyone has them.
     with pytest.raises(hop.ObjectDeletedError):
-        hop.get(f"{tag}/in/0", timeout=5).wait()
+        hop.get(f"{tag}/in/0/0", timeout=5).wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            hop.get(f"{tag}/out/0", timeout=1).wait()
+        except hop.ObjectDeletedError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the reduced pieces were not deleted")
+
+
+@pytest.mark.parametrize("shards", [1, 3, 9])
+def test_allreduce_shapes_and_shard_counts(cluster4, shards):
+    tag = uid(f"shards{shards}")
+    make = lambda r: ints(r, 5 * 7, torch.int64).reshape(5, 7).t()  # noqa: E731  (non-contiguous)
+    out = allreduce_everywhere(cluster4, range(4), make, tag, shards=shards)
+    want = sum(make(r) for r in range(4))
+    for r in range(4):
+        assert out[r].shape == (7, 5) and torch.equal(out[r], want)
+    tiny = allreduce_everywhere(cluster4, range(4), lambda r: torch.tensor([r + 1.0]), f"{tag}-tiny", shards=shards)
+    assert all(torch.equal(t, torch.tensor([10.0])) for t in tiny.values())
 
 
 def test_allreduce_in_a_dynamic_subgroup_while_others_do_something_else(cluster4):

@@ -151,17 +151,22 @@ def allreduce(
     *,
     group: Optional[Iterable[int]] = None,
     op: Union[ReduceOp, str, "dist.ReduceOp.RedOpType"] = ReduceOp.SUM,
+    shards: int = 1,
     degree: Optional[int] = None,
     timeout: Optional[float] = None,
 ) -> torch.Tensor:
     """Reduces `tensor` over the ranks of `group` (default: all) and returns the
-    result on each of them; every member calls it with the same `id`.
+    result, a new tensor, on each of them; every member calls it with the same `id`.
 
-    The group is chosen per call, not set up in advance. The lowest rank of the
-    group starts a streaming reduce whose result every member fetches while it
-    is computed, so the broadcast of the first chunks overlaps the reduce. The
-    objects it creates (``id`` and ids starting with ``id``) are deleted once
-    every member has the result.
+    The group is chosen per call, not set up in advance. The tensor is split into
+    `shards` pieces (default 1). Member ``j % len(group)`` reduces piece ``j``
+    of every member's tensor with a streaming reduce rooted at itself, and every
+    member fetches every reduced piece while it is computed, so the broadcast of
+    the first chunks overlaps the reduce. With one piece each process receives
+    twice the tensor; with one piece per member, 2(N-1)/N of it, as in a ring
+    allreduce, but over many more concurrent streams (on the emulated 1 Gbit/s
+    cluster that was not faster; see benchmarks/README.md). The objects it
+    creates (ids starting with `id`) are deleted once every member has the result.
     """
     rt = api._rt()
     members = sorted(set(range(rt.world_size) if group is None else group))
@@ -169,32 +174,49 @@ def allreduce(
         raise ValueError(f"rank {rt.rank} called allreduce {id!r} but is not in its group {members}")
     if members[0] < 0 or members[-1] >= rt.world_size:
         raise ValueError(f"allreduce group {members} has ranks outside [0, {rt.world_size})")
+    if not isinstance(shards, int) or shards < 1:
+        raise ValueError(f"shards must be a positive int, got {shards!r}")
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"allreduce expects a torch.Tensor, got {type(tensor).__name__}")
+    n, me = len(members), members.index(rt.rank)
+    flat = tensor.detach().contiguous().view(-1)
+    pieces = flat.tensor_split(max(1, min(shards, flat.numel())))
     key = id_bytes(id)
-    inputs = [key + b"/in/%d" % r for r in members]
-    marker = key + b"/done/%d"
-    mine = inputs[members.index(rt.rank)]
-    api.put(tensor, mine, timeout=timeout)
-    coordinator = members[0]
-    if rt.rank == coordinator:
-        reduce(inputs, op, id=key, degree=degree, timeout=timeout)
-    out = api.get(key, timeout=timeout).wait()
-    api.delete(mine, timeout=timeout)  # the result is complete, so every input was consumed
-    if rt.rank != coordinator:
-        api.put(torch.zeros((), dtype=torch.uint8), marker % rt.rank, timeout=timeout)
-    else:
-        others = [marker % r for r in members[1:]]
-        pending = torch.futures.collect_all([api.get(m, timeout=timeout) for m in others])
-        pending.then(lambda _: _cleanup(key, others))
-    return out
+    inputs = [[key + b"/in/%d/%d" % (m, j) for m in range(n)] for j in range(len(pieces))]
+    outputs = [key + b"/out/%d" % j for j in range(len(pieces))]
+    # No copies: `tensor` cannot change before this call returns, and by then
+    # every piece is consumed and deleted.
+    for j, piece in enumerate(pieces):
+        api.put(piece, inputs[j][me], timeout=timeout, copy=False)
+    for j in range(me, len(pieces), n):
+        reduce(inputs[j], op, id=outputs[j], degree=degree, timeout=timeout)
+    futures = [api.get(out, timeout=timeout, copy=False) for out in outputs]
+    result = torch.empty_like(flat)
+    for piece, future in zip(result.tensor_split(len(pieces)), futures):
+        piece.copy_(future.wait())
+    for j in range(len(pieces)):  # every piece is reduced, so every input was consumed
+        api.delete(inputs[j][me], timeout=timeout)
+    _release_when_all_done(key, members, me, [outputs[j] for j in range(me, len(pieces), n)], timeout)
+    return result.view(tensor.shape)
 
 
-def _cleanup(result: bytes, markers: list[bytes]) -> None:
-    """Deletes an allreduce's objects once every member has its result (runs on
-    the node's completion thread)."""
-    for obj in (result, *markers):
+def _release_when_all_done(key: bytes, members: list[int], me: int, owned: list[bytes],
+                           timeout: Optional[float]) -> None:
+    """Deletes the reduced pieces this member computed once every member has
+    them, without waiting here: each member leaves a marker, and deletes its
+    own after seeing everyone else's (a marker already deleted counts as seen)."""
+    markers = [key + b"/done/%d" % m for m in range(len(members))]
+    api.put(torch.zeros((), dtype=torch.uint8), markers[me], timeout=timeout)
+    others = [api.get(m, timeout=timeout) for i, m in enumerate(markers) if i != me]
+    torch.futures.collect_all(others).then(lambda _: _delete_all([*owned, markers[me]]))
+
+
+def _delete_all(ids: list[bytes]) -> None:
+    """Runs on the node's completion thread; failures only mean nothing is left to free."""
+    for obj in ids:
         try:
             api.delete(obj)
-        except Exception as e:  # noqa: BLE001  (shutdown or a vanished peer: nothing left to free)
+        except Exception as e:  # noqa: BLE001
             _log.debug("allreduce cleanup of %r: %s", obj, e)
 
 

@@ -415,6 +415,7 @@ void Node::finishPull(uint64_t request) {
   int sender = it->second.rank;
   pulls_.erase(it);
   counters_.pullsCompleted++;
+  HLOG(kDebug, "pull of %s from rank %d done at %.3f s (steady clock)", printableId(obj->id()).c_str(), sender, now());
   // This node now holds a complete copy, and its sender is free for others.
   send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete, sender});
 }

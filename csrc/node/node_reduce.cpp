@@ -249,6 +249,8 @@ void Node::finishReduce(uint64_t key) {
   if (c->timer) loop_.cancelTimer(c->timer);
   for (uint64_t request : c->lookups) pending_.erase(request);
   c->plan->planSeconds = now() - c->started;
+  HLOG(kDebug, "reduce into %s: called at %.3f s, every task started %.3f s later (degree %d)",
+       printableId(c->request.resultId).c_str(), c->started, c->plan->planSeconds, c->plan->tree.degree);
   c->done(Status());
 }
 
@@ -310,6 +312,7 @@ void Node::handleReduceTask(Connection& conn, const wire::ReduceTask& msg) {
   auto t = std::make_unique<ReduceTaskState>();
   t->msg = msg;
   t->coordinator = sharedConnection(conn);
+  t->started = now();
   ReduceTaskState& task = *t;
   tasks_[taskId] = std::move(t);
   counters_.reduceTasks++;
@@ -449,6 +452,8 @@ void Node::finishTask(uint64_t taskId) {
   tasks_.erase(it);
   for (auto& [obj, listener] : task->listeners) obj->removeListener(listener);
   const std::string& out = task->msg.outputId;
+  HLOG(kDebug, "reduce task for %s (%zu children) ran %.3f to %.3f s (steady clock)", printableId(out).c_str(),
+       task->msg.childIds.size(), task->started, now());
   send(shardOf(out), wire::HolderUpdate{out, config_.rank, wire::HolderState::kComplete, -1});
   // The children's partial results are consumed: drop them everywhere.
   for (const auto& child : task->msg.childIds) deleteEverywhere(child);

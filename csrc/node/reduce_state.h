@@ -51,6 +51,7 @@ struct Node::ReduceTaskState {
   uint64_t reduced = 0;
   bool busy = false;
   bool registered = false;  // the output is in the directory
+  double started = 0;       // steady clock, for the debug log
 };
 
 }  // namespace hoplite

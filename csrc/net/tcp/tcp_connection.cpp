@@ -58,7 +58,13 @@ void TcpConnection::sendControl(wire::MsgType type, std::string payload) {
   wire::encodeHeader(out.head, type, payload.size());
   out.headSize = wire::kHeaderSize;
   out.owned = std::move(payload);
-  outq_.push_back(std::move(out));
+  // Control frames overtake queued data frames (at frame boundaries: after the
+  // frame on the wire and after earlier control frames), so a request or an
+  // answer never waits behind megabytes of someone else's transfer.
+  auto at = outq_.begin();
+  if (at != outq_.end() && at->sent > 0) ++at;
+  while (at != outq_.end() && at->data == nullptr) ++at;
+  outq_.insert(at, std::move(out));
   if (!connecting_) flush();
 }
 

@@ -1,5 +1,6 @@
 // A non-blocking TCP connection driven by the event loop: a write queue of
-// frames sent with writev straight from their buffers, and a read state machine
+// frames sent with writev straight from their buffers (control frames ahead of
+// data frames not yet started), and a read state machine
 // that receives data-frame payloads straight into the destination buffer.
 #pragma once
 
