@@ -15,7 +15,9 @@ What each system runs per op (every rank holds an integer-valued tensor):
              gloo: dist.gather to rank 0.
 "hoplite-zero-copy" puts and gets with copy=False (broadcast, reduce, gather);
 "hoplite-sharded" is allreduce(shards=N): N reduces of 1/N each, one rooted at
-every rank, then every rank gets every piece.
+every rank, then every rank gets every piece. Reduce-tree ablation: "hoplite-d1"
+(chain), "hoplite-d2" (binary), "hoplite-dn" (flat: one node receives from all)
+force the degree that the cost model otherwise picks ("hoplite").
 All systems run in the same processes, interleaved trial by trial; time = from
 the common start to the slowest participant's end (one monotonic clock per
 host; on the emulated cluster the namespaces share the host's clock). Per point:
@@ -43,9 +45,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 OPS = ["broadcast", "reduce", "allreduce", "gather"]
-SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-sharded", "gloo"]
+SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-sharded", "hoplite-d1", "hoplite-d2", "hoplite-dn", "gloo"]
 DEFAULT_SYSTEMS = "hoplite,gloo"
-ONLY_FOR = {"hoplite-zero-copy": {"broadcast", "reduce", "gather"}, "hoplite-sharded": {"allreduce"}}
+ONLY_FOR = {
+    "hoplite-zero-copy": {"broadcast", "reduce", "gather"},
+    "hoplite-sharded": {"allreduce"},
+    "hoplite-d1": {"reduce"},
+    "hoplite-d2": {"reduce"},
+    "hoplite-dn": {"reduce"},
+}
 
 
 def expected(op: str, world: int, x: torch.Tensor) -> torch.Tensor:
@@ -85,7 +93,8 @@ def run_op(op: str, system: str, rank: int, world: int, x: torch.Tensor, buf: to
         return None
     ids = [f"{tag}/{r}" for r in range(world)]
     if op == "reduce":
-        result, _ = hop.reduce(ids, id=tag)
+        degree = {"hoplite-d1": 1, "hoplite-d2": 2, "hoplite-dn": world - 1}.get(system)
+        result, _ = hop.reduce(ids, id=tag, degree=degree)
         return hop.get(result, copy=copy).wait()
     return hop.gather(ids) if copy else [hop.get(i, copy=False).wait() for i in ids]
 

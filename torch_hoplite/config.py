@@ -14,13 +14,13 @@ HOPLITE_STORE_CAPACITY         bytes of object copies this node keeps      half 
                      _bytes
 HOPLITE_INLINE_THRESHOLD       objects up to this size live in the         64KiB
                      inline_threshold_bytes  directory (one-round-trip gets)
-HOPLITE_POOL_CACHE   pool      freed buffer memory kept for reuse          capacity
+HOPLITE_POOL_CACHE   pool      freed buffer memory kept for reuse          RAM/16
                      _cache_bytes
-HOPLITE_TIMEOUT      timeout   default timeout of put/get/delete, seconds  300
+HOPLITE_TIMEOUT      timeout   default timeout of every operation, s       300
 HOPLITE_CONNECT_TIMEOUT        retrying connects to a peer, and waiting    30
                                for a new connection's hello, s
                      connect_timeout
-HOPLITE_COPY_THREADS           threads for memory copies                   2
+HOPLITE_COPY_THREADS           threads for memory copies and reduce steps  2
                      copy_threads
 HOPLITE_SOCKET_BUFFER          SO_SNDBUF/SO_RCVBUF bytes (0: autotune)     0
                      socket_buffer_bytes
@@ -113,7 +113,8 @@ class Config:
                 value = parse_size(value, field)
             setattr(cfg, field, value)
         if cfg.pool_cache_bytes is None:
-            cfg.pool_cache_bytes = cfg.capacity_bytes
+            # Every process on a host keeps its own cache: stay well below RAM even with several.
+            cfg.pool_cache_bytes = min(cfg.capacity_bytes, _total_memory() // 16)
         cfg.validate()
         return cfg
 

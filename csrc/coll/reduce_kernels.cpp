@@ -76,7 +76,8 @@ namespace avx2 {
 #pragma GCC pop_options
 
 bool haveAvx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  static const bool yes =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
   return yes;
 }
 

@@ -1,5 +1,7 @@
 #include "directory/directory_shard.h"
 
+#include <tuple>
+
 namespace hoplite {
 namespace {
 constexpr size_t kMaxRememberedDeletes = 1u << 20;
@@ -26,7 +28,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
   }
   DirectoryEntry& entry = entries_[msg.id];
   entry.meta = msg.meta;
-  entry.holders[msg.holder] = Holder{msg.complete, 0};
+  entry.holders[msg.holder] = Holder{msg.complete, 0, true};
   entry.hasInline = msg.hasInline;
   entry.inlineData = msg.inlineData;
 
@@ -80,7 +82,7 @@ int DirectoryShard::assignSender(DirectoryEntry& entry, int asker) {
 
 int DirectoryShard::anyHolder(const DirectoryEntry& entry) {
   int best = -1;
-  auto rank = [](const Holder& h) { return std::make_pair(h.complete ? 0 : 1, h.serving); };
+  auto rank = [](const Holder& h) { return std::make_tuple(h.complete ? 0 : 1, h.origin ? 0 : 1, h.serving); };
   for (const auto& [r, h] : entry.holders) {
     if (best < 0 || rank(h) < rank(entry.holders.at(best))) best = r;
   }

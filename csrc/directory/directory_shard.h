@@ -21,7 +21,8 @@ namespace hoplite {
 
 struct Holder {
   bool complete = false;
-  int serving = 0;  // receivers this holder was assigned and has not been released from
+  int serving = 0;      // receivers this holder was assigned and has not been released from
+  bool origin = false;  // registered the object (its source, unlike receivers still pulling)
 };
 
 struct DirectoryEntry {
@@ -46,8 +47,8 @@ class DirectoryShard {
   // Answers at once if the object exists or was deleted, else when it is
   // registered or after `timeoutSeconds`. For an object that is not inline,
   // the answer assigns `asker` a sender and lists the asker as a partial holder.
-  // With `locate`, the answer only names a holder (complete ones first) and
-  // changes nothing.
+  // With `locate`, the answer only names a holder (complete ones first, then
+  // the origin) and changes nothing.
   void lookup(const std::string& id, int asker, bool locate, double timeoutSeconds, LookupCallback reply);
   // Forgets the object, remembers the id as deleted, and returns who held copies.
   Status remove(const std::string& id, std::vector<int>* holders);

@@ -204,11 +204,13 @@ class Node : public ConnectionObserver {
   // Fixes the tree on the first input and checks each input against it;
   // false when the reduce failed.
   bool planInput(uint64_t key, const ReduceInput& input);
-  void launchInput(uint64_t key, const ReduceInput& input);
+  // Sends the input's task; false when that failed the reduce.
+  bool launchInput(uint64_t key, const ReduceInput& input);
   void failReduce(uint64_t key, const Status& why);
   void finishReduce(uint64_t key);
   void handleReduceTask(Connection& conn, const wire::ReduceTask& msg);
   void startTask(uint64_t task, std::shared_ptr<LocalObject> input);
+  void startTaskInputs(uint64_t task);
   void answerTask(ReduceTaskState& task, const Status& status);
   void watchTaskObject(uint64_t task, const std::shared_ptr<LocalObject>& obj);
   void progressTask(uint64_t task);

@@ -228,6 +228,10 @@ void Node::startGet(uint64_t token) {
 }
 
 void Node::fetch(const std::string& id, double timeoutSeconds, FetchCallback done) {
+  if (shuttingDown_) {
+    done(Status(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " is shut down"), nullptr, -1);
+    return;
+  }
   if (auto obj = store_->find(id)) {
     counters_.localGets++;
     done(Status(), obj, -1);

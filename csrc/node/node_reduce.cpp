@@ -24,6 +24,8 @@ constexpr uint64_t kMaxStep = 2u << 20;
 constexpr uint64_t kLoopStep = 512u << 10;
 constexpr uint64_t kProbeBytes = 1u << 20;
 constexpr double kLinkMaxAge = 60.0;
+constexpr double kProbeTimeout = 2.0;
+constexpr int kProbeRounds = 3;
 // Used when there is no peer to probe, or a probe fails: a 10 Gbit/s LAN.
 constexpr LinkEstimate kDefaultLink{50e-6, 1.25e9};
 
@@ -102,15 +104,20 @@ void Node::startReduce(uint64_t key) {
                                                (missing.empty() ? std::string() : "; still missing " + missing)));
   });
   const uint64_t timeoutMs = static_cast<uint64_t>(c.request.timeoutSeconds * 1000) + 1;
-  for (size_t i = 0; i < c.request.inputIds.size(); ++i) {
-    const std::string& id = c.request.inputIds[i];
+  const std::vector<std::string> ids = c.request.inputIds;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    // A send to a failed peer fails the reduce at once: look it up again each time.
+    auto it = reduces_.find(key);
+    if (it == reduces_.end()) return;
     uint64_t request = newRequest();
-    c.lookups.push_back(request);
-    pending_[request] = Pending{shardOf(id), nullptr, [this, key, i](const Status& s, const wire::LookupReply* reply) {
+    it->second->lookups.push_back(request);
+    pending_[request] = Pending{shardOf(ids[i]), nullptr,
+                                [this, key, i](const Status& s, const wire::LookupReply* reply) {
                                   onReduceInput(key, static_cast<int>(i), s, reply);
                                 }};
-    send(shardOf(id), wire::Lookup{request, id, timeoutMs, /*locate=*/true});
+    send(shardOf(ids[i]), wire::Lookup{request, ids[i], timeoutMs, /*locate=*/true});
   }
+  if (!reduces_.count(key)) return;
   withLinkEstimate([this, key] {
     auto it = reduces_.find(key);
     if (it == reduces_.end()) return;
@@ -153,7 +160,7 @@ void Node::launchReadyInputs(uint64_t key) {
     if (c.planned && c.launched == c.plan->tree.root && c.reserved) {
       auto reserved = std::move(*c.reserved);
       c.reserved.reset();
-      launchInput(key, reserved);
+      if (!launchInput(key, reserved)) return;
       continue;
     }
     if (c.ready.empty()) break;
@@ -164,7 +171,7 @@ void Node::launchReadyInputs(uint64_t key) {
       c.reserved = std::move(ready);
       continue;
     }
-    launchInput(key, ready);
+    if (!launchInput(key, ready)) return;
   }
   if (c.launched == k) {
     // The choice is made: later arrivals are not used.
@@ -210,7 +217,7 @@ bool Node::planInput(uint64_t key, const ReduceInput& ready) {
   return true;
 }
 
-void Node::launchInput(uint64_t key, const ReduceInput& ready) {
+bool Node::launchInput(uint64_t key, const ReduceInput& ready) {
   ReduceCoordination& c = *reduces_.at(key);
   const int k = c.request.count;
   const int position = c.launched++;
@@ -227,11 +234,18 @@ void Node::launchInput(uint64_t key, const ReduceInput& ready) {
   task.count = static_cast<uint32_t>(k);
   task.root = position == tree.root;
   task.timeoutMs = static_cast<uint64_t>(c.request.timeoutSeconds * 1000) + 1;
+  std::string payload = wire::encode(task);
+  if (payload.size() > limits_.maxControl) {
+    failReduce(key, Status(Code::kInvalidArgument, "reduce into " + printableId(c.request.resultId) + ": degree " +
+                                                       std::to_string(tree.degree) +
+                                                       " makes a tree node's list of children too long to send"));
+    return false;
+  }
   const int holder = ready.reply.sender;
   c.plan->used.push_back(ready.index);
   c.plan->holders.push_back(holder);
   if (std::find(c.taskRanks.begin(), c.taskRanks.end(), holder) == c.taskRanks.end()) c.taskRanks.push_back(holder);
-  requestStatus(holder, wire::MsgType::kReduceTask, wire::encode(task), task.request, [this, key](const Status& s) {
+  requestStatus(holder, wire::MsgType::kReduceTask, std::move(payload), task.request, [this, key](const Status& s) {
     auto it = reduces_.find(key);
     if (it == reduces_.end()) return;
     if (!s.ok()) {
@@ -240,6 +254,7 @@ void Node::launchInput(uint64_t key, const ReduceInput& ready) {
     }
     if (++it->second->startedTasks == it->second->request.count) finishReduce(key);
   });
+  return reduces_.count(key) > 0;  // a send to a failed peer fails the reduce at once
 }
 
 void Node::finishReduce(uint64_t key) {
@@ -262,6 +277,11 @@ void Node::failReduce(uint64_t key, const Status& why) {
   if (c->timer) loop_.cancelTimer(c->timer);
   for (uint64_t request : c->lookups) pending_.erase(request);
   for (int rank : c->taskRanks) send(rank, wire::ReduceAbort{0, c->request.resultId});
+  // Tasks that already finished (leaves) are out of the abort's reach: their
+  // outputs are freed here. Outputs still being registered are freed by their task.
+  for (int p = 0; p < c->launched; ++p) {
+    if (p != c->plan->tree.root) deleteEverywhere(c->partialPrefix + std::to_string(p));
+  }
   c->done(why);
 }
 
@@ -277,7 +297,16 @@ void Node::withLinkEstimate(std::function<void()> then) {
   linkWaiters_.push_back(std::move(then));
   if (linkWaiters_.size() > 1) return;  // a probe is already out
   const int peer = (config_.rank + 1) % config_.worldSize;
-  auto finish = [this](bool measured, LinkEstimate link) {
+  // Settled once: by the probes, or by the timer when the peer is slow to answer.
+  struct Round {
+    bool settled = false;
+    EventLoop::TimerId timer = 0;
+  };
+  auto round = std::make_shared<Round>();
+  auto finish = [this, round](bool measured, LinkEstimate link) {
+    if (round->settled) return;
+    round->settled = true;
+    if (round->timer) loop_.cancelTimer(round->timer);
     link_ = measured ? link : kDefaultLink;
     linkMeasured_ = measured;
     linkMeasuredAt_ = now();
@@ -285,24 +314,47 @@ void Node::withLinkEstimate(std::function<void()> then) {
     linkWaiters_.clear();
     for (auto& w : waiters) w();
   };
-  // A small probe gives the round trip; a 1 MiB one adds the time to move 1 MiB.
-  auto probe = [this, peer](uint64_t bytes, std::function<void(const Status&, double)> done) {
+  // Small probes give the round trip; 1 MiB ones add the time to move 1 MiB.
+  // Alternating rounds, keeping the fastest of each kind, filter out moments
+  // when other traffic delayed a probe.
+  struct Samples {
+    int next = 0;
+    double small = 1e9, big = 1e9;
+  };
+  auto samples = std::make_shared<Samples>();
+  auto step = std::make_shared<std::function<void()>>();
+  *step = [this, peer, round, samples, step, finish]() {
+    if (samples->next == 2 * kProbeRounds) {
+      loop_.post([step] { *step = nullptr; });  // breaks the self-reference, once this call is over
+      const double moved = samples->big - samples->small;
+      if (moved <= samples->small * 0.05) return finish(false, {});  // no measurable transfer time
+      LinkEstimate link;
+      link.latencySeconds = samples->small / 2;
+      link.bytesPerSecond = static_cast<double>(kProbeBytes) / moved;
+      return finish(true, link);
+    }
+    const bool big = samples->next++ % 2 == 1;
     counters_.probes++;
     uint64_t request = newRequest();
-    double start = now();
-    requestStatus(peer, wire::MsgType::kProbe, wire::encode(wire::Probe{request, std::string(bytes, '\0')}), request,
-                  [this, start, done](const Status& s) { done(s, now() - start); });
+    const double start = now();
+    requestStatus(peer, wire::MsgType::kProbe, wire::encode(wire::Probe{request, std::string(big ? kProbeBytes : 0, '\0')}),
+                  request, [this, round, samples, step, finish, start, big](const Status& s) {
+                    if (round->settled) return;  // by the timer
+                    if (!s.ok()) {
+                      loop_.post([step] { *step = nullptr; });  // may be answered inside (*step)()
+                      return finish(false, {});
+                    }
+                    double& best = big ? samples->big : samples->small;
+                    best = std::min(best, now() - start);
+                    (*step)();
+                  });
   };
-  probe(0, [this, probe, finish](const Status& s, double small) {
-    if (!s.ok()) return finish(false, {});
-    probe(kProbeBytes, [small, finish](const Status& s, double big) {
-      if (!s.ok()) return finish(false, {});
-      LinkEstimate link;
-      link.latencySeconds = small / 2;
-      link.bytesPerSecond = static_cast<double>(kProbeBytes) / std::max(big - small, 1e-6);
-      finish(true, link);
-    });
+  round->timer = loop_.addTimer(kProbeTimeout, [round, finish, step] {
+    round->timer = 0;
+    *step = nullptr;
+    finish(false, {});
   });
+  (*step)();
 }
 
 // ---------------------------------------------------------------- tasks
@@ -340,7 +392,7 @@ void Node::startTask(uint64_t taskId, std::shared_ptr<LocalObject> input) {
   // A leaf's output is its input: share the buffer instead of copying it.
   task.alias = msg.childIds.empty();
   Status s = store_->create(msg.outputId, msg.meta, /*primary=*/true, &task.output,
-                            task.alias ? input->buffer() : nullptr);
+                            task.alias ? input->buffer() : nullptr, /*sharedWithStored=*/task.alias);
   if (!s.ok()) return failTask(taskId, s);
   serveParkedPulls(task.output);
   task.children.assign(msg.childIds.size(), nullptr);
@@ -351,27 +403,35 @@ void Node::startTask(uint64_t taskId, std::shared_ptr<LocalObject> input) {
   reg.holder = config_.rank;
   reg.complete = false;
   requestStatus(shardOf(msg.outputId), wire::MsgType::kRegister, wire::encode(reg), reg.request,
-                [this, taskId](const Status& s) {
+                [this, taskId, outputId = msg.outputId](const Status& s) {
                   auto it = tasks_.find(taskId);
-                  if (it == tasks_.end()) return;
-                  ReduceTaskState& task = *it->second;
-                  if (!s.ok()) return failTask(taskId, s);
-                  task.registered = true;
-                  answerTask(task, Status());
-                  watchTaskObject(taskId, task.input);
-                  const double timeout = static_cast<double>(task.msg.timeoutMs) / 1000.0;
-                  for (size_t i = 0; i < task.msg.childIds.size(); ++i) {
-                    fetch(task.msg.childIds[i], timeout,
-                          [this, taskId, i](const Status& s, std::shared_ptr<LocalObject> child, int) {
-                            auto it = tasks_.find(taskId);
-                            if (it == tasks_.end()) return;
-                            if (!s.ok()) return failTask(taskId, s);
-                            it->second->children[i] = child;
-                            watchTaskObject(taskId, child);
-                          });
+                  if (it == tasks_.end()) {
+                    if (s.ok()) deleteEverywhere(outputId);  // aborted meanwhile: free the id
+                    return;
                   }
-                  progressTask(taskId);
+                  if (!s.ok()) return failTask(taskId, s);
+                  it->second->registered = true;
+                  answerTask(*it->second, Status());
+                  startTaskInputs(taskId);
                 });
+}
+
+// Watches the input and fetches the children; any of these may end the task
+// at once (a complete leaf, a failed fetch), so the task is looked up each time.
+void Node::startTaskInputs(uint64_t taskId) {
+  const ReduceTaskState& task = *tasks_.at(taskId);
+  const std::vector<std::string> childIds = task.msg.childIds;
+  const double timeout = static_cast<double>(task.msg.timeoutMs) / 1000.0;
+  watchTaskObject(taskId, task.input);
+  for (size_t i = 0; i < childIds.size() && tasks_.count(taskId); ++i) {
+    fetch(childIds[i], timeout, [this, taskId, i](const Status& s, std::shared_ptr<LocalObject> child, int) {
+      auto it = tasks_.find(taskId);
+      if (it == tasks_.end()) return;
+      if (!s.ok()) return failTask(taskId, s);
+      it->second->children[i] = child;
+      watchTaskObject(taskId, child);
+    });
+  }
 }
 
 void Node::answerTask(ReduceTaskState& task, const Status& status) {
@@ -383,7 +443,9 @@ void Node::answerTask(ReduceTaskState& task, const Status& status) {
 }
 
 void Node::watchTaskObject(uint64_t taskId, const std::shared_ptr<LocalObject>& obj) {
-  ReduceTaskState& task = *tasks_.at(taskId);
+  auto it = tasks_.find(taskId);
+  if (it == tasks_.end()) return;
+  ReduceTaskState& task = *it->second;
   task.listeners.emplace_back(obj, obj->addListener([this, taskId] { progressTask(taskId); }));
   progressTask(taskId);
 }
@@ -448,6 +510,7 @@ void Node::progressTask(uint64_t taskId) {
 
 void Node::finishTask(uint64_t taskId) {
   auto it = tasks_.find(taskId);
+  if (it == tasks_.end()) return;
   auto task = std::move(it->second);
   tasks_.erase(it);
   for (auto& [obj, listener] : task->listeners) obj->removeListener(listener);

@@ -21,16 +21,16 @@ bool ObjectStore::makeRoom(uint64_t bytes, std::vector<std::string>* evicted) {
   // Evict only if that makes enough room.
   uint64_t freeable = 0;
   for (const auto& [id, entry] : objects_) {
-    if (evictable(entry.object)) freeable += entry.object->size();
+    if (evictable(entry.object)) freeable += entry.charged;
   }
   if (bytes > capacity_ || used_ - freeable + bytes > capacity_) return false;
   // Walk from the least recently used end.
   auto it = lru_.end();
   while (used_ + bytes > capacity_ && it != lru_.begin()) {
     --it;
-    const auto& obj = objects_.at(*it).object;
-    if (!evictable(obj)) continue;
-    used_ -= obj->size();
+    const Entry& entry = objects_.at(*it);
+    if (!evictable(entry.object)) continue;
+    used_ -= entry.charged;
     evicted->push_back(*it);
     std::string id = *it;
     it = lru_.erase(it);
@@ -40,20 +40,22 @@ bool ObjectStore::makeRoom(uint64_t bytes, std::vector<std::string>* evicted) {
 }
 
 Status ObjectStore::create(const std::string& id, const ObjectMeta& meta, bool primary,
-                           std::shared_ptr<LocalObject>* out, std::shared_ptr<Buffer> borrowed) {
+                           std::shared_ptr<LocalObject>* out, std::shared_ptr<Buffer> borrowed,
+                           bool sharedWithStored) {
+  const uint64_t charge = sharedWithStored && borrowed ? 0 : meta.nbytes;
   std::vector<std::string> evicted;
   Status status;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (objects_.count(id)) {
       status = Status(Code::kAlreadyExists, "object " + printableId(id) + " already exists on this node");
-    } else if (!makeRoom(meta.nbytes, &evicted)) {
+    } else if (!makeRoom(charge, &evicted)) {
       status = Status(Code::kCapacity, "no room for object " + printableId(id) + " of " +
                                            std::to_string(meta.nbytes) + " bytes: store holds " +
                                            std::to_string(used_) + " of " + std::to_string(capacity_) +
                                            " bytes in copies that cannot be evicted");
     } else {
-      used_ += meta.nbytes;  // reserved; the buffer is mapped outside the lock
+      used_ += charge;  // reserved; the buffer is mapped outside the lock
     }
   }
   for (const auto& e : evicted) onEvict_(e);
@@ -64,18 +66,18 @@ Status ObjectStore::create(const std::string& id, const ObjectMeta& meta, bool p
     if (!buffer) buffer = pool_->allocate(meta.nbytes);
   } catch (const std::bad_alloc&) {
     std::lock_guard<std::mutex> lock(mutex_);
-    used_ -= meta.nbytes;
+    used_ -= charge;
     return Status(Code::kCapacity, "out of memory allocating " + std::to_string(meta.nbytes) + " bytes for object " +
                                        printableId(id));
   }
   auto obj = std::make_shared<LocalObject>(id, meta, std::move(buffer), primary);
   std::lock_guard<std::mutex> lock(mutex_);
   if (objects_.count(id)) {  // lost a race with another creator of the same id
-    used_ -= meta.nbytes;
+    used_ -= charge;
     return Status(Code::kAlreadyExists, "object " + printableId(id) + " already exists on this node");
   }
   lru_.push_front(id);
-  objects_.emplace(id, Entry{obj, lru_.begin()});
+  objects_.emplace(id, Entry{obj, lru_.begin(), charge});
   *out = std::move(obj);
   return Status();
 }
@@ -93,9 +95,9 @@ std::shared_ptr<LocalObject> ObjectStore::remove(const std::string& id) {
   auto it = objects_.find(id);
   if (it == objects_.end()) return nullptr;
   auto obj = std::move(it->second.object);
+  used_ -= it->second.charged;
   lru_.erase(it->second.lru);
   objects_.erase(it);
-  used_ -= obj->size();
   return obj;
 }
 

@@ -24,9 +24,10 @@ class ObjectStore {
 
   // Reserves room (evicting if needed) and allocates the buffer, or adopts
   // `borrowed` memory. Fails with kAlreadyExists if the id is present, kCapacity
-  // if no room can be made.
+  // if no room can be made. `sharedWithStored`: the borrowed buffer is another
+  // stored object's, already counted against the capacity.
   Status create(const std::string& id, const ObjectMeta& meta, bool primary, std::shared_ptr<LocalObject>* out,
-                std::shared_ptr<Buffer> borrowed = nullptr);
+                std::shared_ptr<Buffer> borrowed = nullptr, bool sharedWithStored = false);
   std::shared_ptr<LocalObject> find(const std::string& id);  // marks it recently used
   std::shared_ptr<LocalObject> remove(const std::string& id);
 
@@ -38,6 +39,7 @@ class ObjectStore {
   struct Entry {
     std::shared_ptr<LocalObject> object;
     std::list<std::string>::iterator lru;
+    uint64_t charged;  // bytes counted in used_
   };
   bool makeRoom(uint64_t bytes, std::vector<std::string>* evicted);
 
