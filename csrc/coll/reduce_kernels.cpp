@@ -39,22 +39,25 @@ struct Prod {
   template <typename T>
   static T apply(T a, T b) { return wrapMul(a, b); }
 };
-// NaN wins, as in torch.minimum / torch.maximum.
+// MIN and MAX pick one of the two inputs, so they copy its stored bits (no
+// rounding back, which also keeps the half-precision loop vectorised). NaN
+// wins and ties go to the first, as in torch.minimum / torch.maximum: `a` when
+// it is NaN or not larger (smaller), else `b`, which is NaN when b is.
 struct Min {
   template <typename T>
-  static T apply(T a, T b) {
-    T r = b < a ? b : a;
-    if constexpr (std::is_floating_point_v<T>) r = (a != a || b != b) ? a + b : r;
-    return r;
+  static bool takeFirst(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) return a <= b || a != a;
+    return a <= b;
   }
+  static bool takeFirstKey(int32_t a, int32_t b, bool aNan, bool bNan) { return aNan || (!bNan && a <= b); }
 };
 struct Max {
   template <typename T>
-  static T apply(T a, T b) {
-    T r = b > a ? b : a;
-    if constexpr (std::is_floating_point_v<T>) r = (a != a || b != b) ? a + b : r;
-    return r;
+  static bool takeFirst(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) return a >= b || a != a;
+    return a >= b;
   }
+  static bool takeFirstKey(int32_t a, int32_t b, bool aNan, bool bNan) { return aNan || (!bNan && a >= b); }
 };
 // bool: SUM and MAX are "or", PROD and MIN are "and" (as gloo and NCCL do).
 struct Or {
@@ -168,7 +171,7 @@ Status reduceKernel(ReduceOp op, const std::string& dtype, ReduceKernel* out) {
   if (dtype == "float64") return plain<double>(op, Kind::kFloat, dtype, out);
   if (dtype == "complex64") return plain<std::complex<float>>(op, Kind::kComplex, dtype, out);
   if (dtype == "complex128") return plain<std::complex<double>>(op, Kind::kComplex, dtype, out);
-  if (dtype == "float16") return pick<_Float16, baseline::Half, avx2::Half>(op, Kind::kFloat, dtype, out);
+  if (dtype == "float16") return pick<uint16_t, baseline::Half, avx2::Half>(op, Kind::kFloat, dtype, out);
   if (dtype == "bfloat16") return pick<uint16_t, baseline::BFloat16, avx2::BFloat16>(op, Kind::kFloat, dtype, out);
   return Status(Code::kInvalidArgument,
                 std::string(reduceOpName(op)) + " is not supported for dtype " + dtype + " (no arithmetic for it)");

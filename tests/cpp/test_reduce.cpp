@@ -150,6 +150,12 @@ static void testKernels() {
   auto bs = run(ReduceOp::kSum, "bfloat16", b1, b2);
   CHECK(bs[0] == bf16(3.0f));
   CHECK(bs[1] == bf16(256.0f));  // 257 is not representable; ties to even gives 256
+  // Half MIN/MAX order by value (negatives, NaN winning), picking stored bits.
+  std::vector<uint16_t> ha{0xC000, 0x4200, 0x7E00, 0x3C00, 0x8000}, hb{0x3C00, 0xC400, 0x0000, 0x7E00, 0x0000};
+  auto hmin = run(ReduceOp::kMin, "float16", ha, hb);
+  CHECK((hmin == std::vector<uint16_t>{0xC000, 0xC400, 0x7E00, 0x7E00, 0x8000}));  // -0 == +0: the first, as torch
+  auto hmax = run(ReduceOp::kMax, "float16", ha, hb);
+  CHECK((hmax == std::vector<uint16_t>{0x3C00, 0x4200, 0x7E00, 0x7E00, 0x8000}));
   // AVG: SUM, then a division at the root.
   CHECK(reduceKernel(ReduceOp::kAvg, "float32", &k).ok() && k.divide != nullptr);
   std::vector<float> avg{3.0f, 9.0f};
