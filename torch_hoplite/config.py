@@ -20,6 +20,10 @@ HOPLITE_TIMEOUT      timeout   default timeout of every operation, s       300
 HOPLITE_CONNECT_TIMEOUT        retrying connects to a peer, and waiting    30
                                for a new connection's hello, s
                      connect_timeout
+HOPLITE_HEARTBEAT_INTERVAL     ping a peer that said nothing for this, s   1
+                     heartbeat_interval
+HOPLITE_HEARTBEAT_TIMEOUT      a peer that answers nothing for this long   10
+                     heartbeat_timeout  has failed, s
 HOPLITE_COPY_THREADS           threads for memory copies and reduce steps  2
                      copy_threads
 HOPLITE_SOCKET_BUFFER          SO_SNDBUF/SO_RCVBUF bytes (0: autotune)     0
@@ -75,6 +79,8 @@ class Config:
     pool_cache_bytes: Optional[int] = None
     timeout: float = 300.0
     connect_timeout: float = 30.0
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 10.0
     copy_threads: int = 2
     socket_buffer_bytes: int = 0
 
@@ -88,6 +94,8 @@ class Config:
         "pool_cache_bytes": ("HOPLITE_POOL_CACHE", parse_size),
         "timeout": ("HOPLITE_TIMEOUT", float),
         "connect_timeout": ("HOPLITE_CONNECT_TIMEOUT", float),
+        "heartbeat_interval": ("HOPLITE_HEARTBEAT_INTERVAL", float),
+        "heartbeat_timeout": ("HOPLITE_HEARTBEAT_TIMEOUT", float),
         "copy_threads": ("HOPLITE_COPY_THREADS", int),
         "socket_buffer_bytes": ("HOPLITE_SOCKET_BUFFER", parse_size),
     }
@@ -125,9 +133,14 @@ class Config:
             raise ValueError(f"chunk_bytes must be at most 64 MiB, got {self.chunk_bytes}")
         if self.inline_threshold_bytes > (16 << 20):
             raise ValueError(f"inline_threshold_bytes must be at most 16 MiB, got {self.inline_threshold_bytes}")
-        for name in ("timeout", "connect_timeout"):
+        for name in ("timeout", "connect_timeout", "heartbeat_interval", "heartbeat_timeout"):
             value = getattr(self, name)
             if not 0 < value <= MAX_TIMEOUT:
                 raise ValueError(f"{name} must be positive and at most {MAX_TIMEOUT:g} s, got {value}")
+        if self.heartbeat_timeout <= self.heartbeat_interval:
+            raise ValueError(
+                f"heartbeat_timeout ({self.heartbeat_timeout} s) must exceed heartbeat_interval "
+                f"({self.heartbeat_interval} s)"
+            )
         if self.copy_threads < 1:
             raise ValueError(f"copy_threads must be at least 1, got {self.copy_threads}")

@@ -37,6 +37,8 @@ class Runtime:
                 "inline_threshold_bytes": config.inline_threshold_bytes,
                 "pool_cache_bytes": config.pool_cache_bytes,
                 "connect_timeout": config.connect_timeout,
+                "heartbeat_interval": config.heartbeat_interval,
+                "heartbeat_timeout": config.heartbeat_timeout,
                 "copy_threads": config.copy_threads,
                 "socket_buffer_bytes": config.socket_buffer_bytes,
             }

@@ -35,6 +35,9 @@ Node::Node(NodeConfig config) : config_(std::move(config)) {
   if (config_.chunkBytes > kMaxDataFrame) {
     throw std::invalid_argument("chunk size must be at most " + std::to_string(kMaxDataFrame) + " bytes");
   }
+  if (!(config_.heartbeatIntervalSeconds > 0) || !(config_.heartbeatTimeoutSeconds > config_.heartbeatIntervalSeconds)) {
+    throw std::invalid_argument("heartbeat interval must be positive and shorter than the heartbeat timeout");
+  }
   setLogRank(config_.rank);
   reduceNonce_ = std::to_string(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32));
   limits_.maxControl = std::max<uint64_t>(config_.inlineThresholdBytes, 1u << 20) + (64u << 10);
@@ -62,6 +65,7 @@ Node::Node(NodeConfig config) : config_(std::move(config)) {
     incoming_[conn->id()] = std::move(conn);
   });
   loop_.start();
+  loop_.post([this] { checkHeartbeats(); });
 }
 
 Node::~Node() { shutdown(); }
@@ -238,7 +242,42 @@ void Node::handleHello(Connection& conn, const wire::Hello& msg) {
   conn.sendControl(wire::MsgType::kHelloAck, wire::encode(wire::HelloAck{config_.rank}));
 }
 
+void Node::heardFrom(Connection& conn) {
+  auto it = peers_.find(conn.peerRank());
+  if (it != peers_.end() && it->second.conn.get() == &conn) it->second.lastHeard = now();
+}
+
+void Node::checkHeartbeats() {
+  if (shuttingDown_) return;
+  const double t = now();
+  std::vector<int> silent, quiet;
+  for (const auto& [rank, peer] : peers_) {
+    if (!peer.ready || !peer.conn || !peer.conn->isOpen()) continue;
+    if (t - peer.lastHeard > config_.heartbeatTimeoutSeconds) {
+      silent.push_back(rank);
+    } else if (t - peer.lastHeard >= config_.heartbeatIntervalSeconds) {
+      quiet.push_back(rank);
+    }
+  }
+  // Acting may send to other peers (and so add entries): not while iterating.
+  for (int rank : silent) {
+    auto it = peers_.find(rank);
+    if (it == peers_.end() || !it->second.conn) continue;
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "it answered nothing for %.3g s (HOPLITE_HEARTBEAT_TIMEOUT)",
+                  config_.heartbeatTimeoutSeconds);
+    auto conn = it->second.conn;
+    conn->close(Status(Code::kPeerFailed, buf));  // onClosed fails everything waiting on it
+  }
+  for (int rank : quiet) {
+    uint64_t request = newRequest();
+    requestStatus(rank, wire::MsgType::kProbe, wire::encode(wire::Probe{request, ""}), request, [](const Status&) {});
+  }
+  loop_.addTimer(config_.heartbeatIntervalSeconds, [this] { checkHeartbeats(); });
+}
+
 void Node::onFrame(Connection& conn, wire::MsgType type, const uint8_t* payload, size_t size) {
+  heardFrom(conn);
   wire::Reader reader(payload, size);
   try {
     dispatch(conn, type, reader);
@@ -269,6 +308,7 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
       }
       Peer& peer = it->second;
       peer.ready = true;
+      peer.lastHeard = now();
       auto queued = std::move(peer.queued);
       peer.queued.clear();
       // A failed send closes the connection and fails the peer's requests.

@@ -44,6 +44,10 @@ struct NodeConfig {
   uint64_t inlineThresholdBytes = 64 * 1024;
   uint64_t poolCacheBytes = 1ull << 32;
   double connectTimeoutSeconds = 30;
+  // A peer this node talks to that has sent nothing for an interval is pinged;
+  // one that stays silent for the timeout (hung, stopped, cut off) has failed.
+  double heartbeatIntervalSeconds = 1;
+  double heartbeatTimeoutSeconds = 10;
   int copyThreads = 2;
   int socketBufferBytes = 0;
 };
@@ -127,6 +131,7 @@ class Node : public ConnectionObserver {
     double connectDeadline = 0;
     double backoff = 0.05;
     bool lost = false;  // was reachable once and failed since: no retrying
+    double lastHeard = 0;  // any frame on the connection, for heartbeats
 
   };
   int shardOf(const std::string& id) const;
@@ -138,6 +143,9 @@ class Node : public ConnectionObserver {
   }
   void connectPeer(int rank);
   void failPeer(int rank, const Status& why);
+  // Runs every heartbeat interval: pings quiet peers, fails silent ones.
+  void checkHeartbeats();
+  void heardFrom(Connection& conn);
   std::shared_ptr<Connection> sharedConnection(Connection& conn);
   void handleHello(Connection& conn, const wire::Hello& msg);
   void dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader);

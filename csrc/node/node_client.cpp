@@ -404,7 +404,8 @@ uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offs
   return pull.object->data() + offset;
 }
 
-void Node::onDataReceived(Connection&, uint64_t request, uint64_t end) {
+void Node::onDataReceived(Connection& conn, uint64_t request, uint64_t end) {
+  heardFrom(conn);
   auto it = pulls_.find(request);
   if (it == pulls_.end()) return;
   auto obj = it->second.object;

@@ -29,6 +29,8 @@ NodeConfig configFromDict(const py::dict& d) {
   c.inlineThresholdBytes = option<uint64_t>(d, "inline_threshold_bytes", c.inlineThresholdBytes);
   c.poolCacheBytes = option<uint64_t>(d, "pool_cache_bytes", c.poolCacheBytes);
   c.connectTimeoutSeconds = option<double>(d, "connect_timeout", c.connectTimeoutSeconds);
+  c.heartbeatIntervalSeconds = option<double>(d, "heartbeat_interval", c.heartbeatIntervalSeconds);
+  c.heartbeatTimeoutSeconds = option<double>(d, "heartbeat_timeout", c.heartbeatTimeoutSeconds);
   c.copyThreads = option<int>(d, "copy_threads", c.copyThreads);
   c.socketBufferBytes = option<int>(d, "socket_buffer_bytes", c.socketBufferBytes);
   return c;

@@ -1,0 +1,51 @@
+"""Failure detection by heartbeats: a peer that is alive at the TCP level but
+answers nothing (here: SIGSTOPped) is declared failed within the heartbeat
+timeout, and everything waiting on it fails with PeerFailedError instead of
+waiting for its own, much longer, timeout."""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+import torch_hoplite as hop
+import workers
+from cluster import Cluster
+
+
+@pytest.fixture
+def cluster3():
+    c = Cluster(3, options={"heartbeat_interval": 0.2, "heartbeat_timeout": 1.5})
+    yield c
+    c.close()
+
+
+def test_a_stopped_peer_is_declared_failed_within_the_heartbeat_timeout(cluster3):
+    # Rank 0 talks to rank 1 first, so it has a connection to watch.
+    ref = cluster3.call(1, workers.put, torch.arange(1 << 18, dtype=torch.float32), "hb-first")
+    assert torch.equal(hop.get(ref).wait(), torch.arange(1 << 18, dtype=torch.float32))
+    cluster3.call(1, workers.put, torch.ones(1 << 20), "hb-held")
+    os.kill(cluster3.pids[1], signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(hop.PeerFailedError, match="rank 1.*HOPLITE_HEARTBEAT_TIMEOUT"):
+            hop.get("hb-held", timeout=60).wait()
+        elapsed = time.monotonic() - start
+        assert elapsed < 6, elapsed  # heartbeat timeout 1.5 s, not the get's 60 s
+        # Rank 2 (alive, idle) is not affected.
+        two = cluster3.call(2, workers.put, torch.full((4,), 2.0), "hb-two")
+        assert torch.equal(hop.get(two, timeout=10).wait(), torch.full((4,), 2.0))
+    finally:
+        os.kill(cluster3.pids[1], signal.SIGCONT)
+        cluster3.kill(1)
+
+
+def test_heartbeat_settings_are_checked():
+    from torch_hoplite.config import Config
+
+    with pytest.raises(ValueError, match="heartbeat_timeout"):
+        Config.resolve({"heartbeat_interval": 2.0, "heartbeat_timeout": 1.0})
+    with pytest.raises(ValueError, match="heartbeat_interval"):
+        Config.resolve({"heartbeat_interval": 0.0})
