@@ -3,9 +3,9 @@
 # build tools, the extension itself).
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
-SOURCES := $(shell find csrc cuda -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null) setup.py pyproject.toml
+SOURCES := $(shell find csrc cuda -name '*.cpp' -o -name '*.h' -o -name '*.inc' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null) setup.py pyproject.toml
 
-.PHONY: setup demo test bench bench-p2p clean
+.PHONY: setup demo test bench bench-p2p bench-collectives fuzz clean
 
 .stamp-deps: Makefile
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
@@ -28,10 +28,19 @@ demo: setup
 test: setup
 	$(PYTHON) -m pytest tests -q -p no:cacheprovider
 
-bench: bench-p2p
+bench: bench-p2p bench-collectives
 
 bench-p2p: setup .stamp-bench-deps
 	$(PYTHON) benchmarks/p2p.py
+
+bench-collectives: setup .stamp-bench-deps
+	$(PYTHON) benchmarks/collectives.py
+	$(PYTHON) benchmarks/reduce_kernels.py
+
+# libFuzzer on the wire decoder under ASan + UBSan for FUZZ_SECONDS (installs clang if needed).
+FUZZ_SECONDS ?= 60
+fuzz:
+	tests/fuzz/run.sh $(FUZZ_SECONDS)
 
 clean:
 	rm -rf build *.egg-info torch_hoplite/*.so .stamp-*

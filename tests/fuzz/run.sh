@@ -1,0 +1,18 @@
+#!/bin/sh
+# Builds the wire-decoder fuzz target with libFuzzer + ASan + UBSan and runs it
+# for a bounded time. Usage: tests/fuzz/run.sh [seconds]   (default 60)
+set -eu
+cd "$(dirname "$0")/../.."
+seconds="${1:-60}"
+CXX="$(command -v clang++ || command -v clang++-14 || true)"
+if [ -z "$CXX" ]; then
+  echo "installing clang (libFuzzer) ..."
+  apt-get update -qq && apt-get install -y -qq clang-14 >/dev/null
+  CXX=clang++-14
+fi
+out="${TMPDIR:-/tmp}/hoplite-fuzz"
+mkdir -p "$out/corpus"
+"$CXX" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Icsrc \
+  tests/fuzz/fuzz_wire.cpp csrc/wire/frame.cpp csrc/wire/messages.cpp csrc/common/object_meta.cpp \
+  -o "$out/fuzz_wire"
+"$out/fuzz_wire" -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 "$out/corpus"
