@@ -87,3 +87,7 @@ def put_after(delay, tensor, obj_id):
 def allreduce(tensor, obj_id, kwargs):
     return hop.allreduce(tensor, obj_id, **kwargs)
 
+
+
+def put_zero_copy(tensor, obj_id):
+    return hop.put(tensor, obj_id, copy=False)

@@ -56,7 +56,9 @@ bool DirectoryShard::updateHolder(const wire::HolderUpdate& msg) {
   if (msg.state == wire::HolderState::kRemoved) {
     holders.erase(msg.holder);
   } else {
-    holders[msg.holder].complete = msg.state == wire::HolderState::kComplete;
+    Holder& h = holders[msg.holder];
+    h.complete = msg.state == wire::HolderState::kComplete;
+    if (h.complete) h.source = -1;
   }
   return true;
 }
@@ -64,20 +66,33 @@ bool DirectoryShard::updateHolder(const wire::HolderUpdate& msg) {
 int DirectoryShard::assignSender(DirectoryEntry& entry, int asker) {
   if (entry.hasInline) return -1;
   // An idle complete copy first, then an idle partial one (an earlier receiver,
-  // which relays chunk by chunk), then whoever serves the fewest. Senders are
-  // always earlier arrivals than the asker, so relays form no cycles.
+  // which relays chunk by chunk), then whoever serves the fewest. A new asker
+  // feeds nobody yet; one resuming after its sender died may, so holders whose
+  // supply runs through it are skipped: relays form no cycles.
   int best = -1;
   auto rank = [](const Holder& h) { return std::make_pair(h.serving, h.complete ? 0 : 1); };
   for (const auto& [r, h] : entry.holders) {
-    if (r == asker) continue;
+    if (r == asker || feedsFrom(entry, r, asker)) continue;
     if (best < 0 || rank(h) < rank(entry.holders.at(best))) best = r;
   }
   if (best >= 0) {
     entry.holders[best].serving++;
     Holder& self = entry.holders[asker];  // a partial holder from now on
     self.complete = false;
+    self.source = best;
   }
   return best;
+}
+
+bool DirectoryShard::feedsFrom(const DirectoryEntry& entry, int holder, int asker) {
+  size_t steps = 0;
+  for (int r = holder; r >= 0 && steps <= entry.holders.size(); ++steps) {
+    if (r == asker) return true;
+    auto it = entry.holders.find(r);
+    if (it == entry.holders.end() || it->second.complete) return false;
+    r = it->second.source;
+  }
+  return steps > entry.holders.size();  // a loop: treat as unsafe
 }
 
 int DirectoryShard::anyHolder(const DirectoryEntry& entry) {
@@ -89,8 +104,12 @@ int DirectoryShard::anyHolder(const DirectoryEntry& entry) {
   return best;
 }
 
-void DirectoryShard::lookup(const std::string& id, int asker, bool locate, double timeoutSeconds, LookupCallback reply) {
+void DirectoryShard::lookup(const std::string& id, int asker, bool locate, double timeoutSeconds, LookupCallback reply,
+                            int failedHolder) {
   auto it = entries_.find(id);
+  if (it != entries_.end() && failedHolder >= 0 && failedHolder != asker) {
+    it->second.holders.erase(failedHolder);  // its receivers resume elsewhere, one by one
+  }
   if (it != entries_.end()) {
     int sender = answerFor(it->second, asker, locate);
     reply(Status(), &it->second, sender);

@@ -23,6 +23,7 @@ struct Holder {
   bool complete = false;
   int serving = 0;      // receivers this holder was assigned and has not been released from
   bool origin = false;  // registered the object (its source, unlike receivers still pulling)
+  int source = -1;      // the sender it was assigned while partial, for cycle checks
 };
 
 struct DirectoryEntry {
@@ -49,7 +50,8 @@ class DirectoryShard {
   // the answer assigns `asker` a sender and lists the asker as a partial holder.
   // With `locate`, the answer only names a holder (complete ones first, then
   // the origin) and changes nothing.
-  void lookup(const std::string& id, int asker, bool locate, double timeoutSeconds, LookupCallback reply);
+  void lookup(const std::string& id, int asker, bool locate, double timeoutSeconds, LookupCallback reply,
+              int failedHolder = -1);
   // Forgets the object, remembers the id as deleted, and returns who held copies.
   Status remove(const std::string& id, std::vector<int>* holders);
 
@@ -64,6 +66,8 @@ class DirectoryShard {
   void rememberDeleted(const std::string& id);
   // Receiver-driven broadcast: picks who serves `asker` and marks it busy.
   static int assignSender(DirectoryEntry& entry, int asker);
+  // Whether `holder`'s supply chain (source, its source, ...) runs through `asker`.
+  static bool feedsFrom(const DirectoryEntry& entry, int holder, int asker);
   static int anyHolder(const DirectoryEntry& entry);
   static int answerFor(DirectoryEntry& entry, int asker, bool locate) {
     return locate ? anyHolder(entry) : assignSender(entry, asker);

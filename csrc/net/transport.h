@@ -40,6 +40,9 @@ class Connection {
                         std::shared_ptr<const void> keepalive) = 0;
   virtual void close(const Status& why) = 0;
   virtual bool isOpen() const = 0;
+  // Whether the connection was ever set up (TCP: the connect completed), so a
+  // close means the peer went away rather than that it is not listening yet.
+  virtual bool wasEstablished() const { return true; }
   // Until called, an accepted connection takes only small control frames (the
   // handshake), so a stranger cannot make us allocate or write anything.
   virtual void markTrusted() {}

@@ -208,9 +208,11 @@ void Node::onClosed(Connection& conn, const Status& why) {
   auto it = peers_.find(rank);
   if (it == peers_.end() || it->second.conn.get() != &conn) return;  // a replaced connection
   Peer& peer = it->second;
-  bool neverReady = !peer.ready;
-  if (!shuttingDown_ && neverReady && now() < peer.connectDeadline) {
-    // The peer may not be listening yet (fresh namespaces take a moment): retry.
+  // Retry only connects that never completed: the peer may not be listening
+  // yet (fresh namespaces take a moment). One that accepted and then closed
+  // (e.g. died before its hello ack) has failed.
+  bool neverConnected = !peer.ready && !conn.wasEstablished();
+  if (!shuttingDown_ && neverConnected && now() < peer.connectDeadline) {
     HLOG(kDebug, "connect to %s failed (%s); retrying", peerName(rank).c_str(), why.message.c_str());
     peer.conn.reset();
     double delay = peer.backoff;
@@ -426,6 +428,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"reduce_tasks", counters_.reduceTasks.load()},
       {"reduce_bytes", counters_.reduceBytes.load()},
       {"link_probes", counters_.probes.load()},
+      {"pull_resumes", counters_.pullResumes.load()},
       {"inline_gets", counters_.inlineGets.load()},
       {"local_gets", counters_.localGets.load()},
       {"remote_gets", counters_.remoteGets.load()},

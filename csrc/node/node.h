@@ -166,6 +166,7 @@ class Node : public ConnectionObserver {
     int rank;
     std::shared_ptr<LocalObject> object;
     uint64_t expected = 0;  // next offset the holder will send
+    int resumes = 0;        // senders lost so far
   };
   struct GetOp {
     std::string id;
@@ -195,7 +196,9 @@ class Node : public ConnectionObserver {
   void waitForLocal(uint64_t token, std::shared_ptr<LocalObject> object);
   void progressGet(uint64_t token);
   void finishGet(uint64_t token, const Status& status, std::shared_ptr<Buffer> result = nullptr);
-  void startPull(int holder, const std::shared_ptr<LocalObject>& object);
+  void startPull(int holder, const std::shared_ptr<LocalObject>& object, int resumes = 0);
+  void resumePull(std::shared_ptr<LocalObject> object, int deadRank, int resumes, Status why);
+  void dropFailedCopy(const std::shared_ptr<LocalObject>& object, int rank, const Status& why);
   void finishPull(uint64_t request);
   void failPull(uint64_t request, const Status& why);
   void copyIn(std::shared_ptr<LocalObject> object, const uint8_t* src, uint64_t token);
@@ -301,6 +304,7 @@ class Node : public ConnectionObserver {
     std::atomic<uint64_t> inlineGets{0}, localGets{0}, remoteGets{0}, evictions{0};
     std::atomic<uint64_t> relaysServed{0};  // pulls served from a copy still arriving
     std::atomic<uint64_t> reducesCoordinated{0}, reduceTasks{0}, reduceBytes{0}, probes{0};
+    std::atomic<uint64_t> pullResumes{0};  // transfers continued from another holder after a failure
   } counters_;
 };
 

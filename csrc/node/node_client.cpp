@@ -24,6 +24,8 @@ constexpr uint64_t kCallerCopyBytes = 1u << 20;
 constexpr uint64_t kLoopCopyBytes = 256u << 10;
 // Lookups one get may make when holders turn out to have dropped their copy.
 constexpr int kMaxLookups = 3;
+// Senders one pull may lose and replace before it fails.
+constexpr int kMaxResumes = 3;
 }  // namespace
 
 uint64_t Node::chunkFor(uint64_t size) const {
@@ -383,10 +385,11 @@ void Node::finishGet(uint64_t token, const Status& status, std::shared_ptr<Buffe
 
 // ---------------------------------------------------------------- pulls
 
-void Node::startPull(int holder, const std::shared_ptr<LocalObject>& obj) {
+void Node::startPull(int holder, const std::shared_ptr<LocalObject>& obj, int resumes) {
   uint64_t request = newRequest();
-  pulls_[request] = PullState{holder, obj, 0};
-  send(holder, wire::Pull{request, obj->id(), 0});
+  const uint64_t offset = obj->watermark();  // 0, or where a failed sender stopped
+  pulls_[request] = PullState{holder, obj, offset, resumes};
+  send(holder, wire::Pull{request, obj->id(), offset});
 }
 
 uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
@@ -430,11 +433,43 @@ void Node::failPull(uint64_t request, const Status& why) {
   if (it == pulls_.end()) return;
   auto obj = it->second.object;
   int rank = it->second.rank;
+  int resumes = it->second.resumes;
   pulls_.erase(it);
+  if (why.code == Code::kPeerFailed && resumes < kMaxResumes && !shuttingDown_ && store_->find(obj->id()) == obj) {
+    resumePull(obj, rank, resumes + 1, why);
+    return;
+  }
+  dropFailedCopy(obj, rank, why);
+}
+
+// The sender died mid-transfer: ask the shard for another holder (it drops the
+// dead one and never picks one fed through this node) and continue from the
+// bytes already here, so only what was in flight moves again.
+void Node::resumePull(std::shared_ptr<LocalObject> obj, int deadRank, int resumes, Status why) {
+  const std::string id = obj->id();
+  uint64_t request = newRequest();
+  pending_[request] = Pending{shardOf(id), nullptr,
+                              [this, obj, deadRank, resumes, why](const Status& s, const wire::LookupReply* reply) {
+                                if (store_->find(obj->id()) != obj) return;  // dropped meanwhile
+                                if (!s.ok() || reply->sender < 0 || reply->sender == config_.rank) {
+                                  return dropFailedCopy(obj, -1, why);
+                                }
+                                counters_.pullResumes++;
+                                HLOG(kInfo, "resuming %s from %s at byte %llu after %s failed",
+                                     printableId(obj->id()).c_str(), peerName(reply->sender).c_str(),
+                                     static_cast<unsigned long long>(obj->watermark()), peerName(deadRank).c_str());
+                                startPull(reply->sender, obj, resumes);
+                              }};
+  wire::Lookup lookup{request, id, static_cast<uint64_t>(config_.connectTimeoutSeconds * 1000), false, deadRank};
+  send(shardOf(id), lookup);
+}
+
+void Node::dropFailedCopy(const std::shared_ptr<LocalObject>& obj, int rank, const Status& why) {
   if (store_->find(obj->id()) == obj) store_->remove(obj->id());
   send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kRemoved, rank});
-  std::string where = why.code == Code::kPeerFailed ? why.message
-                                                     : "transfer from " + peerName(rank) + " failed: " + why.message;
+  std::string where = why.code == Code::kPeerFailed || rank < 0
+                          ? why.message
+                          : "transfer from " + peerName(rank) + " failed: " + why.message;
   obj->fail(Status(why.code, where));
 }
 

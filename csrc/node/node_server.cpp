@@ -28,7 +28,7 @@ void Node::handleLookup(Connection& conn, const wire::Lookup& msg) {
       reply.sender = sender;
     }
     c->sendControl(wire::MsgType::kLookupReply, wire::encode(reply));
-  });
+  }, msg.failedHolder);
 }
 
 void Node::handleDelete(Connection& conn, const wire::Delete& msg) {

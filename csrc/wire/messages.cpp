@@ -139,6 +139,7 @@ void Lookup::encode(Writer& w) const {
   encodeId(w, id);
   w.u64(timeoutMs);
   w.u8(locate);
+  w.i32(failedHolder);
 }
 Lookup Lookup::decode(Reader& r) {
   Lookup m;
@@ -146,6 +147,7 @@ Lookup Lookup::decode(Reader& r) {
   m.id = decodeId(r);
   m.timeoutMs = r.u64();
   m.locate = decodeBool(r);
+  m.failedHolder = r.i32();
   r.expectEnd("lookup");
   return m;
 }

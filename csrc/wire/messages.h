@@ -75,12 +75,15 @@ struct HolderUpdate {
 // answer assigns the asker one sender and lists the asker as a partial holder,
 // so that receivers arriving later may relay through it. A `locate` lookup only
 // asks where the object is: the answer names a holder and changes nothing.
+// `failedHolder` (>= 0): the asker's sender died mid-transfer; the shard drops
+// it and assigns another, never one whose supply runs through the asker.
 struct Lookup {
   static constexpr MsgType kType = MsgType::kLookup;
   uint64_t request = 0;
   std::string id;
   uint64_t timeoutMs = 0;
   bool locate = false;
+  int32_t failedHolder = -1;
   void encode(Writer& w) const;
   static Lookup decode(Reader& r);
 };

@@ -30,6 +30,7 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
                 std::shared_ptr<const void> keepalive) override;
   void close(const Status& why) override;
   bool isOpen() const override { return fd_ >= 0; }
+  bool wasEstablished() const override { return !connecting_; }
   std::string describe() const override;
   void markTrusted() override { trusted_ = true; }
 

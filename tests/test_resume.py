@@ -1,0 +1,54 @@
+"""Broadcast recovery: a receiver whose sender dies mid-transfer asks the
+directory for another holder and continues from the bytes it already has."""
+
+import os
+import signal
+import time
+
+import torch
+
+import torch_hoplite as hop
+import workers
+from cluster import Cluster
+
+
+def shard_of(obj_id: str, world: int) -> int:
+    """The directory shard of an id (FNV-1a, as the core hashes it)."""
+    h = 1469598103934665603
+    for c in obj_id.encode():
+        h = ((h ^ c) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h % world
+
+
+def test_killed_relay_is_replaced_and_the_receiver_resumes_at_its_offset():
+    world = 4
+    obj_id = next(f"resume-{i}" for i in range(100) if shard_of(f"resume-{i}", world) == 0)  # shard stays alive
+    n = (256 << 20) // 4
+    data = torch.arange(n, dtype=torch.int32)
+    c = Cluster(world)
+    try:
+        # Rank 1 holds the object; rank 2 starts pulling it, and rank 3, arriving
+        # while rank 1 is busy serving rank 2, is given rank 2 as its relay.
+        c.call(1, workers.put_zero_copy, data, obj_id)
+        before = c.call(3, workers.stats)
+        relay = c.submit(2, workers.get, obj_id, 60)
+        time.sleep(0.05)
+        receiver = c.submit(3, workers.get, obj_id, 60)
+        time.sleep(0.01)
+        os.kill(c.pids[2], signal.SIGSTOP)  # the relay freezes mid-transfer ...
+        time.sleep(0.3)
+        c.kill(2)  # ... and dies: its connections reset
+        del relay
+        t0 = time.monotonic()
+        out = receiver.result(60)
+        # At once, not after a connect timeout: the dead relay had accepted the connection.
+        assert time.monotonic() - t0 < 10
+        assert torch.equal(out, data)
+        after = c.call(3, workers.stats)
+        assert after["pull_resumes"] - before["pull_resumes"] >= 1
+        # Nothing already received moved again.
+        assert after["bytes_received"] - before["bytes_received"] == n * 4
+        # Rank 0, arriving later, is not sent to the dead relay either.
+        assert torch.equal(hop.get(obj_id, timeout=30).wait(), data)
+    finally:
+        c.close()
