@@ -52,3 +52,19 @@ def test_killed_relay_is_replaced_and_the_receiver_resumes_at_its_offset():
         assert torch.equal(hop.get(obj_id, timeout=30).wait(), data)
     finally:
         c.close()
+
+
+def test_the_directory_forgets_a_dead_holder():
+    world = 3
+    obj_id = next(f"forget-{i}" for i in range(100) if shard_of(f"forget-{i}", world) == 0)
+    data = torch.arange((8 << 20) // 4, dtype=torch.int32)
+    c = Cluster(world)
+    try:
+        c.call(1, workers.put_zero_copy, data, obj_id)
+        assert torch.equal(c.call(2, workers.get, obj_id, 30), data)  # rank 2 now holds a complete copy
+        c.kill(1)  # the origin, which the shard would otherwise pick first (lowest rank)
+        time.sleep(0.2)  # the shard (rank 0) learns of it from the reset connection
+        assert torch.equal(hop.get(obj_id, timeout=30).wait(), data)
+        assert hop.stats()["pull_resumes"] == 0  # served by rank 2 from the start
+    finally:
+        c.close()

@@ -136,6 +136,18 @@ void DirectoryShard::lookup(const std::string& id, int asker, bool locate, doubl
   waiters_[id].push_back(Waiter{token, asker, locate, std::move(reply), timer});
 }
 
+void DirectoryShard::forgetHolder(int rank) {
+  for (auto& [id, entry] : entries_) {
+    auto it = entry.holders.find(rank);
+    if (it == entry.holders.end()) continue;
+    if (!it->second.complete && it->second.source >= 0) {
+      auto sender = entry.holders.find(it->second.source);
+      if (sender != entry.holders.end() && sender->second.serving > 0) sender->second.serving--;
+    }
+    entry.holders.erase(it);
+  }
+}
+
 Status DirectoryShard::remove(const std::string& id, std::vector<int>* holders) {
   auto it = entries_.find(id);
   if (it == entries_.end()) {

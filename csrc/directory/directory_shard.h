@@ -52,6 +52,9 @@ class DirectoryShard {
   // the origin) and changes nothing.
   void lookup(const std::string& id, int asker, bool locate, double timeoutSeconds, LookupCallback reply,
               int failedHolder = -1);
+  // A node is gone (failed or shut down): it holds no copies any more, and
+  // whoever it was pulling from is free again.
+  void forgetHolder(int rank);
   // Forgets the object, remembers the id as deleted, and returns who held copies.
   Status remove(const std::string& id, std::vector<int>* holders);
 

@@ -162,6 +162,7 @@ void Node::connectPeer(int rank) {
 void Node::failPeer(int rank, const Status& why) {
   Peer& peer = peers_[rank];
   peer.lost = true;
+  directory_->forgetHolder(rank);
   peer.conn.reset();
   peer.ready = false;
   peer.queued.clear();
@@ -197,6 +198,9 @@ std::shared_ptr<Connection> Node::sharedConnection(Connection& conn) {
 
 void Node::onClosed(Connection& conn, const Status& why) {
   if (incoming_.erase(conn.id())) {
+    // A peer's connection to us closes when it dies or shuts down: either way
+    // its copies are gone from this shard's lists.
+    if (conn.peerRank() >= 0 && !shuttingDown_) directory_->forgetHolder(conn.peerRank());
     std::vector<StreamKey> streams;
     for (const auto& [key, stream] : serving_) {
       if (key.first == conn.id()) streams.push_back(key);
