@@ -62,8 +62,10 @@ def test_the_directory_forgets_a_dead_holder():
     try:
         c.call(1, workers.put_zero_copy, data, obj_id)
         assert torch.equal(c.call(2, workers.get, obj_id, 30), data)  # rank 2 now holds a complete copy
+        c.call(1, workers.put, torch.ones(1 << 18), "forget-ping")  # not inline: pulled from rank 1
+        hop.get("forget-ping").wait()  # rank 0 (the shard) has a connection to rank 1 to watch
         c.kill(1)  # the origin, which the shard would otherwise pick first (lowest rank)
-        time.sleep(0.2)  # the shard (rank 0) learns of it from the reset connection
+        time.sleep(0.2)  # the shard learns of it from the reset connection
         assert torch.equal(hop.get(obj_id, timeout=30).wait(), data)
         assert hop.stats()["pull_resumes"] == 0  # served by rank 2 from the start
     finally:

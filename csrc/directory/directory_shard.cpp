@@ -63,7 +63,7 @@ bool DirectoryShard::updateHolder(const wire::HolderUpdate& msg) {
   return true;
 }
 
-int DirectoryShard::assignSender(DirectoryEntry& entry, int asker) {
+int DirectoryShard::assignSender(DirectoryEntry& entry, int asker, int skip) {
   if (entry.hasInline) return -1;
   // An idle complete copy first, then an idle partial one (an earlier receiver,
   // which relays chunk by chunk), then whoever serves the fewest. A new asker
@@ -72,14 +72,16 @@ int DirectoryShard::assignSender(DirectoryEntry& entry, int asker) {
   int best = -1;
   auto rank = [](const Holder& h) { return std::make_pair(h.serving, h.complete ? 0 : 1); };
   for (const auto& [r, h] : entry.holders) {
-    if (r == asker || feedsFrom(entry, r, asker)) continue;
+    if (r == asker || r == skip || feedsFrom(entry, r, asker)) continue;
     if (best < 0 || rank(h) < rank(entry.holders.at(best))) best = r;
   }
   if (best >= 0) {
     entry.holders[best].serving++;
     Holder& self = entry.holders[asker];  // a partial holder from now on
     self.complete = false;
-    self.source = best;
+    // A second lookup from a node already pulling gives its sender back at
+    // once: the first assignment stays the one its supply runs through.
+    if (self.source < 0 || !entry.holders.count(self.source)) self.source = best;
   }
   return best;
 }
@@ -107,8 +109,12 @@ int DirectoryShard::anyHolder(const DirectoryEntry& entry) {
 void DirectoryShard::lookup(const std::string& id, int asker, bool locate, double timeoutSeconds, LookupCallback reply,
                             int failedHolder) {
   auto it = entries_.find(id);
-  if (it != entries_.end() && failedHolder >= 0 && failedHolder != asker) {
-    it->second.holders.erase(failedHolder);  // its receivers resume elsewhere, one by one
+  if (it != entries_.end() && failedHolder >= 0 && !locate) {
+    DirectoryEntry& entry = it->second;
+    auto self = entry.holders.find(asker);
+    if (self != entry.holders.end() && self->second.source == failedHolder) self->second.source = -1;
+    reply(Status(), &entry, assignSender(entry, asker, failedHolder));
+    return;
   }
   if (it != entries_.end()) {
     int sender = answerFor(it->second, asker, locate);

@@ -50,6 +50,8 @@ class DirectoryShard {
   // the answer assigns `asker` a sender and lists the asker as a partial holder.
   // With `locate`, the answer only names a holder (complete ones first, then
   // the origin) and changes nothing.
+  // `failedHolder` (>= 0): the asker's sender died; it is skipped for this
+  // answer (the shard's own failure detection forgets it for good).
   void lookup(const std::string& id, int asker, bool locate, double timeoutSeconds, LookupCallback reply,
               int failedHolder = -1);
   // A node is gone (failed or shut down): it holds no copies any more, and
@@ -68,7 +70,7 @@ class DirectoryShard {
   };
   void rememberDeleted(const std::string& id);
   // Receiver-driven broadcast: picks who serves `asker` and marks it busy.
-  static int assignSender(DirectoryEntry& entry, int asker);
+  static int assignSender(DirectoryEntry& entry, int asker, int skip = -1);
   // Whether `holder`'s supply chain (source, its source, ...) runs through `asker`.
   static bool feedsFrom(const DirectoryEntry& entry, int holder, int asker);
   static int anyHolder(const DirectoryEntry& entry);

@@ -162,6 +162,7 @@ void Node::connectPeer(int rank) {
 void Node::failPeer(int rank, const Status& why) {
   Peer& peer = peers_[rank];
   peer.lost = true;
+  // This node will not talk to it again: its copies leave this shard's lists.
   directory_->forgetHolder(rank);
   peer.conn.reset();
   peer.ready = false;
@@ -198,9 +199,6 @@ std::shared_ptr<Connection> Node::sharedConnection(Connection& conn) {
 
 void Node::onClosed(Connection& conn, const Status& why) {
   if (incoming_.erase(conn.id())) {
-    // A peer's connection to us closes when it dies or shuts down: either way
-    // its copies are gone from this shard's lists.
-    if (conn.peerRank() >= 0 && !shuttingDown_) directory_->forgetHolder(conn.peerRank());
     std::vector<StreamKey> streams;
     for (const auto& [key, stream] : serving_) {
       if (key.first == conn.id()) streams.push_back(key);
@@ -256,6 +254,13 @@ void Node::heardFrom(Connection& conn) {
 void Node::checkHeartbeats() {
   if (shuttingDown_) return;
   const double t = now();
+  // After this process itself stalled (stopped, starved), answers may be
+  // waiting unread: start counting again instead of failing everyone.
+  const bool late = lastHeartbeatCheck_ > 0 && t - lastHeartbeatCheck_ > 2 * config_.heartbeatIntervalSeconds + 1;
+  lastHeartbeatCheck_ = t;
+  if (late) {
+    for (auto& [rank, peer] : peers_) peer.lastHeard = t;
+  }
   std::vector<int> silent, quiet;
   for (const auto& [rank, peer] : peers_) {
     if (!peer.ready || !peer.conn || !peer.conn->isOpen()) continue;

@@ -286,6 +286,7 @@ class Node : public ConnectionObserver {
   std::string reduceNonce_;  // makes this node's partial-result ids unique across restarts
   std::unordered_map<uint64_t, std::unique_ptr<ReduceCoordination>> reduces_;
   std::unordered_map<uint64_t, std::unique_ptr<ReduceTaskState>> tasks_;
+  double lastHeartbeatCheck_ = 0;
   LinkEstimate link_;
   bool linkMeasured_ = false;
   double linkMeasuredAt_ = -1;

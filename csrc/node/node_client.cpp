@@ -251,8 +251,10 @@ void Node::fetch(const std::string& id, double timeoutSeconds, FetchCallback don
 
 void Node::onFetchLookup(const std::string& id, const Status& status, const wire::LookupReply* reply,
                          const FetchCallback& done) {
-  if (!status.ok()) {
-    done(status, nullptr, -1);
+  if (!status.ok() || reply == nullptr) {
+    done(status.ok() ? Status(Code::kProtocol, "lookup of " + printableId(id) + " answered without a location")
+                     : status,
+         nullptr, -1);
     return;
   }
   const int shard = shardOf(id);
@@ -451,7 +453,7 @@ void Node::resumePull(std::shared_ptr<LocalObject> obj, int deadRank, int resume
   pending_[request] = Pending{shardOf(id), nullptr,
                               [this, obj, deadRank, resumes, why](const Status& s, const wire::LookupReply* reply) {
                                 if (store_->find(obj->id()) != obj) return;  // dropped meanwhile
-                                if (!s.ok() || reply->sender < 0 || reply->sender == config_.rank) {
+                                if (!s.ok() || reply == nullptr || reply->sender < 0 || reply->sender == config_.rank) {
                                   return dropFailedCopy(obj, -1, why);
                                 }
                                 counters_.pullResumes++;
