@@ -15,6 +15,14 @@ import torch_hoplite as hop
 CALL_TIMEOUT = 120.0
 
 
+def shard_of(obj_id: str, world: int) -> int:
+    """The directory shard of an id (FNV-1a, as the core hashes it)."""
+    h = 1469598103934665603
+    for c in obj_id.encode():
+        h = ((h ^ c) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h % world
+
+
 def _worker_main(rank: int, world_size: int, port: int, conn, options: dict, env: dict) -> None:
     os.environ.update(env)
     store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False)

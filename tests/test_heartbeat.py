@@ -12,7 +12,25 @@ import torch
 
 import torch_hoplite as hop
 import workers
-from cluster import Cluster
+from cluster import Cluster, shard_of
+
+
+def wait_until_stopped(pid: int, timeout: float = 5.0) -> None:
+    """SIGSTOP takes effect thread by thread, asynchronously: wait until the
+    kernel reports every thread of `pid` stopped (state T)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                pass  # a thread that just exited
+        if states and all(s == "T" for s in states):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} did not stop")
 
 
 @pytest.fixture
@@ -26,17 +44,20 @@ def test_a_stopped_peer_is_declared_failed_within_the_heartbeat_timeout(cluster3
     # Rank 0 talks to rank 1 first, so it has a connection to watch.
     ref = cluster3.call(1, workers.put, torch.arange(1 << 18, dtype=torch.float32), "hb-first")
     assert torch.equal(hop.get(ref).wait(), torch.arange(1 << 18, dtype=torch.float32))
-    cluster3.call(1, workers.put, torch.ones(1 << 20), "hb-held")
     os.kill(cluster3.pids[1], signal.SIGSTOP)
     try:
+        wait_until_stopped(cluster3.pids[1])
+        # An id whose directory shard is the stopped rank: only rank 1 could answer.
+        waiting = next(f"hb-{i}" for i in range(1000) if shard_of(f"hb-{i}", 3) == 1)
         start = time.monotonic()
         with pytest.raises(hop.PeerFailedError, match="rank 1.*HOPLITE_HEARTBEAT_TIMEOUT"):
-            hop.get("hb-held", timeout=60).wait()
+            hop.get(waiting, timeout=60).wait()
         elapsed = time.monotonic() - start
         assert elapsed < 6, elapsed  # heartbeat timeout 1.5 s, not the get's 60 s
         # Rank 2 (alive, idle) is not affected.
-        two = cluster3.call(2, workers.put, torch.full((4,), 2.0), "hb-two")
-        assert torch.equal(hop.get(two, timeout=10).wait(), torch.full((4,), 2.0))
+        kept = next(f"hb-{i}" for i in range(1000) if shard_of(f"hb-{i}", 3) != 1)
+        two = cluster3.call(2, workers.put, torch.full((1 << 18,), 2.0), kept)
+        assert torch.equal(hop.get(two, timeout=10).wait(), torch.full((1 << 18,), 2.0))
     finally:
         os.kill(cluster3.pids[1], signal.SIGCONT)
         cluster3.kill(1)

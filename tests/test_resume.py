@@ -9,15 +9,7 @@ import torch
 
 import torch_hoplite as hop
 import workers
-from cluster import Cluster
-
-
-def shard_of(obj_id: str, world: int) -> int:
-    """The directory shard of an id (FNV-1a, as the core hashes it)."""
-    h = 1469598103934665603
-    for c in obj_id.encode():
-        h = ((h ^ c) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-    return h % world
+from cluster import Cluster, shard_of
 
 
 def test_killed_relay_is_replaced_and_the_receiver_resumes_at_its_offset():
