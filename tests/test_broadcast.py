@@ -3,7 +3,6 @@
 import random
 import time
 
-import torch
 
 import torch_hoplite as hop
 import workers

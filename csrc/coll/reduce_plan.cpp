@@ -5,6 +5,16 @@
 #include <limits>
 
 namespace hoplite {
+namespace {
+
+// Edges from the deepest node of a heap-shaped d-ary tree of `count` nodes to its root.
+int heapDepth(int count, int d) {
+  int depth = 0;
+  for (int b = count - 1; b > 0; b = (b - 1) / d) ++depth;
+  return depth;
+}
+
+}  // namespace
 
 ReduceTree buildReduceTree(int count, int degree) {
   ReduceTree tree;
@@ -34,7 +44,7 @@ ReduceTree buildReduceTree(int count, int degree) {
     tree.children[position[p]].push_back(position[b]);
   }
   tree.root = position[0];
-  for (int b = count - 1, depth = 0; b > 0; b = (b - 1) / d) ++depth, tree.depth = std::max(tree.depth, depth);
+  tree.depth = heapDepth(count, d);
   return tree;
 }
 
@@ -42,8 +52,7 @@ double reduceTreeCost(int count, int degree, uint64_t bytes, uint64_t chunkBytes
   if (count <= 1) return link.latencySeconds;
   const double b = std::max(link.bytesPerSecond, 1.0);
   const int d = std::max(1, std::min(degree, count - 1));
-  int depth = 0;  // the deepest breadth-first index is count-1
-  for (int i = count - 1; i > 0; i = (i - 1) / d) ++depth;
+  const int depth = heapDepth(count, d);
   const double chunk = static_cast<double>(std::min<uint64_t>(chunkBytes, bytes));
   return depth * (link.latencySeconds + chunk / b) + d * static_cast<double>(bytes) / b;
 }

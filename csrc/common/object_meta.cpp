@@ -54,4 +54,10 @@ std::string printableId(const std::string& id) {
   return out + "'";
 }
 
+std::string printableSeconds(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g s", seconds);
+  return buf;
+}
+
 }  // namespace hoplite

@@ -26,5 +26,7 @@ Status validateMeta(const ObjectMeta& meta);
 Status validateId(const std::string& id);
 // Printable form of an id for error messages (escapes bytes, truncates long ids).
 std::string printableId(const std::string& id);
+// A duration for error messages, e.g. "1.5 s".
+std::string printableSeconds(double seconds);
 
 }  // namespace hoplite

@@ -274,11 +274,9 @@ void Node::checkHeartbeats() {
   for (int rank : silent) {
     auto it = peers_.find(rank);
     if (it == peers_.end() || !it->second.conn) continue;
-    char buf[96];
-    std::snprintf(buf, sizeof(buf), "it answered nothing for %.3g s (HOPLITE_HEARTBEAT_TIMEOUT)",
-                  config_.heartbeatTimeoutSeconds);
     auto conn = it->second.conn;
-    conn->close(Status(Code::kPeerFailed, buf));  // onClosed fails everything waiting on it
+    conn->close(Status(Code::kPeerFailed, "it answered nothing for " + printableSeconds(config_.heartbeatTimeoutSeconds) +
+                                              " (HOPLITE_HEARTBEAT_TIMEOUT)"));  // fails everything waiting on it
   }
   for (int rank : quiet) {
     uint64_t request = newRequest();

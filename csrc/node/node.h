@@ -185,6 +185,9 @@ class Node : public ConnectionObserver {
   };
   uint64_t newRequest() { return nextRequest_++; }
   void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb);
+  // Sends a Lookup to the id's shard; `cb` runs once. Returns the request id.
+  uint64_t requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
+                         LookupCallback cb);
   void startGet(uint64_t token);
   // Obtains a local copy of an object: this node's own (complete or still
   // arriving), a copy pulled from the sender the directory assigns (`sender`,

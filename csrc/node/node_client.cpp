@@ -7,16 +7,6 @@
 
 namespace hoplite {
 namespace {
-
-std::string seconds(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.3g s", s);
-  return buf;
-}
-
-}  // namespace
-
-namespace {
 // A put copies objects up to this size in the caller's thread, overlapped with
 // the registration round trip; larger ones are copied in the background.
 constexpr uint64_t kCallerCopyBytes = 1u << 20;
@@ -44,6 +34,20 @@ void Node::requestStatus(int rank, wire::MsgType type, std::string payload, uint
   }
   pending_[request] = Pending{rank, std::move(cb), nullptr};
   sendTo(rank, type, std::move(payload));
+}
+
+uint64_t Node::requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
+                             LookupCallback cb) {
+  const uint64_t request = newRequest();
+  if (shuttingDown_) {
+    cb(Status(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " is shut down"), nullptr);
+    return request;
+  }
+  const int shard = shardOf(id);
+  pending_[request] = Pending{shard, nullptr, std::move(cb)};
+  const uint64_t timeoutMs = static_cast<uint64_t>(timeoutSeconds * 1000) + 1;
+  send(shard, wire::Lookup{request, id, timeoutMs, locate, failedHolder});
+  return request;
 }
 
 // ---------------------------------------------------------------- put
@@ -194,7 +198,7 @@ bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t
       if (it == gets_.end()) return;
       it->second.timer = 0;
       finishGet(token, Status(Code::kTimeout, "get of object " + printableId(it->second.id) + " timed out after " +
-                                                  seconds(it->second.timeoutSeconds) + " (" + it->second.stage + ")"));
+                                                  printableSeconds(it->second.timeoutSeconds) + " (" + it->second.stage + ")"));
     });
     startGet(token);
   });
@@ -216,7 +220,7 @@ void Node::startGet(uint64_t token) {
     if (!status.ok()) {
       Status s = status;
       if (s.code == Code::kTimeout) {
-        s.message = "get of object " + printableId(op.id) + " timed out after " + seconds(op.timeoutSeconds) +
+        s.message = "get of object " + printableId(op.id) + " timed out after " + printableSeconds(op.timeoutSeconds) +
                     " (the object was never put)";
       } else {
         s.message = "get of object " + printableId(op.id) + " failed: " + s.message;
@@ -230,23 +234,15 @@ void Node::startGet(uint64_t token) {
 }
 
 void Node::fetch(const std::string& id, double timeoutSeconds, FetchCallback done) {
-  if (shuttingDown_) {
-    done(Status(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " is shut down"), nullptr, -1);
-    return;
-  }
-  if (auto obj = store_->find(id)) {
+  if (auto obj = store_->find(id); obj && !shuttingDown_) {
     counters_.localGets++;
     done(Status(), obj, -1);
     return;
   }
-  uint64_t request = newRequest();
-  int shard = shardOf(id);
-  pending_[request] = Pending{shard, nullptr, [this, id, done = std::move(done)](const Status& s,
-                                                                                 const wire::LookupReply* reply) {
-                                onFetchLookup(id, s, reply, done);
-                              }};
-  uint64_t timeoutMs = static_cast<uint64_t>(timeoutSeconds * 1000) + 1;
-  send(shard, wire::Lookup{request, id, timeoutMs, /*locate=*/false});
+  requestLookup(id, timeoutSeconds, /*locate=*/false, /*failedHolder=*/-1,
+                [this, id, done = std::move(done)](const Status& s, const wire::LookupReply* reply) {
+                  onFetchLookup(id, s, reply, done);
+                });
 }
 
 void Node::onFetchLookup(const std::string& id, const Status& status, const wire::LookupReply* reply,
@@ -396,6 +392,7 @@ void Node::startPull(int holder, const std::shared_ptr<LocalObject>& obj, int re
 
 uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
                                std::shared_ptr<const void>* keepalive) {
+  heardFrom(conn);
   auto it = pulls_.find(request);
   if (it == pulls_.end()) return nullptr;  // cancelled or failed: discard
   PullState& pull = it->second;
@@ -409,8 +406,7 @@ uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offs
   return pull.object->data() + offset;
 }
 
-void Node::onDataReceived(Connection& conn, uint64_t request, uint64_t end) {
-  heardFrom(conn);
+void Node::onDataReceived(Connection&, uint64_t request, uint64_t end) {
   auto it = pulls_.find(request);
   if (it == pulls_.end()) return;
   auto obj = it->second.object;
@@ -448,22 +444,18 @@ void Node::failPull(uint64_t request, const Status& why) {
 // dead one and never picks one fed through this node) and continue from the
 // bytes already here, so only what was in flight moves again.
 void Node::resumePull(std::shared_ptr<LocalObject> obj, int deadRank, int resumes, Status why) {
-  const std::string id = obj->id();
-  uint64_t request = newRequest();
-  pending_[request] = Pending{shardOf(id), nullptr,
-                              [this, obj, deadRank, resumes, why](const Status& s, const wire::LookupReply* reply) {
-                                if (store_->find(obj->id()) != obj) return;  // dropped meanwhile
-                                if (!s.ok() || reply == nullptr || reply->sender < 0 || reply->sender == config_.rank) {
-                                  return dropFailedCopy(obj, -1, why);
-                                }
-                                counters_.pullResumes++;
-                                HLOG(kInfo, "resuming %s from %s at byte %llu after %s failed",
-                                     printableId(obj->id()).c_str(), peerName(reply->sender).c_str(),
-                                     static_cast<unsigned long long>(obj->watermark()), peerName(deadRank).c_str());
-                                startPull(reply->sender, obj, resumes);
-                              }};
-  wire::Lookup lookup{request, id, static_cast<uint64_t>(config_.connectTimeoutSeconds * 1000), false, deadRank};
-  send(shardOf(id), lookup);
+  requestLookup(obj->id(), config_.connectTimeoutSeconds, /*locate=*/false, deadRank,
+                [this, obj, deadRank, resumes, why](const Status& s, const wire::LookupReply* reply) {
+                  if (store_->find(obj->id()) != obj) return;  // dropped meanwhile
+                  if (!s.ok() || reply == nullptr || reply->sender < 0 || reply->sender == config_.rank) {
+                    return dropFailedCopy(obj, -1, why);
+                  }
+                  counters_.pullResumes++;
+                  HLOG(kInfo, "resuming %s from %s at byte %llu after %s failed", printableId(obj->id()).c_str(),
+                       peerName(reply->sender).c_str(), static_cast<unsigned long long>(obj->watermark()),
+                       peerName(deadRank).c_str());
+                  startPull(reply->sender, obj, resumes);
+                });
 }
 
 void Node::dropFailedCopy(const std::shared_ptr<LocalObject>& obj, int rank, const Status& why) {

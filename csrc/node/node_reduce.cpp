@@ -4,9 +4,6 @@
 // own output object, which its parent fetches like any object while it is being
 // written; the root's output is the result.
 #include <algorithm>
-#include <chrono>
-#include <cstring>
-#include <random>
 
 #include "common/logging.h"
 #include "node/node.h"
@@ -95,27 +92,23 @@ void Node::startReduce(uint64_t key) {
       if (c.arrived[i]) continue;
       missing += (shown++ ? ", " : "") + printableId(c.request.inputIds[i]);
     }
-    char buf[64];
-    std::snprintf(buf, sizeof(buf), "%.3g s", c.request.timeoutSeconds);
     failReduce(key, Status(Code::kTimeout, "reduce into " + printableId(c.request.resultId) + " timed out after " +
-                                               buf + ": needed " + std::to_string(c.request.count) + " of " +
+                                               printableSeconds(c.request.timeoutSeconds) + ": needed " + std::to_string(c.request.count) + " of " +
                                                std::to_string(c.arrived.size()) + " inputs, " +
                                                std::to_string(c.launched + (c.reserved ? 1 : 0)) + " ready" +
                                                (missing.empty() ? std::string() : "; still missing " + missing)));
   });
-  const uint64_t timeoutMs = static_cast<uint64_t>(c.request.timeoutSeconds * 1000) + 1;
+  const double timeout = c.request.timeoutSeconds;
   const std::vector<std::string> ids = c.request.inputIds;
   for (size_t i = 0; i < ids.size(); ++i) {
+    uint64_t request = requestLookup(ids[i], timeout, /*locate=*/true, /*failedHolder=*/-1,
+                                     [this, key, i](const Status& s, const wire::LookupReply* reply) {
+                                       onReduceInput(key, static_cast<int>(i), s, reply);
+                                     });
     // A send to a failed peer fails the reduce at once: look it up again each time.
     auto it = reduces_.find(key);
     if (it == reduces_.end()) return;
-    uint64_t request = newRequest();
     it->second->lookups.push_back(request);
-    pending_[request] = Pending{shardOf(ids[i]), nullptr,
-                                [this, key, i](const Status& s, const wire::LookupReply* reply) {
-                                  onReduceInput(key, static_cast<int>(i), s, reply);
-                                }};
-    send(shardOf(ids[i]), wire::Lookup{request, ids[i], timeoutMs, /*locate=*/true});
   }
   if (!reduces_.count(key)) return;
   withLinkEstimate([this, key] {
