@@ -37,6 +37,9 @@ from torch_hoplite.errors import (
     ProtocolError,
 )
 from torch_hoplite.object_ref import ObjectRef
+from torch_hoplite import c10d_backend as _c10d_backend
+
+_c10d_backend.register()  # dist.init_process_group("hoplite")
 
 __version__ = "0.1.0"
 

@@ -27,13 +27,17 @@ class ReduceOp(enum.IntEnum):
 
     bool tensors: SUM and MAX are logical or, PROD and MIN logical and. AVG
     needs a floating-point or complex dtype; MIN and MAX are not defined for
-    complex ones."""
+    complex ones; BAND, BOR and BXOR need an integer or bool dtype."""
 
     SUM = 0
     PROD = 1
+    PRODUCT = 1  # torch.distributed's name
     MIN = 2
     MAX = 3
     AVG = 4
+    BAND = 5
+    BOR = 6
+    BXOR = 7
 
 
 def _op_code(op: Union[ReduceOp, str, "dist.ReduceOp.RedOpType"]) -> ReduceOp:

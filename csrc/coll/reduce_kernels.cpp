@@ -67,6 +67,19 @@ struct And {
   static bool apply(bool a, bool b) { return a && b; }
 };
 
+struct BitAnd {
+  template <typename T>
+  static T apply(T a, T b) { return static_cast<T>(a & b); }
+};
+struct BitOr {
+  template <typename T>
+  static T apply(T a, T b) { return static_cast<T>(a | b); }
+};
+struct BitXor {
+  template <typename T>
+  static T apply(T a, T b) { return static_cast<T>(a ^ b); }
+};
+
 namespace baseline {
 #include "coll/reduce_loops.inc"
 }  // namespace baseline
@@ -131,6 +144,14 @@ Status pick(ReduceOp op, Kind kind, const std::string& dtype, ReduceKernel* out)
         out->combine = op == ReduceOp::kMin ? combine(Min{}) : combine(Max{});
       }
       return Status();
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor:
+      if (kind != Kind::kBool && kind != Kind::kInteger) return invalid("bitwise ops need an integer or bool dtype");
+      if constexpr (std::is_integral_v<typename BaseCodec::C>) {
+        out->combine = op == ReduceOp::kBand ? combine(BitAnd{}) : op == ReduceOp::kBor ? combine(BitOr{}) : combine(BitXor{});
+      }
+      return Status();
   }
   return invalid("unknown op");
 }
@@ -149,6 +170,9 @@ const char* reduceOpName(ReduceOp op) {
     case ReduceOp::kMin: return "MIN";
     case ReduceOp::kMax: return "MAX";
     case ReduceOp::kAvg: return "AVG";
+    case ReduceOp::kBand: return "BAND";
+    case ReduceOp::kBor: return "BOR";
+    case ReduceOp::kBxor: return "BXOR";
   }
   return "?";
 }

@@ -11,8 +11,9 @@
 namespace hoplite {
 
 // Values travel on the wire; keep them stable.
-enum class ReduceOp : uint8_t { kSum = 0, kProd = 1, kMin = 2, kMax = 3, kAvg = 4 };
-constexpr uint8_t kMaxReduceOp = 4;
+// BAND/BOR/BXOR: integers and bool only.
+enum class ReduceOp : uint8_t { kSum = 0, kProd = 1, kMin = 2, kMax = 3, kAvg = 4, kBand = 5, kBor = 6, kBxor = 7 };
+constexpr uint8_t kMaxReduceOp = 7;
 
 const char* reduceOpName(ReduceOp op);
 

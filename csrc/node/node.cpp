@@ -120,17 +120,21 @@ Status Node::awaitStatus(std::future<Status>& future, double timeoutSeconds, con
 // ---------------------------------------------------------------- connections
 
 void Node::sendTo(int rank, wire::MsgType type, std::string payload) {
+  whenConnected(rank, [type, payload = std::move(payload)](Connection& c) mutable { c.sendControl(type, std::move(payload)); });
+}
+
+void Node::whenConnected(int rank, std::function<void(Connection&)> write) {
   if (shuttingDown_) return;
   if (rank == config_.rank) {
-    self_->sendControl(type, std::move(payload));
+    write(*self_);
     return;
   }
   Peer& peer = peers_[rank];
   if (peer.ready && peer.conn && peer.conn->isOpen()) {
-    peer.conn->sendControl(type, std::move(payload));
+    write(*peer.conn);
     return;
   }
-  peer.queued.emplace_back(type, std::move(payload));
+  peer.queued.push_back(std::move(write));
   if (!peer.conn) {
     // Retry refused connects only while a peer may still be starting up.
     peer.connectDeadline = peer.lost ? 0 : now() + config_.connectTimeoutSeconds;
@@ -185,6 +189,7 @@ void Node::failPeer(int rank, const Status& why) {
     if (pull.rank == rank) pulls.push_back(request);
   }
   for (uint64_t request : pulls) failPull(request, failure);
+  failMessagesFrom(rank, 0, failure);
 }
 
 std::shared_ptr<Connection> Node::sharedConnection(Connection& conn) {
@@ -199,6 +204,11 @@ std::shared_ptr<Connection> Node::sharedConnection(Connection& conn) {
 
 void Node::onClosed(Connection& conn, const Status& why) {
   if (incoming_.erase(conn.id())) {
+    // A sender that went away sends nothing more: who waits for it fails now.
+    if (conn.peerRank() >= 0 && !shuttingDown_) {
+      failMessagesFrom(conn.peerRank(), conn.id(),
+                       Status(Code::kPeerFailed, "connection from " + peerName(conn.peerRank()) + " closed: " + why.message));
+    }
     std::vector<StreamKey> streams;
     for (const auto& [key, stream] : serving_) {
       if (key.first == conn.id()) streams.push_back(key);
@@ -322,9 +332,9 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
       peer.queued.clear();
       // A failed send closes the connection and fails the peer's requests.
       auto c = peer.conn;
-      for (auto& [t, p] : queued) {
+      for (auto& write : queued) {
         if (!c->isOpen()) break;
-        c->sendControl(t, std::move(p));
+        write(*c);
       }
       return;
     }
@@ -394,6 +404,9 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
       conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, Status()}));
       return;
     }
+    case wire::MsgType::kMessage:
+      handleMessage(conn, wire::Message::decode(reader));
+      return;
     case wire::MsgType::kHello:
       conn.close(Status(Code::kProtocol, "unexpected hello"));
       return;
@@ -436,6 +449,9 @@ std::map<std::string, uint64_t> Node::stats() {
       {"reduce_bytes", counters_.reduceBytes.load()},
       {"link_probes", counters_.probes.load()},
       {"pull_resumes", counters_.pullResumes.load()},
+      {"messages_sent", counters_.messagesSent.load()},
+      {"messages_received", counters_.messagesReceived.load()},
+      {"messages_unexpected", counters_.messagesUnexpected.load()},
       {"inline_gets", counters_.inlineGets.load()},
       {"local_gets", counters_.localGets.load()},
       {"remote_gets", counters_.remoteGets.load()},
@@ -476,6 +492,7 @@ void Node::shutdown() {
     std::vector<uint64_t> tasks;
     for (const auto& entry : tasks_) tasks.push_back(entry.first);
     for (uint64_t task : tasks) failTask(task, why);
+    failMessagesFrom(-1, 0, why);
     done.set_value();
   });
   done.get_future().wait();

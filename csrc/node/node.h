@@ -108,6 +108,21 @@ class Node : public ConnectionObserver {
   // chosen and every tree position has registered its output: the result
   // object then exists and fills as the reduce streams.
   Status reduce(const ReduceRequest& request, ReducePlan* plan);
+  // Tagged messages between ranks, the transport of the c10d backend
+  // (node_mailbox.cpp). A message is matched with the receive posted at its
+  // destination for the same (context, tag) and source, in send order; one that
+  // arrives before its receive waits in a mailbox. `done` runs exactly once, on
+  // the loop thread: for a send once its bytes are handed to the kernel.
+  // `keepalive` holds the memory until then.
+  using MessageCallback = std::function<void(const Status&, int sourceRank)>;
+  void sendMessage(int rank, uint64_t context, uint64_t tag, const uint8_t* data, uint64_t size,
+                   std::shared_ptr<const void> keepalive, MessageCallback done);
+  // rank -1: from any source. Returns a handle for cancelReceive.
+  uint64_t recvMessage(int rank, uint64_t context, uint64_t tag, uint8_t* dest, uint64_t size,
+                       std::shared_ptr<const void> keepalive, MessageCallback done);
+  // Fails a receive that has not completed with `why` (its caller gave up);
+  // no later byte is written to its memory.
+  void cancelReceive(uint64_t handle, const Status& why);
   // Waits up to `timeoutSeconds` for completions; false once shut down and drained.
   bool waitCompletions(std::vector<Completion>* out, double timeoutSeconds);
   std::map<std::string, uint64_t> stats();
@@ -127,7 +142,7 @@ class Node : public ConnectionObserver {
     int port = 0;
     std::shared_ptr<Connection> conn;
     bool ready = false;  // handshake done
-    std::vector<std::pair<wire::MsgType, std::string>> queued;
+    std::vector<std::function<void(Connection&)>> queued;  // sends waiting for the handshake
     double connectDeadline = 0;
     double backoff = 0.05;
     bool lost = false;  // was reachable once and failed since: no retrying
@@ -137,6 +152,9 @@ class Node : public ConnectionObserver {
   int shardOf(const std::string& id) const;
   std::string peerName(int rank) const;
   void sendTo(int rank, wire::MsgType type, std::string payload);
+  // Runs `write` with the peer's connection once its handshake is done; a
+  // failed peer drops it unrun.
+  void whenConnected(int rank, std::function<void(Connection&)> write);
   template <typename M>
   void send(int rank, const M& msg) {
     sendTo(rank, M::kType, wire::encode(msg));
@@ -236,6 +254,27 @@ class Node : public ConnectionObserver {
   // (refreshed when older than a minute); `then` runs once they are known.
   void withLinkEstimate(std::function<void()> then);
 
+  // --- tagged messages (node_mailbox.cpp) ---
+  using MessageKey = std::pair<uint64_t, uint64_t>;  // (context, tag)
+  struct PostedReceive {
+    uint64_t handle = 0;
+    int rank = -1;
+    uint8_t* dest = nullptr;
+    uint64_t size = 0;
+    std::shared_ptr<const void> keepalive;
+    MessageCallback done;
+  };
+  struct Inbound;  // a message arriving, or waiting in the mailbox
+  void handleMessage(Connection& conn, const wire::Message& msg);
+  void matchReceive(PostedReceive receive, MessageKey key);
+  void completeInbound(const std::shared_ptr<Inbound>& inbound);
+  uint8_t* messageDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
+                              std::shared_ptr<const void>* keepalive);
+  void onMessageData(Connection& conn, uint64_t request, uint64_t end);
+  // A sender's connection closed: its unfinished messages and the receives
+  // waiting for it fail.
+  void failMessagesFrom(int rank, uint64_t connectionId, const Status& why);
+
   // --- requests this node serves (node_server.cpp) ---
   struct ServingStream {
     std::weak_ptr<Connection> conn;
@@ -289,6 +328,10 @@ class Node : public ConnectionObserver {
   std::string reduceNonce_;  // makes this node's partial-result ids unique across restarts
   std::unordered_map<uint64_t, std::unique_ptr<ReduceCoordination>> reduces_;
   std::unordered_map<uint64_t, std::unique_ptr<ReduceTaskState>> tasks_;
+  std::atomic<uint64_t> nextMessage_{1};
+  std::map<StreamKey, std::shared_ptr<Inbound>> inbound_;  // arriving, by (connection id, request)
+  std::map<MessageKey, std::deque<std::shared_ptr<Inbound>>> mailbox_;  // unmatched, arrival order
+  std::map<MessageKey, std::deque<PostedReceive>> receives_;           // unmatched, post order
   double lastHeartbeatCheck_ = 0;
   LinkEstimate link_;
   bool linkMeasured_ = false;
@@ -309,6 +352,7 @@ class Node : public ConnectionObserver {
     std::atomic<uint64_t> relaysServed{0};  // pulls served from a copy still arriving
     std::atomic<uint64_t> reducesCoordinated{0}, reduceTasks{0}, reduceBytes{0}, probes{0};
     std::atomic<uint64_t> pullResumes{0};  // transfers continued from another holder after a failure
+    std::atomic<uint64_t> messagesSent{0}, messagesReceived{0}, messagesUnexpected{0};
   } counters_;
 };
 

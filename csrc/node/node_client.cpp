@@ -393,6 +393,7 @@ void Node::startPull(int holder, const std::shared_ptr<LocalObject>& obj, int re
 uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
                                std::shared_ptr<const void>* keepalive) {
   heardFrom(conn);
+  if (request & wire::kMessageRequestBit) return messageDestination(conn, request, offset, size, keepalive);
   auto it = pulls_.find(request);
   if (it == pulls_.end()) return nullptr;  // cancelled or failed: discard
   PullState& pull = it->second;
@@ -406,7 +407,11 @@ uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offs
   return pull.object->data() + offset;
 }
 
-void Node::onDataReceived(Connection&, uint64_t request, uint64_t end) {
+void Node::onDataReceived(Connection& conn, uint64_t request, uint64_t end) {
+  if (request & wire::kMessageRequestBit) {
+    onMessageData(conn, request, end);
+    return;
+  }
   auto it = pulls_.find(request);
   if (it == pulls_.end()) return;
   auto obj = it->second.object;

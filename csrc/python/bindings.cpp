@@ -72,6 +72,10 @@ py::tuple reduce(NodeHandle& h, const py::bytes& resultId, const std::vector<py:
 
 }  // namespace
 
+namespace hoplite {
+void bindBackend(py::module& m);  // backend_bindings.cpp
+}
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_hoplite core (C++): node runtime, transport, object store, directory";
 
@@ -102,4 +106,5 @@ PYBIND11_MODULE(_C, m) {
            py::arg("degree"), py::arg("timeout"))
       .def("stats", [](NodeHandle& h) { return h.node().stats(); })
       .def("shutdown", &NodeHandle::shutdown);
+  hoplite::bindBackend(m);
 }

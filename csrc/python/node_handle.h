@@ -18,6 +18,7 @@ class NodeHandle {
   ~NodeHandle();
 
   Node& node() { return *node_; }
+  std::shared_ptr<Node> sharedNode() const { return node_; }
   // Registers `tensor` (contiguous CPU) under `id`; keeps it alive until copied
   // (copy=false: until deleted, as the store's copy). Returns (code, message).
   // blocking=true also waits for the local copy.

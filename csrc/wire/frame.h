@@ -33,8 +33,9 @@ enum class MsgType : uint8_t {
   kReduceTask = 13,
   kReduceAbort = 14,
   kProbe = 15,
+  kMessage = 16,
 };
-constexpr uint8_t kMaxMsgType = 15;
+constexpr uint8_t kMaxMsgType = 16;
 
 struct FrameHeader {
   uint8_t type = 0;

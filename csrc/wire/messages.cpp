@@ -248,5 +248,22 @@ Probe Probe::decode(Reader& r, uint64_t maxPadding) {
   return m;
 }
 
+void Message::encode(Writer& w) const {
+  w.u64(request);
+  w.u64(context);
+  w.u64(tag);
+  w.u64(size);
+}
+Message Message::decode(Reader& r) {
+  Message m;
+  m.request = r.u64();
+  if (!(m.request & kMessageRequestBit)) throw DecodeError("message request without its marker bit");
+  m.context = r.u64();
+  m.tag = r.u64();
+  m.size = r.u64();
+  r.expectEnd("message");
+  return m;
+}
+
 }  // namespace wire
 }  // namespace hoplite

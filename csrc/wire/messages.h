@@ -175,6 +175,20 @@ struct Probe {
   static Probe decode(Reader& r, uint64_t maxPadding);
 };
 
+// Announces a tagged message (the c10d backend's point-to-point unit); its
+// bytes follow as data frames for `request`, a number the sender chose with
+// kMessageRequestBit set so it never collides with the receiver's own pulls.
+constexpr uint64_t kMessageRequestBit = 1ull << 63;
+struct Message {
+  static constexpr MsgType kType = MsgType::kMessage;
+  uint64_t request = 0;
+  uint64_t context = 0;  // the process group
+  uint64_t tag = 0;
+  uint64_t size = 0;
+  void encode(Writer& w) const;
+  static Message decode(Reader& r);
+};
+
 template <typename M>
 std::string encode(const M& m) {
   Writer w;

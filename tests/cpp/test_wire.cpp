@@ -157,6 +157,8 @@ static void testMessages() {
   }
   checkTruncations(ReduceAbort{0, "sum"}, [](Reader& r) { ReduceAbort::decode(r); }, "reduce abort");
   checkTruncations(Probe{1, std::string(100, 'x')}, [](Reader& r) { Probe::decode(r, 1000); }, "probe");
+  checkTruncations(Message{kMessageRequestBit | 7, 3, 5, 1 << 20}, [](Reader& r) { Message::decode(r); }, "message");
+  CHECK(throwsDecodeError(encode(Message{7, 3, 5, 0}), [](Reader& r) { Message::decode(r); }));
   // A child count that the payload cannot hold is refused before allocating.
   {
     Writer w;

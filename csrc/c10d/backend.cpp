@@ -1,0 +1,597 @@
+#include "c10d/backend.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "c10d/algorithms.h"
+#include "common/object_meta.h"
+
+namespace hoplite::c10d {
+namespace {
+
+using Tensors = HopliteBackend::Tensors;
+
+// Allreduce sizes below this take the butterfly (log2 N rounds), above the ring
+// (2(N-1) steps but 2(N-1)/N of the data): the crossover of the two cost models
+// for N = 8 at 100 us and 1 Gbit/s is ~100 KB.
+constexpr size_t kRingAllreduceBytes = 128u << 10;
+// Tags: a collective's are (seq << 40 | sub-tag), send/recv's (1 << 62 | tag).
+constexpr int kSeqShift = 40;
+constexpr uint64_t kSeqMask = (1ull << 22) - 1;
+constexpr uint64_t kPointToPointBit = 1ull << 62;
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string dtypeName(at::ScalarType t) {
+  switch (t) {
+    case at::kBool: return "bool";
+    case at::kByte: return "uint8";
+    case at::kChar: return "int8";
+    case at::kShort: return "int16";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    case at::kUInt16: return "uint16";
+    case at::kUInt32: return "uint32";
+    case at::kUInt64: return "uint64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kComplexFloat: return "complex64";
+    case at::kComplexDouble: return "complex128";
+    default: return c10::toString(t);
+  }
+}
+
+void checkTensor(const at::Tensor& t, const char* op, const std::string& what) {
+  TORCH_CHECK(t.defined(), "hoplite ", op, ": ", what, " is undefined");
+  TORCH_CHECK(t.layout() == at::kStrided, "hoplite ", op, ": ", what, " must be a dense tensor, got layout ", t.layout());
+  TORCH_CHECK(t.device().is_cpu(), "hoplite ", op, ": ", what, " is on ", t.device(),
+              "; the backend moves CPU tensors (CUDA tensors await the GPU staging path)");
+}
+
+const at::Tensor& single(const Tensors& tensors, const char* op) {
+  TORCH_CHECK(tensors.size() == 1, "hoplite ", op, ": expects exactly one tensor per process, got ", tensors.size());
+  checkTensor(tensors[0], op, "the tensor");
+  return tensors[0];
+}
+
+void checkLike(const at::Tensor& t, const at::Tensor& like, const char* op, const std::string& what) {
+  checkTensor(t, op, what);
+  TORCH_CHECK(t.scalar_type() == like.scalar_type(), "hoplite ", op, ": ", what, " has dtype ", t.scalar_type(),
+              ", expected ", like.scalar_type());
+  TORCH_CHECK(t.numel() == like.numel(), "hoplite ", op, ": ", what, " has ", t.numel(), " elements, expected ",
+              like.numel());
+}
+
+uint8_t* bytesOf(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
+size_t nbytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+
+// A contiguous tensor to work on: `user` itself, or a copy that commit() writes back.
+struct Dense {
+  at::Tensor work, user;
+  explicit Dense(const at::Tensor& t) : work(t.is_contiguous() ? t : t.contiguous()), user(t) {}
+  void commit() const {
+    if (!work.is_same(user)) user.copy_(work);
+  }
+};
+
+struct Reduction {
+  Elements elements;
+  DivideFn divide = nullptr;  // AVG
+};
+
+Reduction reductionFor(const ::c10d::ReduceOp& op, const at::Tensor& t, const char* name) {
+  ReduceOp mine = ReduceOp::kSum;
+  switch (static_cast<::c10d::ReduceOp::RedOpType>(op)) {
+    case ::c10d::ReduceOp::SUM: mine = ReduceOp::kSum; break;
+    case ::c10d::ReduceOp::AVG: mine = ReduceOp::kAvg; break;
+    case ::c10d::ReduceOp::PRODUCT: mine = ReduceOp::kProd; break;
+    case ::c10d::ReduceOp::MIN: mine = ReduceOp::kMin; break;
+    case ::c10d::ReduceOp::MAX: mine = ReduceOp::kMax; break;
+    case ::c10d::ReduceOp::BAND: mine = ReduceOp::kBand; break;
+    case ::c10d::ReduceOp::BOR: mine = ReduceOp::kBor; break;
+    case ::c10d::ReduceOp::BXOR: mine = ReduceOp::kBxor; break;
+    default: TORCH_CHECK(false, "hoplite ", name, ": reduce op ", static_cast<int>(op.op_), " is not supported");
+  }
+  ReduceKernel kernel;
+  Status s = reduceKernel(mine, dtypeName(t.scalar_type()), &kernel);
+  TORCH_CHECK(s.ok(), "hoplite ", name, ": ", s.message);
+  return Reduction{Elements{static_cast<size_t>(t.element_size()), kernel.combine}, kernel.divide};
+}
+
+void allreduceInPlace(Channel& ch, const at::Tensor& t, const Reduction& red) {
+  const size_t count = t.numel();
+  if (nbytes(t) < kRingAllreduceBytes) {
+    butterflyAllreduce(ch, bytesOf(t), count, red.elements);
+  } else {
+    ringAllreduce(ch, bytesOf(t), count, red.elements);
+  }
+  if (red.divide) red.divide(bytesOf(t), count, ch.size());
+}
+
+std::exception_ptr asBackendError(const std::string& message) {
+  try {
+    C10_THROW_ERROR(DistBackendError, message);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- SerialQueue
+
+SerialQueue::SerialQueue() : thread_([this] { run(); }) {}
+SerialQueue::~SerialQueue() { stop(); }
+
+void SerialQueue::post(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!stopping_) {
+      queue_.push_back(std::move(fn));
+      cv_.notify_one();
+      return;
+    }
+  }
+  fn();  // stopped: run here rather than never
+}
+
+void SerialQueue::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void SerialQueue::run() {
+  for (;;) {
+    std::function<void()> fn;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      fn = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    fn();
+  }
+}
+
+// ---------------------------------------------------------------- HopliteWork
+
+HopliteWork::HopliteWork(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs)
+    : Work(rank, type),
+      outputs_(std::move(outputs)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+void HopliteWork::complete(std::exception_ptr error, int sourceRank) {
+  sourceRank_ = sourceRank;
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+  finish(error);
+}
+
+// ---------------------------------------------------------------- HopliteBackend
+
+HopliteBackend::HopliteBackend(std::shared_ptr<Node> node, const std::string& groupName, int rank,
+                               std::vector<int> globalRanks, std::chrono::milliseconds timeout)
+    : Backend(rank, static_cast<int>(globalRanks.size())),
+      node_(node),
+      channel_(std::move(node), fnv1a("c10d:" + groupName), rank, std::move(globalRanks)),
+      timeout_(timeout) {}
+
+HopliteBackend::~HopliteBackend() { shutdown(); }
+
+void HopliteBackend::shutdown() {
+  worker_.stop();
+  completer_->stop();
+}
+
+double HopliteBackend::timeoutSeconds(std::chrono::milliseconds requested) const {
+  auto ms = requested == ::c10d::kUnsetTimeout ? timeout_ : requested;
+  return std::clamp(std::chrono::duration<double>(ms).count(), 1e-3, kMaxTimeoutSeconds);
+}
+
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::enqueue(::c10d::OpType type, const char* name, Tensors keep,
+                                                         Tensors outputs, std::chrono::milliseconds timeout,
+                                                         Body body) {
+  auto work = c10::make_intrusive<HopliteWork>(getRank(), type, std::move(outputs));
+  const uint64_t seq = seq_++;
+  const double seconds = timeoutSeconds(timeout);
+  auto owner = std::make_shared<Tensors>(std::move(keep));
+  std::string label = std::string("hoplite ") + name + " #" + std::to_string(seq);
+  worker_.post([this, work, seq, seconds, owner, label, body = std::move(body)] {
+    std::exception_ptr error;
+    try {
+      channel_.begin(label, (seq & kSeqMask) << kSeqShift, seconds, owner);
+      body(channel_);
+    } catch (const CommError& e) {
+      error = asBackendError(e.what());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    channel_.end();
+    work->complete(error);
+  });
+  return work;
+}
+
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::broadcast(Tensors& tensors, const ::c10d::BroadcastOptions& opts) {
+  const at::Tensor& t = single(tensors, "broadcast");
+  const int root = static_cast<int>(opts.rootRank);
+  TORCH_CHECK(root >= 0 && root < getSize(), "hoplite broadcast: root ", root, " is not a rank of this group");
+  Dense d(t);
+  return enqueue(::c10d::OpType::BROADCAST, "broadcast", {d.work, t}, tensors, opts.timeout, [d, root](Channel& ch) {
+    hoplite::c10d::broadcast(ch, bytesOf(d.work), nbytes(d.work), root);
+    d.commit();
+  });
+}
+
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::allreduce(Tensors& tensors, const ::c10d::AllreduceOptions& opts) {
+  const at::Tensor& t = single(tensors, "allreduce");
+  Reduction red = reductionFor(opts.reduceOp, t, "allreduce");
+  Dense d(t);
+  return enqueue(::c10d::OpType::ALLREDUCE, "allreduce", {d.work, t}, tensors, opts.timeout, [d, red](Channel& ch) {
+    allreduceInPlace(ch, d.work, red);
+    d.commit();
+  });
+}
+
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::allreduce_coalesced(Tensors& tensors,
+                                                                     const ::c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK(!tensors.empty(), "hoplite allreduce_coalesced: no tensors");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    checkTensor(tensors[i], "allreduce_coalesced", "tensor " + std::to_string(i));
+    TORCH_CHECK(tensors[i].scalar_type() == tensors[0].scalar_type(), "hoplite allreduce_coalesced: tensor ", i,
+                " has dtype ", tensors[i].scalar_type(), ", tensor 0 has ", tensors[0].scalar_type());
+  }
+  Reduction red = reductionFor(opts.reduceOp, tensors[0], "allreduce_coalesced");
+  std::vector<at::Tensor> flat;
+  for (const auto& t : tensors) flat.push_back(t.reshape({-1}));
+  at::Tensor joined = at::cat(flat);
+  Tensors keep = tensors;
+  keep.push_back(joined);
+  return enqueue(::c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", keep, tensors, opts.timeout,
+                 [joined, tensors, red](Channel& ch) {
+                   allreduceInPlace(ch, joined, red);
+                   int64_t at = 0;
+                   for (const auto& t : tensors) {
+                     t.copy_(joined.narrow(0, at, t.numel()).view(t.sizes()));
+                     at += t.numel();
+                   }
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::reduce(Tensors& tensors, const ::c10d::ReduceOptions& opts) {
+  const at::Tensor& t = single(tensors, "reduce");
+  const int root = static_cast<int>(opts.rootRank);
+  TORCH_CHECK(root >= 0 && root < getSize(), "hoplite reduce: root ", root, " is not a rank of this group");
+  Reduction red = reductionFor(opts.reduceOp, t, "reduce");
+  Dense d(t);
+  return enqueue(::c10d::OpType::REDUCE, "reduce", {d.work, t}, tensors, opts.timeout, [d, red, root](Channel& ch) {
+    chainReduce(ch, bytesOf(d.work), d.work.numel(), red.elements, root);
+    if (ch.rank() == root) {
+      if (red.divide) red.divide(bytesOf(d.work), d.work.numel(), ch.size());
+      d.commit();
+    }
+  });
+}
+
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::allgather(TensorLists& outputs, Tensors& inputs,
+                                                           const ::c10d::AllgatherOptions& opts) {
+  const at::Tensor& in = single(inputs, "allgather");
+  TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
+              "hoplite allgather: expects one list of ", getSize(), " output tensors");
+  for (int i = 0; i < getSize(); ++i) checkLike(outputs[0][i], in, "allgather", "output " + std::to_string(i));
+  const size_t block = nbytes(in);
+  Tensors keep = outputs[0];
+  keep.push_back(in);
+  Tensors outs = outputs[0];
+  return enqueue(::c10d::OpType::ALLGATHER, "allgather", keep, outs, opts.timeout, [in, outs, block](Channel& ch) {
+    uint8_t* flat = ch.scratch(block * ch.size());
+    at::Tensor src = in.contiguous();
+    if (block > 0) std::memcpy(flat + block * ch.rank(), bytesOf(src), block);
+    ringAllgather(ch, flat, block);
+    for (int i = 0; i < ch.size(); ++i) {
+      Dense d(outs[i]);
+      if (block > 0) std::memcpy(bytesOf(d.work), flat + block * i, block);
+      d.commit();
+    }
+  });
+}
+
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                 const ::c10d::AllgatherOptions& opts) {
+  checkTensor(input, "all_gather_into_tensor", "the input");
+  checkTensor(output, "all_gather_into_tensor", "the output");
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "hoplite all_gather_into_tensor: output dtype ",
+              output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  TORCH_CHECK(output.numel() == input.numel() * getSize(), "hoplite all_gather_into_tensor: output has ",
+              output.numel(), " elements, expected ", input.numel() * getSize(), " (input × group size)");
+  Dense d(output);
+  return enqueue(::c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {d.work, output, input}, {output},
+                 opts.timeout, [d, input](Channel& ch) {
+                   const size_t block = nbytes(input);
+                   at::Tensor src = input.contiguous();
+                   if (block > 0) std::memcpy(bytesOf(d.work) + block * ch.rank(), bytesOf(src), block);
+                   ringAllgather(ch, bytesOf(d.work), block);
+                   d.commit();
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::gather(TensorLists& outputs, Tensors& inputs,
+                                                        const ::c10d::GatherOptions& opts) {
+  const at::Tensor& in = single(inputs, "gather");
+  const int root = static_cast<int>(opts.rootRank);
+  TORCH_CHECK(root >= 0 && root < getSize(), "hoplite gather: root ", root, " is not a rank of this group");
+  Tensors outs;
+  if (getRank() == root) {
+    TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
+                "hoplite gather: the root expects one list of ", getSize(), " output tensors");
+    for (int i = 0; i < getSize(); ++i) checkLike(outputs[0][i], in, "gather", "output " + std::to_string(i));
+    outs = outputs[0];
+  } else {
+    TORCH_CHECK(outputs.empty() || outputs[0].empty(), "hoplite gather: only the root takes output tensors");
+  }
+  Tensors keep = outs;
+  keep.push_back(in);
+  return enqueue(::c10d::OpType::GATHER, "gather", keep, outs, opts.timeout, [in, outs, root](Channel& ch) {
+    at::Tensor src = in.contiguous();
+    std::vector<Dense> dense;
+    std::vector<uint8_t*> blocks;
+    for (const auto& o : outs) {
+      dense.emplace_back(o);
+      blocks.push_back(bytesOf(dense.back().work));
+    }
+    hoplite::c10d::gather(ch, bytesOf(src), blocks.data(), nbytes(src), root);
+    for (const auto& d : dense) d.commit();
+  });
+}
+
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::scatter(Tensors& outputs, TensorLists& inputs,
+                                                         const ::c10d::ScatterOptions& opts) {
+  const at::Tensor& out = single(outputs, "scatter");
+  const int root = static_cast<int>(opts.rootRank);
+  TORCH_CHECK(root >= 0 && root < getSize(), "hoplite scatter: root ", root, " is not a rank of this group");
+  Tensors ins;
+  if (getRank() == root) {
+    TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
+                "hoplite scatter: the root expects one list of ", getSize(), " input tensors");
+    for (int i = 0; i < getSize(); ++i) checkLike(inputs[0][i], out, "scatter", "input " + std::to_string(i));
+    ins = inputs[0];
+  } else {
+    TORCH_CHECK(inputs.empty() || inputs[0].empty(), "hoplite scatter: only the root takes input tensors");
+  }
+  Tensors keep = ins;
+  keep.push_back(out);
+  return enqueue(::c10d::OpType::SCATTER, "scatter", keep, outputs, opts.timeout, [ins, out, root](Channel& ch) {
+    std::vector<at::Tensor> dense;
+    std::vector<const uint8_t*> blocks;
+    for (const auto& i : ins) {
+      dense.push_back(i.contiguous());
+      blocks.push_back(bytesOf(dense.back()));
+    }
+    Dense d(out);
+    hoplite::c10d::scatter(ch, blocks.data(), bytesOf(d.work), nbytes(d.work), root);
+    d.commit();
+  });
+}
+
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::reduce_scatter(Tensors& outputs, TensorLists& inputs,
+                                                                const ::c10d::ReduceScatterOptions& opts) {
+  const at::Tensor& out = single(outputs, "reduce_scatter");
+  TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
+              "hoplite reduce_scatter: expects one list of ", getSize(), " input tensors");
+  for (int i = 0; i < getSize(); ++i) checkLike(inputs[0][i], out, "reduce_scatter", "input " + std::to_string(i));
+  Reduction red = reductionFor(opts.reduceOp, out, "reduce_scatter");
+  Tensors ins = inputs[0];
+  Tensors keep = ins;
+  keep.push_back(out);
+  return enqueue(::c10d::OpType::REDUCE_SCATTER, "reduce_scatter", keep, outputs, opts.timeout,
+                 [ins, out, red](Channel& ch) {
+                   const size_t block = nbytes(out);
+                   uint8_t* flat = ch.scratch(block * ch.size());
+                   for (int i = 0; i < ch.size(); ++i) {
+                     at::Tensor src = ins[i].contiguous();
+                     if (block > 0) std::memcpy(flat + block * i, bytesOf(src), block);
+                   }
+                   ringReduceScatter(ch, flat, out.numel(), red.elements);
+                   uint8_t* mine = flat + block * ch.rank();
+                   if (red.divide) red.divide(mine, out.numel(), ch.size());
+                   Dense d(out);
+                   if (block > 0) std::memcpy(bytesOf(d.work), mine, block);
+                   d.commit();
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                      const ::c10d::ReduceScatterOptions& opts) {
+  checkTensor(output, "reduce_scatter_tensor", "the output");
+  checkTensor(input, "reduce_scatter_tensor", "the input");
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "hoplite reduce_scatter_tensor: output dtype ",
+              output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  TORCH_CHECK(input.numel() == output.numel() * getSize(), "hoplite reduce_scatter_tensor: input has ", input.numel(),
+              " elements, expected ", output.numel() * getSize(), " (output × group size)");
+  Reduction red = reductionFor(opts.reduceOp, output, "reduce_scatter_tensor");
+  return enqueue(::c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output, input}, {output},
+                 opts.timeout, [output, input, red](Channel& ch) {
+                   // Work on a copy: the ring clobbers the blocks it does not own.
+                   at::Tensor flat = input.contiguous().clone();
+                   const size_t block = nbytes(output);
+                   ringReduceScatter(ch, bytesOf(flat), output.numel(), red.elements);
+                   uint8_t* mine = bytesOf(flat) + block * ch.rank();
+                   if (red.divide) red.divide(mine, output.numel(), ch.size());
+                   Dense d(output);
+                   if (block > 0) std::memcpy(bytesOf(d.work), mine, block);
+                   d.commit();
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                               std::vector<int64_t>& outputSplits,
+                                                               std::vector<int64_t>& inputSplits,
+                                                               const ::c10d::AllToAllOptions& opts) {
+  checkTensor(output, "all_to_all_single", "the output");
+  checkTensor(input, "all_to_all_single", "the input");
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "hoplite all_to_all_single: output dtype ",
+              output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  const int n = getSize();
+  auto splits = [&](const at::Tensor& t, std::vector<int64_t> given, const char* what) {
+    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    if (given.empty()) {
+      TORCH_CHECK(rows % n == 0, "hoplite all_to_all_single: ", what, " has ", rows,
+                  " rows, not divisible by the group size ", n, "; give split sizes");
+      given.assign(n, rows / n);
+    }
+    TORCH_CHECK(static_cast<int>(given.size()) == n, "hoplite all_to_all_single: ", what, " split sizes have ",
+                given.size(), " entries, expected ", n);
+    int64_t sum = 0;
+    for (int64_t s : given) {
+      TORCH_CHECK(s >= 0, "hoplite all_to_all_single: negative split size in ", what);
+      sum += s;
+    }
+    TORCH_CHECK(sum == rows, "hoplite all_to_all_single: ", what, " split sizes add up to ", sum, ", it has ", rows,
+                " rows");
+    return given;
+  };
+  auto outRows = splits(output, outputSplits, "the output");
+  auto inRows = splits(input, inputSplits, "the input");
+  Dense d(output);
+  return enqueue(::c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {d.work, output, input}, {output}, opts.timeout,
+                 [d, input, outRows, inRows](Channel& ch) {
+                   at::Tensor src = input.contiguous();
+                   const int64_t inRow = input.dim() == 0 ? nbytes(input) : nbytes(input) / std::max<int64_t>(input.size(0), 1);
+                   const int64_t outRow = d.work.dim() == 0 ? nbytes(d.work) : nbytes(d.work) / std::max<int64_t>(d.work.size(0), 1);
+                   std::vector<const uint8_t*> sendBlocks;
+                   std::vector<uint8_t*> recvBlocks;
+                   std::vector<size_t> sendBytes, recvBytes;
+                   int64_t inAt = 0, outAt = 0;
+                   for (int i = 0; i < ch.size(); ++i) {
+                     sendBlocks.push_back(bytesOf(src) + inAt * inRow);
+                     sendBytes.push_back(inRows[i] * inRow);
+                     recvBlocks.push_back(bytesOf(d.work) + outAt * outRow);
+                     recvBytes.push_back(outRows[i] * outRow);
+                     inAt += inRows[i];
+                     outAt += outRows[i];
+                   }
+                   TORCH_CHECK(sendBytes[ch.rank()] == recvBytes[ch.rank()], "hoplite all_to_all_single: rank ",
+                               ch.rank(), " sends itself ", sendBytes[ch.rank()], " bytes but expects ",
+                               recvBytes[ch.rank()]);
+                   allToAll(ch, sendBlocks.data(), sendBytes.data(), recvBlocks.data(), recvBytes.data());
+                   d.commit();
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::alltoall(Tensors& outputs, Tensors& inputs,
+                                                          const ::c10d::AllToAllOptions& opts) {
+  const int n = getSize();
+  TORCH_CHECK(static_cast<int>(outputs.size()) == n && static_cast<int>(inputs.size()) == n,
+              "hoplite all_to_all: expects ", n, " input and ", n, " output tensors, got ", inputs.size(), " and ",
+              outputs.size());
+  for (int i = 0; i < n; ++i) {
+    checkTensor(inputs[i], "all_to_all", "input " + std::to_string(i));
+    checkTensor(outputs[i], "all_to_all", "output " + std::to_string(i));
+    TORCH_CHECK(inputs[i].scalar_type() == outputs[i].scalar_type(), "hoplite all_to_all: input ", i, " has dtype ",
+                inputs[i].scalar_type(), ", output ", i, " has ", outputs[i].scalar_type());
+  }
+  TORCH_CHECK(inputs[getRank()].numel() == outputs[getRank()].numel(), "hoplite all_to_all: rank ", getRank(),
+              " sends itself ", inputs[getRank()].numel(), " elements but expects ", outputs[getRank()].numel());
+  Tensors keep = inputs;
+  keep.insert(keep.end(), outputs.begin(), outputs.end());
+  Tensors ins = inputs, outs = outputs;
+  return enqueue(::c10d::OpType::ALLTOALL, "all_to_all", keep, outputs, opts.timeout, [ins, outs](Channel& ch) {
+    std::vector<at::Tensor> src;
+    std::vector<Dense> dst;
+    std::vector<const uint8_t*> sendBlocks;
+    std::vector<uint8_t*> recvBlocks;
+    std::vector<size_t> sendBytes, recvBytes;
+    for (int i = 0; i < ch.size(); ++i) {
+      src.push_back(ins[i].contiguous());
+      dst.emplace_back(outs[i]);
+      sendBlocks.push_back(bytesOf(src.back()));
+      sendBytes.push_back(nbytes(src.back()));
+      recvBlocks.push_back(bytesOf(dst.back().work));
+      recvBytes.push_back(nbytes(dst.back().work));
+    }
+    allToAll(ch, sendBlocks.data(), sendBytes.data(), recvBlocks.data(), recvBytes.data());
+    for (const auto& d : dst) d.commit();
+  });
+}
+
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::barrier(const ::c10d::BarrierOptions& opts) {
+  return enqueue(::c10d::OpType::BARRIER, "barrier", {}, {}, opts.timeout, [](Channel& ch) { hoplite::c10d::barrier(ch); });
+}
+
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::send(Tensors& tensors, int dstRank, int tag) {
+  return pointToPoint(tensors, dstRank, tag, true);
+}
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::recv(Tensors& tensors, int srcRank, int tag) {
+  return pointToPoint(tensors, srcRank, tag, false);
+}
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::recvAnysource(Tensors& tensors, int tag) {
+  return pointToPoint(tensors, -1, tag, false);
+}
+
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::pointToPoint(Tensors& tensors, int peer, int tag, bool isSend) {
+  const char* name = isSend ? "send" : "recv";
+  const at::Tensor& t = single(tensors, name);
+  const bool any = !isSend && peer == -1;
+  TORCH_CHECK(any || (peer >= 0 && peer < getSize()), "hoplite ", name, ": rank ", peer,
+              " is not a rank of this group of ", getSize());
+  TORCH_CHECK(peer != getRank(), "hoplite ", name, ": rank ", peer, " cannot ", name, " to itself");
+  auto type = isSend ? ::c10d::OpType::SEND : any ? ::c10d::OpType::RECVANYSOURCE : ::c10d::OpType::RECV;
+  auto work = c10::make_intrusive<HopliteWork>(getRank(), type, tensors);
+  Dense d(t);
+  auto keep = std::make_shared<at::Tensor>(d.work);
+  const uint64_t tagValue = kPointToPointBit | static_cast<uint32_t>(tag);
+  const int global = any ? -1 : channel_.globalRank(peer);
+  std::vector<int> ranks;
+  for (int i = 0; i < getSize(); ++i) ranks.push_back(channel_.globalRank(i));
+  const std::string what = std::string("hoplite ") + name + (isSend ? " to rank " : " from rank ") +
+                           (any ? std::string("any") : std::to_string(peer)) + " (tag " + std::to_string(tag) + ")";
+  auto completer = completer_;
+  // Runs on the loop thread; the Work completes on the completer thread.
+  auto done = [work, d, what, ranks, completer, isSend](const Status& status, int source) {
+    completer->post([work, d, what, ranks, status, source, isSend] {
+      if (!status.ok()) {
+        work->complete(asBackendError(what + " failed: " + status.message));
+        return;
+      }
+      int group = -1;
+      for (size_t i = 0; i < ranks.size(); ++i) {
+        if (ranks[i] == source) group = static_cast<int>(i);
+      }
+      if (!isSend) {
+        try {
+          d.commit();
+        } catch (...) {
+          work->complete(std::current_exception(), group);
+          return;
+        }
+      }
+      work->complete(nullptr, group);
+    });
+  };
+  if (isSend) {
+    node_->sendMessage(global, channel_.context(), tagValue, bytesOf(d.work), nbytes(d.work), keep, done);
+  } else {
+    node_->recvMessage(global, channel_.context(), tagValue, bytesOf(d.work), nbytes(d.work), keep, done);
+  }
+  return work;
+}
+
+}  // namespace hoplite::c10d

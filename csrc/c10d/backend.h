@@ -1,0 +1,119 @@
+// The torch.distributed backend "hoplite": a c10d::Backend whose collectives
+// are the static algorithms of algorithms.h over the node's tagged messages.
+// Collectives run one at a time, in issue order, on the group's worker thread;
+// send/recv go straight to the node. Every Work completes exactly once, off
+// the node's loop thread (user callbacks on its future must not stall the
+// transport).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "c10d/channel.h"
+
+namespace hoplite::c10d {
+
+// Runs posted functions one after another on its own thread.
+class SerialQueue {
+ public:
+  SerialQueue();
+  ~SerialQueue();
+  void post(std::function<void()> fn);
+  // Runs what is queued, then stops and joins.
+  void stop();
+
+ private:
+  void run();
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+class HopliteWork : public ::c10d::Work {
+ public:
+  HopliteWork(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs);
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  int sourceRank() const override { return sourceRank_; }
+  // Once: the future gets the outputs or the error; waiters wake.
+  void complete(std::exception_ptr error, int sourceRank = -1);
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  int sourceRank_ = -1;
+};
+
+class HopliteBackend : public ::c10d::Backend {
+ public:
+  // `globalRanks[i]` is the node rank of group rank i; `groupName` must be the
+  // same on every member and differ between groups.
+  HopliteBackend(std::shared_ptr<Node> node, const std::string& groupName, int rank, std::vector<int> globalRanks,
+                 std::chrono::milliseconds timeout);
+  ~HopliteBackend() override;
+
+  const std::string getBackendName() const override { return "hoplite"; }
+  void shutdown() override;
+  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  uint64_t getSequenceNumberForGroup() override { return seq_; }
+  void setSequenceNumberForGroup() override {}  // every member starts at 0
+
+  using Tensors = std::vector<at::Tensor>;
+  using TensorLists = std::vector<std::vector<at::Tensor>>;
+  c10::intrusive_ptr<::c10d::Work> broadcast(Tensors& tensors, const ::c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allreduce(Tensors& tensors, const ::c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allreduce_coalesced(Tensors& tensors,
+                                                       const ::c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce(Tensors& tensors, const ::c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allgather(TensorLists& outputs, Tensors& inputs,
+                                             const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                   const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> gather(TensorLists& outputs, Tensors& inputs,
+                                          const ::c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> scatter(Tensors& outputs, TensorLists& inputs,
+                                           const ::c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce_scatter(Tensors& outputs, TensorLists& inputs,
+                                                  const ::c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                        const ::c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                 std::vector<int64_t>& outputSplits, std::vector<int64_t>& inputSplits,
+                                                 const ::c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> alltoall(Tensors& outputs, Tensors& inputs,
+                                            const ::c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> send(Tensors& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<::c10d::Work> recv(Tensors& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<::c10d::Work> recvAnysource(Tensors& tensors, int tag) override;
+  c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
+
+ private:
+  using Body = std::function<void(Channel&)>;
+  // Queues a collective. `keep` holds every tensor it touches; `outputs` are the
+  // Work's result. The body runs on the worker inside Channel::begin/end.
+  c10::intrusive_ptr<::c10d::Work> enqueue(::c10d::OpType type, const char* name, Tensors keep, Tensors outputs,
+                                           std::chrono::milliseconds timeout, Body body);
+  c10::intrusive_ptr<::c10d::Work> pointToPoint(Tensors& tensors, int peer, int tag, bool isSend);
+  double timeoutSeconds(std::chrono::milliseconds requested) const;
+
+  std::shared_ptr<Node> node_;
+  Channel channel_;  // worker thread only
+  std::chrono::milliseconds timeout_;
+  uint64_t seq_ = 0;  // collectives issued: identical on every member
+  SerialQueue worker_;  // collectives
+  // Completes send/recv Works off the loop thread; shared with their callbacks,
+  // which may outlive the backend (after stop() it runs them inline).
+  std::shared_ptr<SerialQueue> completer_ = std::make_shared<SerialQueue>();
+};
+
+}  // namespace hoplite::c10d

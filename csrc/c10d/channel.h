@@ -1,0 +1,89 @@
+// A process group's view of the node's tagged messages, the small transport
+// the collective algorithms are written against (as Gloo's are against its
+// pairs): group ranks, one tag space per collective, and every wait bounded by
+// the collective's deadline. Used by one thread at a time.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "node/node.h"
+
+namespace hoplite::c10d {
+
+// A collective failed: a peer died, sent the wrong size, or the deadline passed.
+class CommError : public std::runtime_error {
+ public:
+  CommError(Code code, const std::string& what) : std::runtime_error(what), code_(code) {}
+  Code code() const { return code_; }
+
+ private:
+  Code code_;
+};
+
+class Channel {
+ public:
+  struct Op;  // one send or receive in flight
+  using Pending = std::shared_ptr<Op>;
+
+  // `globalRanks[i]` is the node rank of group rank i.
+  Channel(std::shared_ptr<Node> node, uint64_t context, int rank, std::vector<int> globalRanks);
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(globalRanks_.size()); }
+  int globalRank(int groupRank) const { return globalRanks_.at(groupRank); }
+  Node& node() { return *node_; }
+  uint64_t context() const { return context_; }
+
+  // Starts a collective: its tags, its deadline, and `owner`, which keeps the
+  // memory it touches alive until the node has finished with every message.
+  void begin(const std::string& name, uint64_t tagBase, double timeoutSeconds, std::shared_ptr<const void> owner);
+  // Uninitialised scratch memory that lives as long as the collective's messages.
+  uint8_t* scratch(size_t bytes);
+  // Ends the collective; receives it left unfinished (it failed) are cancelled.
+  void end();
+
+  Pending send(int peer, uint64_t subTag, const void* data, size_t bytes);
+  Pending recv(int peer, uint64_t subTag, void* data, size_t bytes);
+  // Waits for `op`; throws CommError (naming the collective and peer) on
+  // failure or at the deadline, cancelling the receive.
+  void wait(const Pending& op);
+  void waitAll(std::vector<Pending>& ops);
+
+ private:
+  struct Memory;
+  Pending start(int peer, uint64_t subTag, bool isSend);
+  std::string where(const Op& op) const;
+
+  std::shared_ptr<Node> node_;
+  uint64_t context_;
+  int rank_;
+  std::vector<int> globalRanks_;
+
+  // The collective in progress.
+  std::string name_;
+  uint64_t tagBase_ = 0;
+  std::chrono::steady_clock::time_point deadline_;
+  double timeoutSeconds_ = 0;
+  std::shared_ptr<Memory> memory_;
+  std::vector<Pending> receives_;  // of this collective, to cancel what a failure leaves
+};
+
+struct Channel::Op {
+  bool isSend = false;
+  int peer = 0;
+  uint64_t subTag = 0;
+  uint64_t handle = 0;  // a receive's, for cancelling
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+};
+
+}  // namespace hoplite::c10d

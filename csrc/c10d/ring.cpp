@@ -1,0 +1,99 @@
+// Ring collectives. One pass of T steps: at step t rank r sends segment
+// (r - t + shift) to its right and receives segment (r - t - 1 + shift) from
+// its left, combining it into its own copy during the first `reduceSteps`
+// steps and storing it after. The segment received at step t is the one sent at
+// step t+1, so each piece is forwarded as soon as it is combined: the pass is
+// pipelined across steps, not just within one.
+#include <algorithm>
+#include <vector>
+
+#include "c10d/algorithms.h"
+
+namespace hoplite::c10d {
+namespace {
+
+constexpr int kPieceBits = 20;  // sub-tag = step << 20 | piece
+
+void ringPass(Channel& ch, uint8_t* data, const std::vector<size_t>& begin, const Elements& e, int reduceSteps,
+              int steps, int shift) {
+  const int n = ch.size();
+  const int r = ch.rank();
+  if (n == 1 || steps == 0) return;
+  const int right = (r + 1) % n;
+  const int left = (r + n - 1) % n;
+  size_t largest = 0;
+  for (int i = 0; i < n; ++i) largest = std::max(largest, begin[i + 1] - begin[i]);
+  const size_t per = std::max({size_t{1}, kPieceBytes / e.itemsize, (largest >> kPieceBits) + 1});  // elements
+  const size_t isz = e.itemsize;
+  uint8_t* tmp = reduceSteps > 0 ? ch.scratch(largest * isz) : nullptr;
+
+  auto segment = [&](int t, int delta) { return (((r - t + delta + shift) % n) + n) % n; };
+  auto pieces = [&](int s) { return (begin[s + 1] - begin[s] + per - 1) / per; };
+  auto tag = [](int t, size_t j) { return (static_cast<uint64_t>(t) << kPieceBits) | j; };
+  std::vector<Channel::Pending> recvs(pieces(segment(0, -1)) + 1);
+  std::vector<Channel::Pending> sends;
+
+  auto postRecv = [&](int t, size_t j) {
+    const int s = segment(t, -1);
+    const size_t first = begin[s] + j * per;
+    const size_t len = std::min(per, begin[s + 1] - first);
+    uint8_t* dest = t < reduceSteps ? tmp + j * per * isz : data + first * isz;
+    if (j >= recvs.size()) recvs.resize(j + 1);
+    recvs[j] = ch.recv(left, tag(t, j), dest, len * isz);
+  };
+  auto sendPiece = [&](int t, size_t j) {
+    const int s = segment(t, 0);
+    const size_t first = begin[s] + j * per;
+    const size_t len = std::min(per, begin[s + 1] - first);
+    sends.push_back(ch.send(right, tag(t, j), data + first * isz, len * isz));
+  };
+
+  for (size_t j = 0; j < pieces(segment(0, -1)); ++j) postRecv(0, j);
+  for (size_t j = 0; j < pieces(segment(0, 0)); ++j) sendPiece(0, j);
+  for (int t = 0; t < steps; ++t) {
+    const int s = segment(t, -1);
+    const size_t have = pieces(s);
+    const size_t next = t + 1 < steps ? pieces(segment(t + 1, -1)) : 0;
+    for (size_t j = 0; j < have; ++j) {
+      ch.wait(recvs[j]);
+      if (t < reduceSteps) {
+        const size_t first = begin[s] + j * per;
+        const size_t len = std::min(per, begin[s + 1] - first);
+        e.combine(data + first * isz, data + first * isz, tmp + j * per * isz, len);
+      }
+      if (t + 1 < steps) {
+        if (j < next) postRecv(t + 1, j);  // its scratch piece was just consumed
+        sendPiece(t + 1, j);
+      }
+    }
+    for (size_t j = have; j < next; ++j) postRecv(t + 1, j);
+  }
+  ch.waitAll(sends);
+}
+
+std::vector<size_t> equalBlocks(int n, size_t blockCount) {
+  std::vector<size_t> begin(n + 1);
+  for (int i = 0; i <= n; ++i) begin[i] = i * blockCount;
+  return begin;
+}
+
+}  // namespace
+
+void ringAllreduce(Channel& ch, uint8_t* data, size_t count, const Elements& e) {
+  const int n = ch.size();
+  std::vector<size_t> begin(n + 1);
+  for (int i = 0; i <= n; ++i) begin[i] = count * i / n;
+  ringPass(ch, data, begin, e, n - 1, 2 * (n - 1), 0);
+}
+
+void ringReduceScatter(Channel& ch, uint8_t* data, size_t blockCount, const Elements& e) {
+  const int n = ch.size();
+  ringPass(ch, data, equalBlocks(n, blockCount), e, n - 1, n - 1, -1);
+}
+
+void ringAllgather(Channel& ch, uint8_t* data, size_t blockBytes) {
+  const int n = ch.size();
+  ringPass(ch, data, equalBlocks(n, blockBytes), Elements{1, nullptr}, 0, n - 1, 0);
+}
+
+}  // namespace hoplite::c10d

@@ -1,0 +1,95 @@
+// Rooted collectives. Ranks are taken relative to the root (v = r - root mod N).
+#include <algorithm>
+#include <vector>
+
+#include "c10d/algorithms.h"
+
+namespace hoplite::c10d {
+namespace {
+
+// Below this a chain's N-1 hops cost more than the binomial tree's log2(N) rounds.
+constexpr size_t kBinomialBytes = 256u << 10;
+
+int absolute(const Channel& ch, int v, int root) { return (v + root) % ch.size(); }
+
+void binomialBroadcast(Channel& ch, uint8_t* data, size_t bytes, int root) {
+  const int n = ch.size();
+  const int v = (ch.rank() - root + n) % n;
+  int mask = 1;
+  while (mask < n) mask <<= 1;
+  if (v != 0) {
+    const int low = v & -v;
+    auto in = ch.recv(absolute(ch, v - low, root), 0, data, bytes);
+    ch.wait(in);
+    mask = low;
+  }
+  std::vector<Channel::Pending> sends;
+  for (mask >>= 1; mask > 0; mask >>= 1) {
+    if (v + mask < n) sends.push_back(ch.send(absolute(ch, v + mask, root), 0, data, bytes));
+  }
+  ch.waitAll(sends);
+}
+
+// Piece j covers elements [j*per, min((j+1)*per, count)).
+size_t piecesOf(size_t count, size_t per) { return (count + per - 1) / per; }
+
+}  // namespace
+
+void broadcast(Channel& ch, uint8_t* data, size_t bytes, int root) {
+  const int n = ch.size();
+  if (n == 1) return;
+  if (bytes <= kBinomialBytes) {
+    binomialBroadcast(ch, data, bytes, root);
+    return;
+  }
+  const int v = (ch.rank() - root + n) % n;
+  const size_t count = piecesOf(bytes, kPieceBytes);
+  std::vector<Channel::Pending> recvs, sends;
+  if (v > 0) {
+    for (size_t j = 0; j < count; ++j) {
+      const size_t first = j * kPieceBytes;
+      recvs.push_back(ch.recv(absolute(ch, v - 1, root), j, data + first, std::min(kPieceBytes, bytes - first)));
+    }
+  }
+  for (size_t j = 0; j < count; ++j) {
+    if (v > 0) ch.wait(recvs[j]);
+    if (v + 1 < n) {
+      const size_t first = j * kPieceBytes;
+      sends.push_back(ch.send(absolute(ch, v + 1, root), j, data + first, std::min(kPieceBytes, bytes - first)));
+    }
+  }
+  ch.waitAll(sends);
+}
+
+void chainReduce(Channel& ch, uint8_t* data, size_t count, const Elements& e, int root) {
+  const int n = ch.size();
+  if (n == 1) return;
+  const int v = (ch.rank() - root + n) % n;
+  const bool leaf = v == n - 1;
+  const size_t isz = e.itemsize;
+  const size_t per = std::max<size_t>(1, kPieceBytes / isz);
+  const size_t pieces = piecesOf(count, per);
+  // The root accumulates in place; the middle of the chain in scratch, so
+  // inputs stay as they were; the leaf sends its input as it is.
+  uint8_t* acc = (v == 0 || leaf) ? data : ch.scratch(count * isz);
+  uint8_t* tmp = leaf ? nullptr : ch.scratch(count * isz);
+  std::vector<Channel::Pending> recvs, sends;
+  if (!leaf) {
+    for (size_t j = 0; j < pieces; ++j) {
+      const size_t first = j * per;
+      recvs.push_back(ch.recv(absolute(ch, v + 1, root), j, tmp + first * isz, std::min(per, count - first) * isz));
+    }
+  }
+  for (size_t j = 0; j < pieces; ++j) {
+    const size_t first = j * per;
+    const size_t len = std::min(per, count - first);
+    if (!leaf) {
+      ch.wait(recvs[j]);
+      e.combine(acc + first * isz, data + first * isz, tmp + first * isz, len);
+    }
+    if (v > 0) sends.push_back(ch.send(absolute(ch, v - 1, root), j, acc + first * isz, len * isz));
+  }
+  ch.waitAll(sends);
+}
+
+}  // namespace hoplite::c10d

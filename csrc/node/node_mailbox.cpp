@@ -1,0 +1,281 @@
+// Tagged messages between ranks: an announce (control frame) followed by the
+// bytes as data frames, read straight into the posted receive's memory, or into
+// a mailbox buffer when the message arrives before its receive.
+#include <cstring>
+#include <optional>
+
+#include "common/logging.h"
+#include "node/node.h"
+
+namespace hoplite {
+
+struct Node::Inbound {
+  int source = -1;
+  MessageKey key;
+  uint64_t size = 0;
+  uint64_t expected = 0;  // next offset a data frame must carry
+  uint8_t* dest = nullptr;  // nullptr: bytes are discarded (receive cancelled or mismatched)
+  std::shared_ptr<const void> keepalive;
+  std::shared_ptr<uint8_t[]> parked;  // the mailbox's buffer, until a receive takes it
+  std::optional<PostedReceive> receive;
+  bool complete = false;
+};
+
+namespace {
+
+std::string describeMessage(uint64_t context, uint64_t tag) {
+  return "message (context " + std::to_string(context) + ", tag " + std::to_string(tag) + ")";
+}
+
+// The keepalive of a message's frames: released when the last frame is written
+// (the send succeeded) or dropped unwritten (its connection closed first).
+class SendGuard {
+ public:
+  SendGuard(EventLoop& loop, std::shared_ptr<const void> keepalive, Node::MessageCallback done, int rank,
+            std::string what)
+      : loop_(loop), keepalive_(std::move(keepalive)), done_(std::move(done)), rank_(rank), what_(std::move(what)) {}
+  void started(const std::shared_ptr<Connection>& conn) { conn_ = conn; }
+  ~SendGuard() {
+    auto conn = conn_.lock();
+    Status status;
+    if (!conn || !conn->isOpen()) {
+      status = Status(Code::kPeerFailed, what_ + " to rank " + std::to_string(rank_) + " was not sent: the connection closed");
+    }
+    // Later turn: the transport may be inside its write loop.
+    auto done = std::move(done_);
+    int rank = rank_;
+    if (!loop_.post([done, status, rank] { done(status, rank); })) {
+      done(Status(Code::kShutdown, what_ + " was not sent: the node shut down"), rank);
+    }
+  }
+
+ private:
+  EventLoop& loop_;
+  std::shared_ptr<const void> keepalive_;
+  Node::MessageCallback done_;
+  std::weak_ptr<Connection> conn_;
+  int rank_;
+  std::string what_;
+};
+
+}  // namespace
+
+void Node::sendMessage(int rank, uint64_t context, uint64_t tag, const uint8_t* data, uint64_t size,
+                       std::shared_ptr<const void> keepalive, MessageCallback done) {
+  const uint64_t request = wire::kMessageRequestBit | nextMessage_++;
+  const std::string what = describeMessage(context, tag);
+  auto posted = loop_.post([=, this, keepalive = std::move(keepalive)]() mutable {
+    if (rank < 0 || rank >= config_.worldSize || rank == config_.rank) {
+      done(Status(Code::kInvalidArgument, what + ": no peer rank " + std::to_string(rank) + " to send to"), rank);
+      return;
+    }
+    if (peers_[rank].lost || shuttingDown_) {
+      done(Status(Code::kPeerFailed, what + " not sent: " + peerName(rank) + " has failed"), rank);
+      return;
+    }
+    auto guard = std::make_shared<SendGuard>(loop_, std::move(keepalive), std::move(done), rank, what);
+    whenConnected(rank, [this, guard, request, context, tag, data, size](Connection& c) {
+      guard->started(sharedConnection(c));
+      c.sendControl(wire::MsgType::kMessage, wire::encode(wire::Message{request, context, tag, size}));
+      const uint64_t chunk = chunkFor(size);
+      for (uint64_t off = 0; off < size; off += chunk) {
+        c.sendData(request, off, data + off, std::min(chunk, size - off), guard);
+      }
+      counters_.messagesSent++;
+      counters_.bytesSent += size;
+    });
+  });
+  if (!posted) done(Status(Code::kShutdown, what + " not sent: the node is shut down"), rank);
+}
+
+uint64_t Node::recvMessage(int rank, uint64_t context, uint64_t tag, uint8_t* dest, uint64_t size,
+                           std::shared_ptr<const void> keepalive, MessageCallback done) {
+  PostedReceive receive{nextMessage_++, rank, dest, size, std::move(keepalive), std::move(done)};
+  const uint64_t handle = receive.handle;
+  auto shared = std::make_shared<PostedReceive>(std::move(receive));
+  if (!loop_.post([this, shared, context, tag] { matchReceive(std::move(*shared), {context, tag}); })) {
+    shared->done(Status(Code::kShutdown, describeMessage(context, tag) + " not received: the node is shut down"), -1);
+  }
+  return handle;
+}
+
+void Node::matchReceive(PostedReceive receive, MessageKey key) {
+  const std::string what = describeMessage(key.first, key.second);
+  auto fail = [&](Code code, const std::string& why) { receive.done(Status(code, what + ": " + why), receive.rank); };
+  if (receive.rank >= config_.worldSize || receive.rank == config_.rank || receive.rank < -1) {
+    fail(Code::kInvalidArgument, "no peer rank " + std::to_string(receive.rank) + " to receive from");
+    return;
+  }
+  auto box = mailbox_.find(key);
+  if (box != mailbox_.end()) {
+    auto& queue = box->second;
+    for (auto it = queue.begin(); it != queue.end(); ++it) {
+      if (receive.rank != -1 && (*it)->source != receive.rank) continue;
+      auto inbound = *it;
+      queue.erase(it);
+      if (queue.empty()) mailbox_.erase(box);
+      if (inbound->size != receive.size) {
+        fail(Code::kInvalidArgument, "rank " + std::to_string(inbound->source) + " sent " +
+                                         std::to_string(inbound->size) + " bytes, the receive expects " +
+                                         std::to_string(receive.size));
+        inbound->dest = nullptr;
+        inbound->parked.reset();
+        return;
+      }
+      inbound->receive = std::move(receive);
+      if (inbound->complete) completeInbound(inbound);  // else when its last byte arrives
+      return;
+    }
+  }
+  if (shuttingDown_) {
+    fail(Code::kShutdown, "the node is shut down");
+    return;
+  }
+  if (receive.rank >= 0 && peers_[receive.rank].lost) {
+    fail(Code::kPeerFailed, peerName(receive.rank) + " has failed");
+    return;
+  }
+  receives_[key].push_back(std::move(receive));
+}
+
+void Node::cancelReceive(uint64_t handle, const Status& why) {
+  loop_.post([this, handle, why] {
+    for (auto it = receives_.begin(); it != receives_.end(); ++it) {
+      auto& queue = it->second;
+      for (auto r = queue.begin(); r != queue.end(); ++r) {
+        if (r->handle != handle) continue;
+        PostedReceive receive = std::move(*r);
+        queue.erase(r);
+        if (queue.empty()) receives_.erase(it);
+        receive.done(why, receive.rank);
+        return;
+      }
+    }
+    for (auto& [key, inbound] : inbound_) {
+      if (!inbound->receive || inbound->receive->handle != handle) continue;
+      PostedReceive receive = std::move(*inbound->receive);
+      inbound->receive.reset();
+      inbound->dest = nullptr;  // frames already started still hold `keepalive`
+      receive.done(why, receive.rank);
+      return;
+    }
+  });
+}
+
+void Node::handleMessage(Connection& conn, const wire::Message& msg) {
+  auto inbound = std::make_shared<Inbound>();
+  inbound->source = conn.peerRank();
+  inbound->key = {msg.context, msg.tag};
+  inbound->size = msg.size;
+  counters_.messagesReceived++;
+  bool refused = false;  // matched a receive of another size: consumed, its bytes dropped
+  auto posted = receives_.find(inbound->key);
+  if (posted != receives_.end()) {
+    auto& queue = posted->second;
+    for (auto it = queue.begin(); it != queue.end(); ++it) {
+      if (it->rank != -1 && it->rank != inbound->source) continue;
+      PostedReceive receive = std::move(*it);
+      queue.erase(it);
+      if (queue.empty()) receives_.erase(posted);
+      if (receive.size != msg.size) {
+        refused = true;
+        receive.done(Status(Code::kInvalidArgument, describeMessage(msg.context, msg.tag) + ": rank " +
+                                                        std::to_string(inbound->source) + " sent " +
+                                                        std::to_string(msg.size) + " bytes, the receive expects " +
+                                                        std::to_string(receive.size)),
+                     inbound->source);
+      } else {
+        inbound->dest = receive.dest;
+        inbound->keepalive = receive.keepalive;
+        inbound->receive = std::move(receive);
+      }
+      break;
+    }
+  }
+  if (!inbound->receive && !refused) {
+    counters_.messagesUnexpected++;
+    inbound->parked = std::shared_ptr<uint8_t[]>(new uint8_t[std::max<uint64_t>(msg.size, 1)]);
+    inbound->dest = inbound->parked.get();
+    inbound->keepalive = inbound->parked;
+    mailbox_[inbound->key].push_back(inbound);
+  }
+  if (msg.size == 0) {
+    completeInbound(inbound);
+  } else {
+    inbound_[{conn.id(), msg.request}] = inbound;
+  }
+}
+
+uint8_t* Node::messageDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
+                                  std::shared_ptr<const void>* keepalive) {
+  auto it = inbound_.find({conn.id(), request});
+  if (it == inbound_.end()) return nullptr;
+  Inbound& inbound = *it->second;
+  if (offset != inbound.expected || size > inbound.size - offset) {
+    conn.close(Status(Code::kProtocol, "message data frame out of order"));
+    return nullptr;
+  }
+  inbound.expected += size;
+  if (!inbound.dest) {
+    // Dropped bytes are not reported as they arrive: forget the message at its last frame.
+    if (inbound.expected == inbound.size) inbound_.erase(it);
+    return nullptr;
+  }
+  *keepalive = inbound.keepalive;
+  return inbound.dest + offset;
+}
+
+void Node::onMessageData(Connection& conn, uint64_t request, uint64_t end) {
+  auto it = inbound_.find({conn.id(), request});
+  if (it == inbound_.end() || end != it->second->size) return;
+  auto inbound = it->second;
+  inbound_.erase(it);
+  counters_.bytesReceived += inbound->size;
+  completeInbound(inbound);
+}
+
+void Node::completeInbound(const std::shared_ptr<Inbound>& inbound) {
+  inbound->complete = true;
+  if (!inbound->receive) return;  // waits in the mailbox
+  PostedReceive receive = std::move(*inbound->receive);
+  inbound->receive.reset();
+  if (inbound->parked && inbound->size > 0) std::memcpy(receive.dest, inbound->parked.get(), inbound->size);
+  inbound->parked.reset();
+  receive.done(Status(), inbound->source);
+}
+
+void Node::failMessagesFrom(int rank, uint64_t connectionId, const Status& why) {
+  auto from = [&](int source) { return rank < 0 || source == rank; };
+  std::vector<PostedReceive> failed;
+  for (auto it = inbound_.begin(); it != inbound_.end();) {
+    auto& inbound = it->second;
+    const bool onConnection = connectionId == 0 || it->first.first == connectionId;
+    if (!from(inbound->source) || !onConnection) {
+      ++it;
+      continue;
+    }
+    if (inbound->receive) failed.push_back(std::move(*inbound->receive));
+    auto box = mailbox_.find(inbound->key);
+    if (box != mailbox_.end()) {
+      std::erase(box->second, inbound);
+      if (box->second.empty()) mailbox_.erase(box);
+    }
+    it = inbound_.erase(it);
+  }
+  for (auto it = receives_.begin(); it != receives_.end();) {
+    auto& queue = it->second;
+    for (auto r = queue.begin(); r != queue.end();) {
+      // A receive from any source may still be served by someone else.
+      if (rank < 0 || r->rank == rank) {
+        failed.push_back(std::move(*r));
+        r = queue.erase(r);
+      } else {
+        ++r;
+      }
+    }
+    it = queue.empty() ? receives_.erase(it) : std::next(it);
+  }
+  for (auto& receive : failed) receive.done(why, receive.rank);
+}
+
+}  // namespace hoplite

@@ -1,0 +1,29 @@
+// Binds the c10d backend factory. Its own file: it needs torch's pybind
+// casters for c10d::Backend, the heaviest headers of the build.
+#include <torch/extension.h>
+
+#include "c10d/backend.h"
+#include "python/node_handle.h"
+
+namespace py = pybind11;
+
+namespace hoplite {
+
+void bindBackend(py::module& m) {
+  m.def(
+      "create_backend",
+      [](NodeHandle& handle, const std::string& groupName, int rank, std::vector<int> globalRanks,
+         double timeoutSeconds) -> c10::intrusive_ptr<::c10d::Backend> {
+        const int world = static_cast<int>(globalRanks.size());
+        TORCH_CHECK(rank >= 0 && rank < world, "hoplite backend: rank ", rank, " is not in a group of ", world);
+        for (int g : globalRanks) {
+          TORCH_CHECK(g >= 0, "hoplite backend: negative global rank ", g);
+        }
+        auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000));
+        return c10::make_intrusive<c10d::HopliteBackend>(handle.sharedNode(), groupName, rank, std::move(globalRanks),
+                                                         timeout);
+      },
+      py::arg("node"), py::arg("group_name"), py::arg("rank"), py::arg("global_ranks"), py::arg("timeout"));
+}
+
+}  // namespace hoplite
