@@ -1,0 +1,379 @@
+"""Every operation of the "hoplite" torch.distributed backend next to gloo's
+answer on the same inputs, run in spawned processes (see test_c10d_backend.py).
+
+Each rank runs every case and records, per case, None or what differed. Values
+are integer-valued, so every reduction is exact whatever the summation order.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import threading
+import time
+import traceback
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+import torch_hoplite  # noqa: F401  (registers the backend)
+
+TIMEOUT = datetime.timedelta(seconds=60)
+SMALL, LARGE = 37, 300_003  # below the butterfly/binomial thresholds, and well above (several pieces)
+
+
+def _values(rank: int, n: int, dtype=torch.float32, salt: int = 0) -> torch.Tensor:
+    """Distinct small integers per rank (products of up to 5 ranks stay exact)."""
+    base = torch.arange(n, dtype=torch.int64) * 7 + rank * 13 + salt
+    return (base % 3 + 1).to(dtype) if dtype != torch.bool else (base % 2 == 0)
+
+
+def _check(a, b, what: str) -> None:
+    if isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{what}: {len(a)} tensors vs {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _check(x, y, f"{what}[{i}]")
+        return
+    assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+    assert torch.equal(a, b), f"{what}: differs from gloo at {(a != b).nonzero()[:5].tolist()}"
+
+
+def _both(fn: Callable[[object], object], hop, gloo) -> tuple:
+    return fn(hop), fn(gloo)
+
+
+# --------------------------------------------------------------------------- cases
+# Each case takes (group_hoplite, group_gloo, rank, world) and raises on a mismatch.
+
+
+def allreduce_ops(h, g, rank, world):
+    for n in (SMALL, LARGE):
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX):
+            a, b = _values(rank, n), _values(rank, n)
+            dist.all_reduce(a, op=op, group=h)
+            dist.all_reduce(b, op=op, group=g)
+            _check(a, b, f"all_reduce {op} n={n}")
+
+
+def allreduce_dtypes(h, g, rank, world):
+    for dtype in (torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8, torch.int8):
+        for n in (SMALL, LARGE):
+            a, b = _values(rank, n, dtype), _values(rank, n, dtype)
+            dist.all_reduce(a, group=h)
+            dist.all_reduce(b, group=g)
+            _check(a, b, f"all_reduce {dtype} n={n}")
+
+
+def allreduce_bitwise(h, g, rank, world):
+    for op in (dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR):
+        for n in (SMALL, LARGE):
+            a = torch.arange(n, dtype=torch.int64) * (rank + 3) + rank
+            b = a.clone()
+            dist.all_reduce(a, op=op, group=h)
+            dist.all_reduce(b, op=op, group=g)
+            _check(a, b, f"all_reduce {op} n={n}")
+
+
+def allreduce_avg(h, g, rank, world):
+    # gloo has no AVG: compare with its SUM divided by the group size.
+    for n in (SMALL, LARGE):
+        a, b = _values(rank, n), _values(rank, n)
+        dist.all_reduce(a, op=dist.ReduceOp.AVG, group=h)
+        dist.all_reduce(b, group=g)
+        _check(a, b / dist.get_world_size(g), f"all_reduce AVG n={n}")
+
+
+def allreduce_noncontiguous_async(h, g, rank, world):
+    a = _values(rank, 600 * 500).view(600, 500).t()
+    b = a.clone()
+    work = dist.all_reduce(a, group=h, async_op=True)
+    fut_value = work.get_future().wait()
+    work.wait()
+    dist.all_reduce(b, group=g)
+    _check(a, b, "non-contiguous all_reduce")
+    _check(fut_value[0], b, "future value")
+    assert work.is_completed() and work.is_success()
+
+
+def allreduce_coalesced(h, g, rank, world):
+    a = [_values(rank, SMALL), _values(rank, 1000, salt=1).view(10, 100)]
+    expect = [t.clone() for t in a]
+    for t in expect:
+        dist.all_reduce(t, group=g)
+    dist.all_reduce_coalesced(a, group=h)
+    _check(a, expect, "all_reduce_coalesced")
+
+
+def broadcast(h, g, rank, world):
+    for n in (SMALL, LARGE, 0):
+        for src_index in (0, dist.get_world_size(h) - 1):
+            src = dist.get_global_rank(h, src_index) if h is not dist.GroupMember.WORLD else src_index
+            a = _values(rank, n) if rank == src else torch.zeros(n)
+            b = a.clone()
+            dist.broadcast(a, src, group=h)
+            dist.broadcast(b, src, group=g)
+            _check(a, b, f"broadcast n={n} src={src}")
+
+
+def reduce(h, g, rank, world):
+    size = dist.get_world_size(h)
+    for n in (SMALL, LARGE):
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
+            dst = dist.get_global_rank(h, 1 % size) if h is not dist.GroupMember.WORLD else 1 % size
+            a, b = _values(rank, n), _values(rank, n)
+            before = a.clone()
+            dist.reduce(a, dst, op=op, group=h)
+            dist.reduce(b, dst, op=op, group=g)
+            if rank == dst:
+                _check(a, b, f"reduce {op} n={n}")
+            else:
+                _check(a, before, f"reduce {op} n={n}: a non-root input changed")
+
+
+def allgather(h, g, rank, world):
+    size = dist.get_world_size(h)
+    for n in (SMALL, LARGE, 0):
+        x = _values(rank, n)
+        a = [torch.zeros(n) for _ in range(size)]
+        b = [torch.zeros(n) for _ in range(size)]
+        dist.all_gather(a, x, group=h)
+        dist.all_gather(b, x, group=g)
+        _check(a, b, f"all_gather n={n}")
+        a, b = torch.zeros(size * n), torch.zeros(size * n)
+        dist.all_gather_into_tensor(a, x, group=h)
+        dist.all_gather_into_tensor(b, x, group=g)
+        _check(a, b, f"all_gather_into_tensor n={n}")
+
+
+def gather_scatter(h, g, rank, world):
+    size = dist.get_world_size(h)
+    root = dist.get_global_rank(h, size - 1) if h is not dist.GroupMember.WORLD else size - 1
+    for n in (SMALL, LARGE):
+        x = _values(rank, n)
+        a = [torch.zeros(n) for _ in range(size)] if rank == root else None
+        b = [torch.zeros(n) for _ in range(size)] if rank == root else None
+        dist.gather(x, a, dst=root, group=h)
+        dist.gather(x, b, dst=root, group=g)
+        if rank == root:
+            _check(a, b, f"gather n={n}")
+        chunks = [_values(i, n, salt=5) for i in range(size)] if rank == root else None
+        a, b = torch.zeros(n), torch.zeros(n)
+        dist.scatter(a, chunks, src=root, group=h)
+        dist.scatter(b, chunks, src=root, group=g)
+        _check(a, b, f"scatter n={n}")
+
+
+def reduce_scatter(h, g, rank, world):
+    size = dist.get_world_size(h)
+    for n in (SMALL, LARGE // size):
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.MIN):
+            inputs = [_values(rank, n, salt=i) for i in range(size)]
+            a, b = torch.zeros(n), torch.zeros(n)
+            dist.reduce_scatter(a, inputs, op=op, group=h)
+            dist.reduce_scatter(b, inputs, op=op, group=g)
+            _check(a, b, f"reduce_scatter {op} n={n}")
+            flat = torch.cat(inputs)
+            kept = flat.clone()
+            a, b = torch.zeros(n), torch.zeros(n)
+            dist.reduce_scatter_tensor(a, flat, op=op, group=h)
+            dist.reduce_scatter_tensor(b, flat.clone(), op=op, group=g)
+            _check(a, b, f"reduce_scatter_tensor {op} n={n}")
+            _check(flat, kept, "reduce_scatter_tensor changed its input")
+
+
+def all_to_all(h, g, rank, world):
+    size = dist.get_world_size(h)
+    me = dist.get_rank(h)
+    ins = [_values(rank, 1000, salt=j) for j in range(size)]
+    a = [torch.zeros(1000) for _ in range(size)]
+    b = [torch.zeros(1000) for _ in range(size)]
+    dist.all_to_all(a, ins, group=h)
+    dist.all_to_all(b, ins, group=g)
+    _check(a, b, "all_to_all")
+    # Uneven sizes (gloo refuses them): group rank i sends (i + j + 1) * 100 elements to j.
+    ranks = [dist.get_global_rank(h, i) if h is not dist.GroupMember.WORLD else i for i in range(size)]
+    ins = [_values(rank, (me + j + 1) * 100, salt=j) for j in range(size)]
+    a = [torch.zeros((j + me + 1) * 100) for j in range(size)]
+    dist.all_to_all(a, ins, group=h)
+    _check(a, [_values(ranks[j], (j + me + 1) * 100, salt=me) for j in range(size)], "uneven all_to_all")
+    x = _values(rank, size * 4000).view(size * 1000, 4)
+    a, b = torch.zeros_like(x), torch.zeros_like(x)
+    dist.all_to_all_single(a, x, group=h)
+    dist.all_to_all_single(b, x, group=g)
+    _check(a, b, "all_to_all_single")
+    in_splits = [me + j + 1 for j in range(size)]
+    out_splits = [j + me + 1 for j in range(size)]
+    x = _values(rank, sum(in_splits) * 3).view(-1, 3)
+    a, b = torch.zeros(sum(out_splits), 3), torch.zeros(sum(out_splits), 3)
+    dist.all_to_all_single(a, x, out_splits, in_splits, group=h)
+    dist.all_to_all_single(b, x, out_splits, in_splits, group=g)
+    _check(a, b, "all_to_all_single with splits")
+
+
+def send_recv(h, g, rank, world):
+    size = dist.get_world_size(h)
+    me = dist.get_rank(h)
+    if size == 1:
+        return  # nobody to talk to
+    right = dist.get_global_rank(h, (me + 1) % size) if h is not dist.GroupMember.WORLD else (me + 1) % size
+    left = dist.get_global_rank(h, (me - 1) % size) if h is not dist.GroupMember.WORLD else (me - 1) % size
+    for n in (SMALL, LARGE):
+        out = _values(rank, n, salt=3)
+        got = torch.zeros(n)
+        reqs = [dist.isend(out, right, group=h, tag=5), dist.irecv(got, left, group=h, tag=5)]
+        for r in reqs:
+            r.wait()
+        _check(got, _values(left, n, salt=3), f"isend/irecv n={n}")
+    # Same tag, several messages: received in send order.
+    if me == 0:
+        for i in range(3):
+            dist.send(torch.full((10,), float(i)), right, group=h, tag=9)
+    elif me == 1:
+        for i in range(3):
+            t = torch.zeros(10)
+            dist.recv(t, left, group=h, tag=9)
+            _check(t, torch.full((10,), float(i)), f"in-order recv {i}")
+
+
+def recv_any_source(h, g, rank, world):
+    size = dist.get_world_size(h)
+    me = dist.get_rank(h)
+    if size == 1:
+        return
+    root = dist.get_global_rank(h, 0) if h is not dist.GroupMember.WORLD else 0
+    if me == 0:
+        seen = set()
+        for _ in range(size - 1):
+            t = torch.zeros(100)
+            sender = dist.recv(t, None, group=h, tag=11)
+            _check(t, torch.full((100,), float(sender)), f"recv from any source (sender {sender})")
+            seen.add(sender)
+        others = {dist.get_global_rank(h, i) if h is not dist.GroupMember.WORLD else i for i in range(1, size)}
+        assert seen == others, f"senders {seen}, expected {others}"
+    else:
+        dist.send(torch.full((100,), float(rank)), root, group=h, tag=11)
+
+
+def barrier(h, g, rank, world):
+    for _ in range(3):
+        dist.barrier(group=h)
+
+
+def bad_arguments(h, g, rank, world):
+    size = dist.get_world_size(h)
+    try:
+        dist.all_reduce(torch.zeros(3), op=dist.ReduceOp.BAND, group=h)
+    except RuntimeError as e:
+        assert "BAND" in str(e) and "float32" in str(e), str(e)
+    else:
+        raise AssertionError("BAND of float32 was accepted")
+    if size > 1 and dist.get_rank(h) == 0:
+        # The other side is not listening for this size: the mismatch is named.
+        other = dist.get_global_rank(h, 1) if h is not dist.GroupMember.WORLD else 1
+        work = dist.irecv(torch.zeros(5), other, group=h, tag=21)
+        try:
+            work.wait()
+        except RuntimeError as e:
+            assert "sent 24 bytes" in str(e) and "expects 20" in str(e), str(e)
+        else:
+            raise AssertionError("a recv of the wrong size succeeded")
+    elif size > 1 and dist.get_rank(h) == 1:
+        root = dist.get_global_rank(h, 0) if h is not dist.GroupMember.WORLD else 0
+        dist.send(torch.zeros(6), root, group=h, tag=21)
+    dist.barrier(group=h)
+
+
+def ddp(h, g, rank, world):
+    """20 steps of DDP with each backend from the same start: the parameters
+    agree bitwise for 2 ranks (one addition per element: order cannot matter);
+    otherwise gloo's and our ring add in different orders, so to float32
+    rounding (relative 1e-5)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    results = []
+    for group in (h, g):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+        net = DDP(model, process_group=group, bucket_cap_mb=0.01)  # several buckets
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        gen = torch.Generator().manual_seed(100 + rank)
+        for _ in range(20):
+            x = torch.randn(16, 32, generator=gen)
+            y = torch.randn(16, 4, generator=gen)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            opt.step()
+        results.append([p.detach().clone() for p in model.parameters()])
+    for i, (a, b) in enumerate(zip(*results)):
+        if dist.get_world_size(h) == 2:
+            _check(a, b, f"DDP parameter {i}")
+        else:
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), f"DDP parameter {i}: max diff {(a - b).abs().max()}"
+
+
+CASES = [
+    allreduce_ops, allreduce_dtypes, allreduce_bitwise, allreduce_avg, allreduce_noncontiguous_async,
+    allreduce_coalesced, broadcast, reduce, allgather, gather_scatter, reduce_scatter, all_to_all,
+    send_recv, recv_any_source, barrier, bad_arguments, ddp,
+]
+SUBGROUP_CASES = [allreduce_ops, broadcast, reduce, allgather, reduce_scatter, all_to_all, send_recv,
+                  recv_any_source, barrier]
+
+
+def run_rank(rank: int, world: int, port: int, conn) -> None:
+    """Runs every case on the whole world and the subgroup of even ranks;
+    sends {case: None or error} back."""
+    results: dict[str, str | None] = {}
+    try:
+        dist.init_process_group(
+            "hoplite", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TIMEOUT
+        )
+        gloo = dist.new_group(backend="gloo")
+        evens = list(range(0, world, 2))
+        sub_h = dist.new_group(evens, backend="hoplite")
+        sub_g = dist.new_group(evens, backend="gloo")
+        for case in CASES:
+            results[case.__name__] = _run(case, dist.GroupMember.WORLD, gloo, rank, world)
+        for case in SUBGROUP_CASES:
+            key = f"subgroup_{case.__name__}"
+            results[key] = _run(case, sub_h, sub_g, rank, world) if rank in evens else None
+        dist.barrier()
+        dist.destroy_process_group()
+        torch_hoplite.shutdown()
+    except BaseException:
+        results["setup"] = traceback.format_exc()
+    conn.send(results)
+
+
+def _run(case, h, g, rank, world):
+    try:
+        case(h, g, rank, world)
+        return None
+    except BaseException:
+        return traceback.format_exc()
+
+
+def run_killed_peer(rank: int, world: int, port: int, conn) -> None:
+    """Rank world-1 is killed in the middle of large allreduces; the others
+    report how their allreduce ended and how long it took."""
+    dist.init_process_group(
+        "hoplite", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=10),
+    )
+    t = torch.ones(4_000_000)
+    dist.all_reduce(t)  # everyone is up and connected
+    dist.barrier()
+    if rank == world - 1:
+        threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    start = time.monotonic()
+    outcome = "completed"
+    try:
+        for _ in range(1000):
+            dist.all_reduce(t)
+    except Exception as e:  # noqa: BLE001  (reported to the test)
+        outcome = f"{type(e).__name__}: {e}"
+    conn.send((outcome, time.monotonic() - start))
+    torch_hoplite.shutdown()
+    os._exit(0)  # the process group cannot be destroyed cleanly with a dead member
