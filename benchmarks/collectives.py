@@ -1,6 +1,6 @@
-"""Collectives, torch_hoplite side by side with gloo (issue #3).
+"""Collectives, torch_hoplite side by side with gloo (issues #3, #7).
 
-    python benchmarks/collectives.py [--ops broadcast,reduce,allreduce,gather]
+    python benchmarks/collectives.py [--ops broadcast,reduce,allreduce,gather,allgather]
         [--nodes 2,4,8] [--sizes 1MB,16MB,64MB,256MB] [--rate 1gbit]
 
 What each system runs per op (every rank holds an integer-valued tensor):
@@ -13,6 +13,10 @@ What each system runs per op (every rank holds an integer-valued tensor):
              every rank gets while it is computed). gloo: dist.all_reduce (ring).
   gather     hoplite: every rank puts, rank 0 gets them all concurrently.
              gloo: dist.gather to rank 0.
+  allgather  hoplite: every rank puts, every rank gets them all concurrently.
+             gloo: dist.all_gather (size = one rank's tensor).
+"hoplite-c10d" is the torch.distributed backend "hoplite" (a process group over
+the same node, static algorithms): the same dist.* call as gloo's.
 "hoplite-zero-copy" puts and gets with copy=False (broadcast, reduce, gather);
 "hoplite-sharded" is allreduce(shards=N): N reduces of 1/N each, one rooted at
 every rank, then every rank gets every piece. Reduce-tree ablation: "hoplite-d1"
@@ -22,9 +26,10 @@ All systems run in the same processes, interleaved trial by trial; time = from
 the common start to the slowest participant's end (one monotonic clock per
 host; on the emulated cluster the namespaces share the host's clock). Per point:
 median / min / max of --trials timed trials after --warmup, algbw = size/time,
-busbw = algbw x factor (allreduce 2(N-1)/N, gather (N-1)/N, else 1), CPU cores
+busbw = algbw x factor (allreduce 2(N-1)/N, gather and allgather N-1: the bytes
+the busiest link carries, as size is one rank's tensor; else 1), CPU cores
 used by all processes, and, with --rate, the ratio to the ideal time (broadcast
-and reduce S/B, allreduce 2(N-1)/N S/B, gather (N-1) S/B). The first warm-up
+and reduce S/B, allreduce 2(N-1)/N S/B, gather and allgather (N-1) S/B). The first warm-up
 trial checks every result exactly. On loopback the CPU, not a link, is the
 bottleneck: --rate runs on the emulated cluster (emulated_cluster.py).
 """
@@ -44,8 +49,9 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-OPS = ["broadcast", "reduce", "allreduce", "gather"]
-SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-sharded", "hoplite-d1", "hoplite-d2", "hoplite-dn", "gloo"]
+OPS = ["broadcast", "reduce", "allreduce", "gather", "allgather"]
+SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-sharded", "hoplite-d1", "hoplite-d2", "hoplite-dn",
+           "hoplite-c10d", "gloo"]
 DEFAULT_SYSTEMS = "hoplite,gloo"
 ONLY_FOR = {
     "hoplite-zero-copy": {"broadcast", "reduce", "gather"},
@@ -63,22 +69,27 @@ def expected(op: str, world: int, x: torch.Tensor) -> torch.Tensor:
     return torch.ones_like(x)
 
 
-def run_op(op: str, system: str, rank: int, world: int, x: torch.Tensor, buf: torch.Tensor, tag: str):
+def run_op(op: str, system: str, rank: int, world: int, x: torch.Tensor, buf: torch.Tensor, tag: str, groups: dict):
     """One collective; returns what this rank received (None where nothing)."""
     import torch_hoplite as hop
 
-    if system == "gloo":
+    if system in groups:  # a torch.distributed process group
+        group = groups[system]
         if op == "broadcast":
-            dist.broadcast(x if rank == 0 else buf, src=0)
+            dist.broadcast(x if rank == 0 else buf, src=0, group=group)
             return buf if rank else None
         if op == "reduce":
-            dist.reduce(buf, dst=0)
+            dist.reduce(buf, dst=0, group=group)
             return buf if rank == 0 else None
         if op == "allreduce":
-            dist.all_reduce(buf)
+            dist.all_reduce(buf, group=group)
             return buf
+        if op == "allgather":
+            outs = [torch.empty_like(x) for _ in range(world)]
+            dist.all_gather(outs, x, group=group)
+            return outs
         outs = [torch.empty_like(x) for _ in range(world)] if rank == 0 else None
-        dist.gather(x, outs, dst=0)
+        dist.gather(x, outs, dst=0, group=group)
         return outs
     copy = system != "hoplite-zero-copy"
     if op == "broadcast":
@@ -89,9 +100,11 @@ def run_op(op: str, system: str, rank: int, world: int, x: torch.Tensor, buf: to
     if op == "allreduce":
         return hop.allreduce(x, tag, shards=world if system == "hoplite-sharded" else 1)
     hop.put(x, f"{tag}/{rank}", copy=copy)
+    ids = [f"{tag}/{r}" for r in range(world)]
+    if op == "allgather":
+        return hop.gather(ids)
     if rank != 0:
         return None
-    ids = [f"{tag}/{r}" for r in range(world)]
     if op == "reduce":
         degree = {"hoplite-d1": 1, "hoplite-d2": 2, "hoplite-dn": world - 1}.get(system)
         result, _ = hop.reduce(ids, id=tag, degree=degree)
@@ -102,7 +115,7 @@ def run_op(op: str, system: str, rank: int, world: int, x: torch.Tensor, buf: to
 def cleanup(op: str, system: str, rank: int, tag: str) -> None:
     import torch_hoplite as hop
 
-    if system == "gloo" or op == "allreduce":  # allreduce deletes its own objects
+    if system in ("gloo", "hoplite-c10d") or op == "allreduce":  # allreduce deletes its own objects
         return
     if op == "broadcast":
         if rank == 0:
@@ -116,7 +129,7 @@ def cleanup(op: str, system: str, rank: int, tag: str) -> None:
 def check(op: str, rank: int, world: int, x: torch.Tensor, got) -> None:
     if got is None:
         return
-    if op == "gather":
+    if op in ("gather", "allgather"):
         ok = all(torch.equal(t, torch.full_like(x, r + 1)) for r, t in enumerate(got))
     elif op == "broadcast":
         ok = torch.equal(got, torch.ones_like(x))
@@ -132,6 +145,9 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems) -> dict
     store = dist.TCPStore(host, port, world, is_master=(rank == 0), timeout=datetime.timedelta(seconds=900))
     dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=world)
     hop.init(dist.PrefixStore("hoplite", store), rank=rank, world_size=world)
+    groups = {"gloo": None}
+    if "hoplite-c10d" in systems:
+        groups["hoplite-c10d"] = dist.new_group(backend="hoplite")
     results = {}
     for op in ops:
         runs = [s for s in systems if op in ONLY_FOR.get(s, {op})]
@@ -144,7 +160,7 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems) -> dict
                     buf.copy_(x)
                     dist.barrier()
                     c0, t0 = time.process_time(), time.monotonic()
-                    got = run_op(op, system, rank, world, x, buf, tag)
+                    got = run_op(op, system, rank, world, x, buf, tag, groups)
                     t1 = time.monotonic()
                     dist.barrier()
                     c1, t2 = time.process_time(), time.monotonic()
@@ -206,7 +222,8 @@ def ideal_and_factor(op: str, world: int) -> tuple[float, float]:
         "broadcast": (1.0, 1.0),
         "reduce": (1.0, 1.0),
         "allreduce": (2 * (world - 1) / world, 2 * (world - 1) / world),
-        "gather": (world - 1, (world - 1) / world),
+        "gather": (world - 1, world - 1),
+        "allgather": (world - 1, world - 1),
     }[op]
 
 

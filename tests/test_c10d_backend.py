@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import socket
+import time
 
 import pytest
 import torch.distributed as dist
@@ -34,8 +35,12 @@ def _spawn(target, world: int, timeout: float) -> list:
         pipes.append(parent)
         procs.append(proc)
     out = []
-    for rank, (pipe, proc) in enumerate(zip(pipes, procs)):
-        out.append(pipe.recv() if pipe.poll(timeout) else None)
+    deadline = time.monotonic() + timeout
+    for pipe, proc in zip(pipes, procs):
+        # A process that died without reporting gives None at once.
+        while not pipe.poll(0.2) and proc.is_alive() and time.monotonic() < deadline:
+            pass
+        out.append(pipe.recv() if pipe.poll() else None)
     for proc in procs:
         proc.join(10)
         if proc.is_alive():

@@ -29,6 +29,9 @@ EXPECT = {
     ReduceOp.PROD: lambda a, b: a & b if a.dtype == torch.bool else a * b,
     ReduceOp.MIN: torch.minimum,
     ReduceOp.MAX: torch.maximum,
+    ReduceOp.BAND: torch.bitwise_and,
+    ReduceOp.BOR: torch.bitwise_or,
+    ReduceOp.BXOR: torch.bitwise_xor,
 }
 
 
@@ -112,6 +115,8 @@ def supported(op, dtype):
         return dtype.is_floating_point or dtype.is_complex
     if op in (ReduceOp.MIN, ReduceOp.MAX):
         return not dtype.is_complex
+    if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
+        return not (dtype.is_floating_point or dtype.is_complex)
     return True
 
 
@@ -139,6 +144,7 @@ def test_every_op_and_dtype_is_exact(cluster4, dtype):
     [
         (ReduceOp.AVG, torch.int32, "AVG needs a floating-point"),
         (ReduceOp.MIN, torch.complex64, "not ordered"),
+        (ReduceOp.BXOR, torch.float32, "bitwise ops need an integer"),
         (ReduceOp.SUM, torch.float8_e4m3fn, "float8_e4m3fn"),
     ],
 )
@@ -288,7 +294,7 @@ def test_existing_result_id_is_refused_and_can_be_retried(cluster4):
         (dict(degree=0), ValueError),
         (dict(op="xor"), ValueError),
         (dict(op=3.5), TypeError),
-        (dict(op=torch.distributed.ReduceOp.BAND), ValueError),
+        (dict(op=torch.distributed.ReduceOp.PREMUL_SUM), ValueError),
     ],
 )
 def test_bad_arguments(cluster4, kwargs, error):

@@ -17,9 +17,10 @@ struct Elements {
   CombineFn combine = nullptr;  // null for data movement only
 };
 
-// Bytes per pipelined message: large enough that per-message costs vanish,
-// small enough that a combine overlaps the next piece's arrival.
-constexpr size_t kPieceBytes = 1u << 20;
+// Bytes per pipelined message when `bytes` flow through `hops` stages: about
+// 1/64 of what one stage carries, so filling the pipeline costs ~1.5% of the
+// transfer, within [64 KiB, 1 MiB] so per-message costs stay small.
+size_t pieceBytes(size_t bytes, int hops);
 
 // --- ring.cpp: bandwidth-optimal, 2(N-1)/N of the data per rank on the wire ---
 // In-place allreduce of `count` elements: pipelined reduce-scatter then allgather.

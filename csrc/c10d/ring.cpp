@@ -23,7 +23,8 @@ void ringPass(Channel& ch, uint8_t* data, const std::vector<size_t>& begin, cons
   const int left = (r + n - 1) % n;
   size_t largest = 0;
   for (int i = 0; i < n; ++i) largest = std::max(largest, begin[i + 1] - begin[i]);
-  const size_t per = std::max({size_t{1}, kPieceBytes / e.itemsize, (largest >> kPieceBits) + 1});  // elements
+  const size_t per =
+      std::max({size_t{1}, pieceBytes(largest * e.itemsize, 1) / e.itemsize, (largest >> kPieceBits) + 1});  // elements
   const size_t isz = e.itemsize;
   uint8_t* tmp = reduceSteps > 0 ? ch.scratch(largest * isz) : nullptr;
 

@@ -35,6 +35,10 @@ size_t piecesOf(size_t count, size_t per) { return (count + per - 1) / per; }
 
 }  // namespace
 
+size_t pieceBytes(size_t bytes, int hops) {
+  return std::clamp<size_t>(bytes / (64 * static_cast<size_t>(std::max(hops, 1))), 64u << 10, 1u << 20);
+}
+
 void broadcast(Channel& ch, uint8_t* data, size_t bytes, int root) {
   const int n = ch.size();
   if (n == 1) return;
@@ -43,19 +47,20 @@ void broadcast(Channel& ch, uint8_t* data, size_t bytes, int root) {
     return;
   }
   const int v = (ch.rank() - root + n) % n;
-  const size_t count = piecesOf(bytes, kPieceBytes);
+  const size_t piece = pieceBytes(bytes, n - 1);
+  const size_t count = piecesOf(bytes, piece);
   std::vector<Channel::Pending> recvs, sends;
   if (v > 0) {
     for (size_t j = 0; j < count; ++j) {
-      const size_t first = j * kPieceBytes;
-      recvs.push_back(ch.recv(absolute(ch, v - 1, root), j, data + first, std::min(kPieceBytes, bytes - first)));
+      const size_t first = j * piece;
+      recvs.push_back(ch.recv(absolute(ch, v - 1, root), j, data + first, std::min(piece, bytes - first)));
     }
   }
   for (size_t j = 0; j < count; ++j) {
     if (v > 0) ch.wait(recvs[j]);
     if (v + 1 < n) {
-      const size_t first = j * kPieceBytes;
-      sends.push_back(ch.send(absolute(ch, v + 1, root), j, data + first, std::min(kPieceBytes, bytes - first)));
+      const size_t first = j * piece;
+      sends.push_back(ch.send(absolute(ch, v + 1, root), j, data + first, std::min(piece, bytes - first)));
     }
   }
   ch.waitAll(sends);
@@ -67,7 +72,7 @@ void chainReduce(Channel& ch, uint8_t* data, size_t count, const Elements& e, in
   const int v = (ch.rank() - root + n) % n;
   const bool leaf = v == n - 1;
   const size_t isz = e.itemsize;
-  const size_t per = std::max<size_t>(1, kPieceBytes / isz);
+  const size_t per = std::max<size_t>(1, pieceBytes(count * isz, n - 1) / isz);
   const size_t pieces = piecesOf(count, per);
   // The root accumulates in place; the middle of the chain in scratch, so
   // inputs stay as they were; the leaf sends its input as it is.

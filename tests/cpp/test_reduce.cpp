@@ -142,6 +142,15 @@ static void testKernels() {
   CHECK(reduceKernel(ReduceOp::kMin, "bool", &k).ok());
   k.combine(out, x, y, 4);
   CHECK(!out[0] && !out[1] && !out[2] && out[3]);
+  // Bitwise ops on integers and bool.
+  auto band = run(ReduceOp::kBand, "int8", std::vector<int8_t>{-1, 12}, std::vector<int8_t>{-128, 10});
+  CHECK(band[0] == -128 && band[1] == 8);
+  auto bxor = run(ReduceOp::kBxor, "uint64", std::vector<uint64_t>{~0ull, 6}, std::vector<uint64_t>{1, 3});
+  CHECK(bxor[0] == ~1ull && bxor[1] == 5);
+  CHECK(reduceKernel(ReduceOp::kBxor, "bool", &k).ok());
+  k.combine(out, x, y, 4);
+  CHECK(!out[0] && out[1] && out[2] && !out[3]);
+  CHECK(!reduceKernel(ReduceOp::kBor, "float32", &k).ok());
   // Half and bfloat16 compute in float and round to nearest even.
   std::vector<uint16_t> h1{0x3c00, 0x4000}, h2{0x4000, 0x4000};  // 1+2, 2+2
   auto hs = run(ReduceOp::kSum, "float16", h1, h2);
