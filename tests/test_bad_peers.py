@@ -1,6 +1,9 @@
-"""Garbage at a node's port, or a peer from another cluster, is refused without
-disturbing anyone else."""
+"""Garbage at a node's port, a peer from another cluster, or one without the
+cluster secret is refused without disturbing anyone else."""
 
+import hashlib
+import hmac
+import os
 import socket
 import struct
 import time
@@ -15,12 +18,34 @@ from cluster import Cluster
 MAGIC = 0x544C5048
 
 
-def frame(msg_type: int, payload: bytes, version: int = 1) -> bytes:
+VERSION = 2
+
+
+def frame(msg_type: int, payload: bytes, version: int = VERSION) -> bytes:
     return struct.pack("<IBBHQ", MAGIC, version, msg_type, 0, len(payload)) + payload
 
 
-def hello(rank: int, cluster: bytes) -> bytes:
-    return frame(1, struct.pack("<Ii", 1, rank) + struct.pack("<I", len(cluster)) + cluster)
+def string(b: bytes) -> bytes:
+    return struct.pack("<I", len(b)) + b
+
+
+def hello(rank: int, cluster: bytes, nonce: bytes = b"n" * 16) -> bytes:
+    return frame(1, struct.pack("<Ii", VERSION, rank) + string(cluster) + string(nonce))
+
+
+def read_frame(sock: socket.socket) -> tuple[int, bytes]:
+    def exactly(n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = sock.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError("closed")
+            out += chunk
+        return out
+
+    magic, _version, msg_type, _reserved, length = struct.unpack("<IBBHQ", exactly(16))
+    assert magic == MAGIC
+    return msg_type, exactly(length)
 
 
 def closed_by_peer(sock: socket.socket, timeout: float = 5.0) -> bool:
@@ -48,6 +73,8 @@ def test_garbage_and_strangers_are_dropped_and_others_unaffected():
             frame(1, b"\x01\x00"),  # a truncated hello
             hello(1, b"some-other-cluster"),  # the wrong cluster
             frame(1, b"", version=9),  # an unknown protocol version
+            frame(1, b"", version=1),  # the protocol before authentication
+            frame(18, string(b"p" * 32)),  # a proof before any hello
         ]
         for payload in attempts:
             with socket.create_connection((host, port), timeout=5) as s:
@@ -79,3 +106,74 @@ def test_silent_connection_does_not_block_the_node_and_is_dropped():
         half.close()
     finally:
         c.close()
+
+
+def _proof(secret: bytes, role: bytes, cluster: bytes, client_nonce: bytes, server_nonce: bytes, client: int,
+           server: int) -> bytes:
+    message = role + b"\0" + cluster + b"\0" + client_nonce + server_nonce + f"{client}:{server}".encode()
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def test_handshake_needs_the_secret():
+    """A stranger that knows the cluster id but not the secret gets a challenge
+    and is dropped after a wrong proof; with the secret (read from the store, as
+    a member would) the same handshake is accepted."""
+    c = Cluster(2)
+    try:
+        rt = api._rt()
+        host, port = rt.address
+        cluster = rt._rendezvous.cluster_id().encode()
+        refused_before = hop.stats()["handshakes_refused"]
+        for secret, accepted in ((b"wrong secret", False), (rt._rendezvous.secret(None).encode(), True)):
+            with socket.create_connection((host, port), timeout=5) as s:
+                nonce = os.urandom(16)
+                s.sendall(hello(1, cluster, nonce))
+                msg_type, payload = read_frame(s)
+                assert msg_type == 17  # challenge: server nonce, server proof
+                server_nonce, server_proof = payload[4:20], payload[24:56]
+                # The server proved it knows the real secret; a stranger cannot check that.
+                assert (server_proof == _proof(secret, b"server", cluster, nonce, server_nonce, 1, 0)) == accepted
+                s.sendall(frame(18, string(_proof(secret, b"client", cluster, nonce, server_nonce, 1, 0))))
+                if accepted:
+                    msg_type, payload = read_frame(s)
+                    assert msg_type == 2 and struct.unpack("<i", payload)[0] == 0  # hello ack from rank 0
+                else:
+                    assert closed_by_peer(s)
+        assert hop.stats()["handshakes_refused"] == refused_before + 1
+        ref = c.call(1, workers.put, torch.arange(10.0), "after-impostor")
+        assert torch.equal(hop.get(ref, timeout=30).wait(), torch.arange(10.0))
+    finally:
+        c.close()
+
+
+def test_nodes_with_different_secrets_cannot_talk():
+    """Ranks 1 and 2 share HOPLITE_SECRET; rank 0 has another: they refuse each
+    other in both directions and say why, while 1 and 2 work together."""
+    from cluster import shard_of
+
+    c = Cluster(3, env={"HOPLITE_SECRET": "the workers' secret"}, options={"timeout": 20})
+    try:
+        obj = next(f"secret-{i}" for i in range(100) if shard_of(f"secret-{i}", 3) == 2)
+        ref = c.call(1, workers.put, torch.arange(1000.0), obj)
+        assert torch.equal(c.call(2, workers.get, ref, 30), torch.arange(1000.0))
+        try:
+            hop.get(ref, timeout=10).wait()
+        except hop.PeerFailedError as e:
+            assert "authentication" in str(e) or "closed" in str(e), str(e)
+        else:
+            raise AssertionError("rank 0 got an object through peers with another secret")
+        assert hop.stats()["handshakes_refused"] >= 1
+    finally:
+        c.close()
+
+
+def test_handshake_hmac_matches_pythons():
+    import random
+
+    from torch_hoplite import _C
+
+    rng = random.Random(7)
+    for key_len in (0, 1, 31, 32, 63, 64, 65, 200):
+        for msg_len in (0, 1, 55, 56, 63, 64, 65, 119, 120, 1000):
+            key, msg = rng.randbytes(key_len), rng.randbytes(msg_len)
+            assert _C.hmac_sha256(key, msg) == hmac.new(key, msg, hashlib.sha256).digest(), (key_len, msg_len)

@@ -6,6 +6,7 @@ import datetime
 import fcntl
 import ipaddress
 import os
+import secrets
 import socket
 import struct
 import uuid
@@ -124,6 +125,15 @@ class Rendezvous:
 
     def cluster_id(self) -> str:
         value = self.store.compare_set("cluster_id", "", uuid.uuid4().hex)
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def secret(self, configured: Optional[str]) -> str:
+        """The cluster secret: the configured one, else one that the first rank
+        to ask generates and keeps in the store (whoever can read the store is
+        in the cluster)."""
+        if configured:
+            return configured
+        value = self.store.compare_set("secret", "", secrets.token_hex(32))
         return value.decode() if isinstance(value, bytes) else str(value)
 
     def exchange_addresses(self, host: str, port: int) -> dict[int, tuple[str, int]]:

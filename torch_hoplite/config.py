@@ -28,6 +28,10 @@ HOPLITE_COPY_THREADS           threads for memory copies and reduce steps  2
                      copy_threads
 HOPLITE_SOCKET_BUFFER          SO_SNDBUF/SO_RCVBUF bytes (0: autotune)     0
                      socket_buffer_bytes
+HOPLITE_SECRET       secret    cluster secret: peers prove they know it    generated
+                               (HMAC challenge-response) before anything
+                               else is accepted; unset: rank 0 generates
+                               one at rendezvous and keeps it in the store
 HOPLITE_LOG_LEVEL    (env)     error, warn, info or debug                  warn
 =============================  ==========================================  ===============
 
@@ -83,6 +87,7 @@ class Config:
     heartbeat_timeout: float = 10.0
     copy_threads: int = 2
     socket_buffer_bytes: int = 0
+    secret: Optional[str] = dataclasses.field(default=None, repr=False)
 
     _ENV = {
         "host": ("HOPLITE_LISTEN_HOST", str),
@@ -98,6 +103,7 @@ class Config:
         "heartbeat_timeout": ("HOPLITE_HEARTBEAT_TIMEOUT", float),
         "copy_threads": ("HOPLITE_COPY_THREADS", int),
         "socket_buffer_bytes": ("HOPLITE_SOCKET_BUFFER", parse_size),
+        "secret": ("HOPLITE_SECRET", str),
     }
 
     @classmethod

@@ -32,6 +32,7 @@ class Runtime:
                 "host": host,
                 "port": config.port,
                 "cluster_id": rendezvous.cluster_id(),
+                "secret": rendezvous.secret(config.secret),
                 "chunk_bytes": config.chunk_bytes,
                 "capacity_bytes": config.capacity_bytes,
                 "inline_threshold_bytes": config.inline_threshold_bytes,

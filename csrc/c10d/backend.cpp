@@ -202,7 +202,7 @@ void HopliteBackend::shutdown() {
 }
 
 double HopliteBackend::timeoutSeconds(std::chrono::milliseconds requested) const {
-  auto ms = requested == ::c10d::kUnsetTimeout ? timeout_ : requested;
+  auto ms = requested == ::c10d::kUnsetTimeout ? timeout_.load() : requested;
   return std::clamp(std::chrono::duration<double>(ms).count(), 1e-3, kMaxTimeoutSeconds);
 }
 
@@ -210,6 +210,7 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::enqueue(::c10d::OpType type, co
                                                          Tensors outputs, std::chrono::milliseconds timeout,
                                                          Body body) {
   auto work = c10::make_intrusive<HopliteWork>(getRank(), type, std::move(outputs));
+  std::lock_guard<std::mutex> lock(issueMutex_);
   const uint64_t seq = seq_++;
   const double seconds = timeoutSeconds(timeout);
   auto owner = std::make_shared<Tensors>(std::move(keep));
@@ -430,10 +431,12 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::_reduce_scatter_base(at::Tensor
   return enqueue(::c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output, input}, {output},
                  opts.timeout, [output, input, red](Channel& ch) {
                    // Work on a copy: the ring clobbers the blocks it does not own.
-                   at::Tensor flat = input.contiguous().clone();
                    const size_t block = nbytes(output);
-                   ringReduceScatter(ch, bytesOf(flat), output.numel(), red.elements);
-                   uint8_t* mine = bytesOf(flat) + block * ch.rank();
+                   uint8_t* flat = ch.scratch(block * ch.size());
+                   at::Tensor src = input.contiguous();
+                   if (block > 0) std::memcpy(flat, bytesOf(src), block * ch.size());
+                   ringReduceScatter(ch, flat, output.numel(), red.elements);
+                   uint8_t* mine = flat + block * ch.rank();
                    if (red.divide) red.divide(mine, output.numel(), ch.size());
                    Dense d(output);
                    if (block > 0) std::memcpy(bytesOf(d.work), mine, block);

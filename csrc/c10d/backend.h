@@ -8,6 +8,7 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -63,9 +64,13 @@ class HopliteBackend : public ::c10d::Backend {
   ~HopliteBackend() override;
 
   const std::string getBackendName() const override { return "hoplite"; }
-  void shutdown() override;
-  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
-  uint64_t getSequenceNumberForGroup() override { return seq_; }
+  // Without `override`: these virtuals are newer than some torch versions we build against.
+  void shutdown();
+  void setTimeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+  uint64_t getSequenceNumberForGroup() override {
+    std::lock_guard<std::mutex> lock(issueMutex_);
+    return seq_;
+  }
   void setSequenceNumberForGroup() override {}  // every member starts at 0
 
   using Tensors = std::vector<at::Tensor>;
@@ -108,8 +113,9 @@ class HopliteBackend : public ::c10d::Backend {
 
   std::shared_ptr<Node> node_;
   Channel channel_;  // worker thread only
-  std::chrono::milliseconds timeout_;
-  uint64_t seq_ = 0;  // collectives issued: identical on every member
+  std::atomic<std::chrono::milliseconds> timeout_;
+  std::mutex issueMutex_;  // numbers and queues a collective in one step
+  uint64_t seq_ = 0;       // collectives issued: identical on every member
   SerialQueue worker_;  // collectives
   // Completes send/recv Works off the loop thread; shared with their callbacks,
   // which may outlive the backend (after stop() it runs them inline).

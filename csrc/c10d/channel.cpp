@@ -2,13 +2,56 @@
 
 namespace hoplite::c10d {
 
+namespace {
+using Block = std::pair<std::unique_ptr<uint8_t[]>, size_t>;  // memory, size
+constexpr size_t kPoolBlocks = 4;
+constexpr size_t kPoolBytes = 2ull << 30;
+}  // namespace
+
+// Blocks come back when the last message of their collective lets go of them,
+// which may be on the node's loop thread: hence the lock.
+class Channel::ScratchPool {
+ public:
+  Block take(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto best = blocks_.end();
+    for (auto it = blocks_.begin(); it != blocks_.end(); ++it) {
+      if (it->second >= bytes && (best == blocks_.end() || it->second < best->second)) best = it;
+    }
+    if (best == blocks_.end()) return {std::unique_ptr<uint8_t[]>(new uint8_t[std::max<size_t>(bytes, 1)]), bytes};
+    Block b = std::move(*best);
+    cached_ -= b.second;
+    blocks_.erase(best);
+    return b;
+  }
+  void give(Block b) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (blocks_.size() == kPoolBlocks || cached_ + b.second > kPoolBytes) return;  // freed
+    cached_ += b.second;
+    blocks_.push_back(std::move(b));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<Block> blocks_;
+  size_t cached_ = 0;
+};
+
 struct Channel::Memory {
   std::shared_ptr<const void> owner;
-  std::vector<std::unique_ptr<uint8_t[]>> scratch;
+  std::shared_ptr<ScratchPool> pool;
+  std::vector<Block> scratch;
+  ~Memory() {
+    for (auto& b : scratch) pool->give(std::move(b));
+  }
 };
 
 Channel::Channel(std::shared_ptr<Node> node, uint64_t context, int rank, std::vector<int> globalRanks)
-    : node_(std::move(node)), context_(context), rank_(rank), globalRanks_(std::move(globalRanks)) {}
+    : node_(std::move(node)),
+      context_(context),
+      rank_(rank),
+      globalRanks_(std::move(globalRanks)),
+      pool_(std::make_shared<ScratchPool>()) {}
 
 void Channel::begin(const std::string& name, uint64_t tagBase, double timeoutSeconds,
                     std::shared_ptr<const void> owner) {
@@ -19,11 +62,12 @@ void Channel::begin(const std::string& name, uint64_t tagBase, double timeoutSec
               std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeoutSeconds));
   memory_ = std::make_shared<Memory>();
   memory_->owner = std::move(owner);
+  memory_->pool = pool_;
 }
 
 uint8_t* Channel::scratch(size_t bytes) {
-  memory_->scratch.push_back(std::unique_ptr<uint8_t[]>(new uint8_t[std::max<size_t>(bytes, 1)]));
-  return memory_->scratch.back().get();
+  memory_->scratch.push_back(pool_->take(bytes));
+  return memory_->scratch.back().first.get();
 }
 
 void Channel::end() {

@@ -74,9 +74,9 @@ void chainReduce(Channel& ch, uint8_t* data, size_t count, const Elements& e, in
   const size_t isz = e.itemsize;
   const size_t per = std::max<size_t>(1, pieceBytes(count * isz, n - 1) / isz);
   const size_t pieces = piecesOf(count, per);
-  // The root accumulates in place; the middle of the chain in scratch, so
-  // inputs stay as they were; the leaf sends its input as it is.
-  uint8_t* acc = (v == 0 || leaf) ? data : ch.scratch(count * isz);
+  // Each rank combines what it receives into that same scratch (the root into
+  // its tensor) and forwards it, so inputs stay as they were; the leaf sends its
+  // input as it is.
   uint8_t* tmp = leaf ? nullptr : ch.scratch(count * isz);
   std::vector<Channel::Pending> recvs, sends;
   if (!leaf) {
@@ -88,11 +88,12 @@ void chainReduce(Channel& ch, uint8_t* data, size_t count, const Elements& e, in
   for (size_t j = 0; j < pieces; ++j) {
     const size_t first = j * per;
     const size_t len = std::min(per, count - first);
+    uint8_t* out = leaf ? data + first * isz : (v == 0 ? data : tmp) + first * isz;
     if (!leaf) {
       ch.wait(recvs[j]);
-      e.combine(acc + first * isz, data + first * isz, tmp + first * isz, len);
+      e.combine(out, data + first * isz, tmp + first * isz, len);
     }
-    if (v > 0) sends.push_back(ch.send(absolute(ch, v - 1, root), j, acc + first * isz, len * isz));
+    if (v > 0) sends.push_back(ch.send(absolute(ch, v - 1, root), j, out, len * isz));
   }
   ch.waitAll(sends);
 }

@@ -157,9 +157,12 @@ void Node::connectPeer(int rank) {
     return;
   }
   peer.conn->setPeerRank(rank);
+  peer.helloNonce = randomBytes(wire::kNonceSize);
+  peer.verified = false;
   wire::Hello hello;
   hello.rank = config_.rank;
   hello.cluster = config_.clusterId;
+  hello.nonce = peer.helloNonce;
   peer.conn->sendControl(wire::MsgType::kHello, wire::encode(hello));
 }
 
@@ -203,6 +206,7 @@ std::shared_ptr<Connection> Node::sharedConnection(Connection& conn) {
 }
 
 void Node::onClosed(Connection& conn, const Status& why) {
+  handshakes_.erase(conn.id());
   if (incoming_.erase(conn.id())) {
     // A sender that went away sends nothing more: who waits for it fails now.
     if (conn.peerRank() >= 0 && !shuttingDown_) {
@@ -237,6 +241,16 @@ void Node::onClosed(Connection& conn, const Status& why) {
   failPeer(rank, why);
 }
 
+Digest Node::handshakeProof(const char* role, const std::string& clientNonce, const std::string& serverNonce,
+                            int clientRank, int serverRank) const {
+  return hmacSha256(config_.secret, std::string(role) + '\0' + config_.clusterId + '\0' + clientNonce + serverNonce +
+                                        std::to_string(clientRank) + ':' + std::to_string(serverRank));
+}
+
+namespace {
+std::string bytesOf(const Digest& d) { return std::string(d.begin(), d.end()); }
+}  // namespace
+
 void Node::handleHello(Connection& conn, const wire::Hello& msg) {
   if (msg.protocol != wire::kVersion) {
     conn.close(Status(Code::kProtocol, "peer speaks protocol " + std::to_string(msg.protocol)));
@@ -251,9 +265,45 @@ void Node::handleHello(Connection& conn, const wire::Hello& msg) {
     conn.close(Status(Code::kProtocol, "peer rank out of range"));
     return;
   }
-  conn.setPeerRank(msg.rank);
+  Handshake hs{msg.rank, msg.nonce, randomBytes(wire::kNonceSize)};
+  wire::Challenge challenge{hs.serverNonce,
+                            bytesOf(handshakeProof("server", hs.clientNonce, hs.serverNonce, hs.rank, config_.rank))};
+  handshakes_[conn.id()] = std::move(hs);
+  conn.sendControl(wire::MsgType::kChallenge, wire::encode(challenge));
+}
+
+void Node::handleAuth(Connection& conn, const wire::Auth& msg) {
+  Handshake hs = std::move(handshakes_[conn.id()]);
+  handshakes_.erase(conn.id());
+  if (!equalDigests(handshakeProof("client", hs.clientNonce, hs.serverNonce, hs.rank, config_.rank), msg.proof)) {
+    counters_.handshakesRefused++;
+    HLOG(kWarn, "refused connection from %s claiming rank %d: it does not know the cluster secret (HOPLITE_SECRET)",
+         conn.describe().c_str(), hs.rank);
+    conn.close(Status(Code::kProtocol, "authentication failed"));
+    return;
+  }
+  conn.setPeerRank(hs.rank);
   conn.markTrusted();
   conn.sendControl(wire::MsgType::kHelloAck, wire::encode(wire::HelloAck{config_.rank}));
+}
+
+void Node::handleChallenge(Connection& conn, const wire::Challenge& msg) {
+  auto it = peers_.find(conn.peerRank());
+  if (it == peers_.end() || it->second.conn.get() != &conn || it->second.verified || it->second.helloNonce.empty()) {
+    conn.close(Status(Code::kProtocol, "unexpected challenge"));
+    return;
+  }
+  Peer& peer = it->second;
+  if (!equalDigests(handshakeProof("server", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank()), msg.proof)) {
+    counters_.handshakesRefused++;
+    HLOG(kWarn, "%s does not know the cluster secret: refusing it", peerName(conn.peerRank()).c_str());
+    conn.close(Status(Code::kProtocol, "it failed authentication (a different HOPLITE_SECRET?)"));
+    return;
+  }
+  peer.verified = true;
+  wire::Auth auth{bytesOf(handshakeProof("client", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank()))};
+  peer.helloNonce.clear();
+  conn.sendControl(wire::MsgType::kAuth, wire::encode(auth));
 }
 
 void Node::heardFrom(Connection& conn) {
@@ -309,19 +359,23 @@ void Node::onFrame(Connection& conn, wire::MsgType type, const uint8_t* payload,
 void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) {
   bool isIncoming = incoming_.count(conn.id()) > 0;
   if (isIncoming && conn.peerRank() < 0) {
-    // Nothing but a hello is accepted before the handshake.
-    if (type != wire::MsgType::kHello) {
-      conn.close(Status(Code::kProtocol, "message before hello"));
-      return;
+    // Nothing but the handshake, in order, before it completes.
+    const bool challenged = handshakes_.count(conn.id()) > 0;
+    if (type == wire::MsgType::kHello && !challenged) {
+      handleHello(conn, wire::Hello::decode(reader));
+    } else if (type == wire::MsgType::kAuth && challenged) {
+      handleAuth(conn, wire::Auth::decode(reader));
+    } else {
+      conn.close(Status(Code::kProtocol, "message out of handshake order"));
     }
-    handleHello(conn, wire::Hello::decode(reader));
     return;
   }
   switch (type) {
     case wire::MsgType::kHelloAck: {
       auto ack = wire::HelloAck::decode(reader);
       auto it = peers_.find(conn.peerRank());
-      if (isIncoming || it == peers_.end() || it->second.conn.get() != &conn || ack.rank != conn.peerRank()) {
+      if (isIncoming || it == peers_.end() || it->second.conn.get() != &conn || ack.rank != conn.peerRank() ||
+          !it->second.verified) {
         conn.close(Status(Code::kProtocol, "unexpected hello ack"));
         return;
       }
@@ -407,8 +461,13 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
     case wire::MsgType::kMessage:
       handleMessage(conn, wire::Message::decode(reader));
       return;
+    case wire::MsgType::kChallenge:
+      if (isIncoming) break;
+      handleChallenge(conn, wire::Challenge::decode(reader));
+      return;
+    case wire::MsgType::kAuth:
     case wire::MsgType::kHello:
-      conn.close(Status(Code::kProtocol, "unexpected hello"));
+      conn.close(Status(Code::kProtocol, "unexpected handshake message"));
       return;
     case wire::MsgType::kData:
       break;  // data frames never reach onFrame
@@ -452,6 +511,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"messages_sent", counters_.messagesSent.load()},
       {"messages_received", counters_.messagesReceived.load()},
       {"messages_unexpected", counters_.messagesUnexpected.load()},
+      {"handshakes_refused", counters_.handshakesRefused.load()},
       {"inline_gets", counters_.inlineGets.load()},
       {"local_gets", counters_.localGets.load()},
       {"remote_gets", counters_.remoteGets.load()},

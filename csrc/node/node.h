@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/hmac.h"
 #include "common/object_meta.h"
 #include "common/status.h"
 #include "common/worker_pool.h"
@@ -39,6 +40,7 @@ struct NodeConfig {
   std::string host = "127.0.0.1";  // address to bind and advertise
   int port = 0;                    // 0: any free port
   std::string clusterId;           // peers with another id are refused
+  std::string secret;              // shared by the cluster; peers that cannot prove they know it are refused
   uint64_t chunkBytes = 0;         // 0: chosen per object from its size
   uint64_t capacityBytes = 1ull << 34;
   uint64_t inlineThresholdBytes = 64 * 1024;
@@ -147,6 +149,8 @@ class Node : public ConnectionObserver {
     double backoff = 0.05;
     bool lost = false;  // was reachable once and failed since: no retrying
     double lastHeard = 0;  // any frame on the connection, for heartbeats
+    std::string helloNonce;  // ours, until the peer's challenge is verified
+    bool verified = false;   // the peer proved it knows the secret
 
   };
   int shardOf(const std::string& id) const;
@@ -165,7 +169,17 @@ class Node : public ConnectionObserver {
   void checkHeartbeats();
   void heardFrom(Connection& conn);
   std::shared_ptr<Connection> sharedConnection(Connection& conn);
+  // The handshake (see wire::Hello): a server answers a hello with a
+  // challenge and trusts the connection once the client's proof checks out.
+  struct Handshake {
+    int rank = -1;
+    std::string clientNonce, serverNonce;
+  };
+  Digest handshakeProof(const char* role, const std::string& clientNonce, const std::string& serverNonce,
+                             int clientRank, int serverRank) const;
   void handleHello(Connection& conn, const wire::Hello& msg);
+  void handleChallenge(Connection& conn, const wire::Challenge& msg);
+  void handleAuth(Connection& conn, const wire::Auth& msg);
   void dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader);
   double now() const;
   // Runs fn on the loop; the future gets the Status fn reports (once).
@@ -312,6 +326,7 @@ class Node : public ConnectionObserver {
   std::shared_ptr<LocalConnection> self_;
   std::unordered_map<int, Peer> peers_;
   std::unordered_map<uint64_t, std::shared_ptr<Connection>> incoming_;
+  std::unordered_map<uint64_t, Handshake> handshakes_;  // incoming connections between hello and auth
   uint64_t nextRequest_ = 1;
   std::unordered_map<uint64_t, Pending> pending_;
   std::unordered_map<uint64_t, PullState> pulls_;
@@ -353,6 +368,7 @@ class Node : public ConnectionObserver {
     std::atomic<uint64_t> reducesCoordinated{0}, reduceTasks{0}, reduceBytes{0}, probes{0};
     std::atomic<uint64_t> pullResumes{0};  // transfers continued from another holder after a failure
     std::atomic<uint64_t> messagesSent{0}, messagesReceived{0}, messagesUnexpected{0};
+    std::atomic<uint64_t> handshakesRefused{0};  // peers that could not prove they know the secret
   } counters_;
 };
 

@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "common/hmac.h"
 #include "python/node_handle.h"
 
 namespace py = pybind11;
@@ -24,6 +25,7 @@ NodeConfig configFromDict(const py::dict& d) {
   c.host = option<std::string>(d, "host", c.host);
   c.port = option<int>(d, "port", c.port);
   c.clusterId = option<std::string>(d, "cluster_id", c.clusterId);
+  c.secret = option<std::string>(d, "secret", c.secret);
   c.chunkBytes = option<uint64_t>(d, "chunk_bytes", c.chunkBytes);
   c.capacityBytes = option<uint64_t>(d, "capacity_bytes", c.capacityBytes);
   c.inlineThresholdBytes = option<uint64_t>(d, "inline_threshold_bytes", c.inlineThresholdBytes);
@@ -106,5 +108,12 @@ PYBIND11_MODULE(_C, m) {
            py::arg("degree"), py::arg("timeout"))
       .def("stats", [](NodeHandle& h) { return h.node().stats(); })
       .def("shutdown", &NodeHandle::shutdown);
+  m.def(
+      "hmac_sha256",
+      [](const py::bytes& key, const py::bytes& message) {
+        auto d = hoplite::hmacSha256(key, message);
+        return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
+      },
+      "HMAC-SHA256 of the handshake, exposed to test it against Python's hmac");
   hoplite::bindBackend(m);
 }

@@ -13,7 +13,7 @@ namespace hoplite {
 namespace wire {
 
 constexpr uint32_t kMagic = 0x544c5048;  // "HPLT" little-endian
-constexpr uint8_t kVersion = 1;
+constexpr uint8_t kVersion = 2;  // 2: authenticated handshake
 constexpr size_t kHeaderSize = 16;
 constexpr size_t kDataSubheaderSize = 16;
 
@@ -34,8 +34,10 @@ enum class MsgType : uint8_t {
   kReduceAbort = 14,
   kProbe = 15,
   kMessage = 16,
+  kChallenge = 17,
+  kAuth = 18,
 };
-constexpr uint8_t kMaxMsgType = 16;
+constexpr uint8_t kMaxMsgType = 18;
 
 struct FrameHeader {
   uint8_t type = 0;

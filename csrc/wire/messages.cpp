@@ -57,17 +57,47 @@ std::string decodeId(Reader& r) {
   return id;
 }
 
+namespace {
+std::string fixedBytes(Reader& r, size_t size, const char* what) {
+  std::string s = r.str(size, what);
+  if (s.size() != size) throw DecodeError(std::string(what) + " has the wrong length");
+  return s;
+}
+}  // namespace
+
 void Hello::encode(Writer& w) const {
   w.u32(protocol);
   w.i32(rank);
   w.str(cluster);
+  w.str(nonce);
 }
 Hello Hello::decode(Reader& r) {
   Hello m;
   m.protocol = r.u32();
   m.rank = r.i32();
   m.cluster = r.str(256, "cluster id");
+  m.nonce = fixedBytes(r, kNonceSize, "hello nonce");
   r.expectEnd("hello");
+  return m;
+}
+
+void Challenge::encode(Writer& w) const {
+  w.str(nonce);
+  w.str(proof);
+}
+Challenge Challenge::decode(Reader& r) {
+  Challenge m;
+  m.nonce = fixedBytes(r, kNonceSize, "challenge nonce");
+  m.proof = fixedBytes(r, kProofSize, "challenge proof");
+  r.expectEnd("challenge");
+  return m;
+}
+
+void Auth::encode(Writer& w) const { w.str(proof); }
+Auth Auth::decode(Reader& r) {
+  Auth m;
+  m.proof = fixedBytes(r, kProofSize, "auth proof");
+  r.expectEnd("auth");
   return m;
 }
 

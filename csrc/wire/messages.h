@@ -16,14 +16,39 @@ namespace wire {
 void encodeId(Writer& w, const std::string& id);
 std::string decodeId(Reader& r);  // throws DecodeError for empty or oversized ids
 
+// The handshake: Hello (client) → Challenge (server) → Auth (client) →
+// HelloAck (server). Each side proves it knows the cluster secret with an HMAC
+// over both nonces and both ranks, so the secret never crosses the wire and a
+// proof cannot be replayed on another connection.
+constexpr size_t kNonceSize = 16;
+constexpr size_t kProofSize = 32;
+
 // Client → server, first frame on every connection.
 struct Hello {
   static constexpr MsgType kType = MsgType::kHello;
   uint32_t protocol = kVersion;
   int32_t rank = -1;
   std::string cluster;  // id of the cluster this node joined; mismatches are refused
+  std::string nonce;    // kNonceSize random bytes
   void encode(Writer& w) const;
   static Hello decode(Reader& r);
+};
+
+// Server → client: its nonce and its proof.
+struct Challenge {
+  static constexpr MsgType kType = MsgType::kChallenge;
+  std::string nonce;
+  std::string proof;
+  void encode(Writer& w) const;
+  static Challenge decode(Reader& r);
+};
+
+// Client → server: the client's proof.
+struct Auth {
+  static constexpr MsgType kType = MsgType::kAuth;
+  std::string proof;
+  void encode(Writer& w) const;
+  static Auth decode(Reader& r);
 };
 
 struct HelloAck {

@@ -126,7 +126,13 @@ static void testMessages() {
   err.status = Status(Code::kDeleted, "gone");
   checkTruncations(err, [&](Reader& r) { LookupReply::decode(r, maxInline); }, "lookup error reply");
 
-  checkTruncations(Hello{kVersion, 2, "cluster"}, [](Reader& r) { Hello::decode(r); }, "hello");
+  checkTruncations(Hello{kVersion, 2, "cluster", std::string(kNonceSize, 'n')}, [](Reader& r) { Hello::decode(r); },
+                   "hello");
+  CHECK(throwsDecodeError(encode(Hello{kVersion, 2, "cluster", "short"}), [](Reader& r) { Hello::decode(r); }));
+  checkTruncations(Challenge{std::string(kNonceSize, 'n'), std::string(kProofSize, 'p')},
+                   [](Reader& r) { Challenge::decode(r); }, "challenge");
+  checkTruncations(Auth{std::string(kProofSize, 'p')}, [](Reader& r) { Auth::decode(r); }, "auth");
+  CHECK(throwsDecodeError(encode(Auth{std::string(kProofSize + 1, 'p')}), [](Reader& r) { Auth::decode(r); }));
   checkTruncations(HelloAck{2}, [](Reader& r) { HelloAck::decode(r); }, "hello ack");
   checkTruncations(StatusReply{1, Status(Code::kTimeout, "late")}, [](Reader& r) { StatusReply::decode(r); },
                    "status reply");
