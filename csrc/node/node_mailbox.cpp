@@ -14,9 +14,11 @@ struct Node::Inbound {
   MessageKey key;
   uint64_t size = 0;
   uint64_t expected = 0;  // next offset a data frame must carry
-  uint8_t* dest = nullptr;  // nullptr: bytes are discarded (receive cancelled or mismatched)
-  std::shared_ptr<const void> keepalive;
-  std::shared_ptr<uint8_t[]> parked;  // the mailbox's buffer, until a receive takes it
+  bool discard = false;  // its receive was cancelled or of another size: bytes are dropped
+  // Where bytes go: the receive's memory when it was matched before the first
+  // data frame, else a mailbox buffer (allocated at that frame) that is copied
+  // to the receive at the end.
+  std::shared_ptr<uint8_t[]> parked;
   std::optional<PostedReceive> receive;
   bool complete = false;
 };
@@ -118,7 +120,7 @@ void Node::matchReceive(PostedReceive receive, MessageKey key) {
         fail(Code::kInvalidArgument, "rank " + std::to_string(inbound->source) + " sent " +
                                          std::to_string(inbound->size) + " bytes, the receive expects " +
                                          std::to_string(receive.size));
-        inbound->dest = nullptr;
+        inbound->discard = true;
         inbound->parked.reset();
         return;
       }
@@ -155,7 +157,7 @@ void Node::cancelReceive(uint64_t handle, const Status& why) {
       if (!inbound->receive || inbound->receive->handle != handle) continue;
       PostedReceive receive = std::move(*inbound->receive);
       inbound->receive.reset();
-      inbound->dest = nullptr;  // frames already started still hold `keepalive`
+      inbound->discard = true;  // frames already started hold the memory's keep-alive
       receive.done(why, receive.rank);
       return;
     }
@@ -168,7 +170,6 @@ void Node::handleMessage(Connection& conn, const wire::Message& msg) {
   inbound->key = {msg.context, msg.tag};
   inbound->size = msg.size;
   counters_.messagesReceived++;
-  bool refused = false;  // matched a receive of another size: consumed, its bytes dropped
   auto posted = receives_.find(inbound->key);
   if (posted != receives_.end()) {
     auto& queue = posted->second;
@@ -178,25 +179,20 @@ void Node::handleMessage(Connection& conn, const wire::Message& msg) {
       queue.erase(it);
       if (queue.empty()) receives_.erase(posted);
       if (receive.size != msg.size) {
-        refused = true;
+        inbound->discard = true;  // consumed by the receive it failed
         receive.done(Status(Code::kInvalidArgument, describeMessage(msg.context, msg.tag) + ": rank " +
                                                         std::to_string(inbound->source) + " sent " +
                                                         std::to_string(msg.size) + " bytes, the receive expects " +
                                                         std::to_string(receive.size)),
                      inbound->source);
       } else {
-        inbound->dest = receive.dest;
-        inbound->keepalive = receive.keepalive;
         inbound->receive = std::move(receive);
       }
       break;
     }
   }
-  if (!inbound->receive && !refused) {
+  if (!inbound->receive && !inbound->discard) {
     counters_.messagesUnexpected++;
-    inbound->parked = std::shared_ptr<uint8_t[]>(new uint8_t[std::max<uint64_t>(msg.size, 1)]);
-    inbound->dest = inbound->parked.get();
-    inbound->keepalive = inbound->parked;
     mailbox_[inbound->key].push_back(inbound);
   }
   if (msg.size == 0) {
@@ -215,14 +211,22 @@ uint8_t* Node::messageDestination(Connection& conn, uint64_t request, uint64_t o
     conn.close(Status(Code::kProtocol, "message data frame out of order"));
     return nullptr;
   }
+  const bool first = inbound.expected == 0;
   inbound.expected += size;
-  if (!inbound.dest) {
+  if (inbound.discard) {
     // Dropped bytes are not reported as they arrive: forget the message at its last frame.
     if (inbound.expected == inbound.size) inbound_.erase(it);
     return nullptr;
   }
-  *keepalive = inbound.keepalive;
-  return inbound.dest + offset;
+  if (first && !inbound.receive) {
+    inbound.parked = std::shared_ptr<uint8_t[]>(new uint8_t[inbound.size]);
+  }
+  if (inbound.parked) {
+    *keepalive = inbound.parked;
+    return inbound.parked.get() + offset;
+  }
+  *keepalive = inbound.receive->keepalive;
+  return inbound.receive->dest + offset;
 }
 
 void Node::onMessageData(Connection& conn, uint64_t request, uint64_t end) {
