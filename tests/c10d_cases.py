@@ -256,6 +256,23 @@ def recv_any_source(h, g, rank, world):
         dist.send(torch.full((100,), float(rank)), root, group=h, tag=11)
 
 
+def p2p_timeout(h, g, rank, world):
+    """A recv that nothing matches fails with the group's timeout, not never."""
+    quick = dist.new_group(backend="hoplite", timeout=datetime.timedelta(seconds=2))
+    if rank == 0:
+        start = time.monotonic()
+        work = dist.irecv(torch.zeros(3), 1, group=quick, tag=99)
+        try:
+            work.wait()
+        except dist.DistBackendError as e:
+            assert "timed out" in str(e) and "from rank 1" in str(e), str(e)
+        else:
+            raise AssertionError("a recv nobody sends to completed")
+        took = time.monotonic() - start
+        assert 1.5 < took < 6, f"took {took:.1f} s with a 2 s timeout"
+    dist.barrier(group=h)  # not `quick`: the others would time out waiting for rank 0
+
+
 def barrier(h, g, rank, world):
     for _ in range(3):
         dist.barrier(group=h)
@@ -316,7 +333,7 @@ def ddp(h, g, rank, world):
 CASES = [
     allreduce_ops, allreduce_dtypes, allreduce_bitwise, allreduce_avg, allreduce_noncontiguous_async,
     allreduce_coalesced, broadcast, reduce, allgather, gather_scatter, reduce_scatter, all_to_all,
-    send_recv, recv_any_source, barrier, bad_arguments, ddp,
+    send_recv, recv_any_source, p2p_timeout, barrier, bad_arguments, ddp,
 ]
 SUBGROUP_CASES = [allreduce_ops, broadcast, reduce, allgather, reduce_scatter, all_to_all, send_recv,
                   recv_any_source, barrier]

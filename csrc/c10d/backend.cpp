@@ -129,15 +129,39 @@ std::exception_ptr asBackendError(const std::string& message) {
 
 // ---------------------------------------------------------------- SerialQueue
 
-SerialQueue::SerialQueue() : thread_([this] { run(); }) {}
+struct SerialQueue::State {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> queue;
+  bool stopping = false;
+
+  void run() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;
+        fn = std::move(queue.front());
+        queue.pop_front();
+      }
+      fn();
+    }
+  }
+};
+
+SerialQueue::SerialQueue() : state_(std::make_shared<State>()) {
+  thread_ = std::thread([state = state_] { state->run(); });
+}
+
 SerialQueue::~SerialQueue() { stop(); }
 
 void SerialQueue::post(std::function<void()> fn) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!stopping_) {
-      queue_.push_back(std::move(fn));
-      cv_.notify_one();
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!state_->stopping) {
+      state_->queue.push_back(std::move(fn));
+      state_->cv.notify_one();
       return;
     }
   }
@@ -146,25 +170,15 @@ void SerialQueue::post(std::function<void()> fn) {
 
 void SerialQueue::stop() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) return;
-    stopping_ = true;
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stopping = true;
   }
-  cv_.notify_one();
-  if (thread_.joinable()) thread_.join();
-}
-
-void SerialQueue::run() {
-  for (;;) {
-    std::function<void()> fn;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      fn = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    fn();
+  state_->cv.notify_one();
+  if (!thread_.joinable()) return;
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();
+  } else {
+    thread_.join();
   }
 }
 
@@ -589,10 +603,11 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::pointToPoint(Tensors& tensors, 
       work->complete(nullptr, group);
     });
   };
+  const double seconds = timeoutSeconds(::c10d::kUnsetTimeout);
   if (isSend) {
-    node_->sendMessage(global, channel_.context(), tagValue, bytesOf(d.work), nbytes(d.work), keep, done);
+    node_->sendMessage(global, channel_.context(), tagValue, bytesOf(d.work), nbytes(d.work), keep, done, seconds);
   } else {
-    node_->recvMessage(global, channel_.context(), tagValue, bytesOf(d.work), nbytes(d.work), keep, done);
+    node_->recvMessage(global, channel_.context(), tagValue, bytesOf(d.work), nbytes(d.work), keep, done, seconds);
   }
   return work;
 }

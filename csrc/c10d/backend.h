@@ -28,15 +28,13 @@ class SerialQueue {
   SerialQueue();
   ~SerialQueue();
   void post(std::function<void()> fn);
-  // Runs what is queued, then stops and joins.
+  // Runs what is queued, then stops and joins; from one of its own functions
+  // (a callback that dropped the last owner) it lets the thread finish alone.
   void stop();
 
  private:
-  void run();
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stopping_ = false;
+  struct State;  // shared with the thread, so it may outlive this object
+  std::shared_ptr<State> state_;
   std::thread thread_;
 };
 

@@ -43,7 +43,7 @@ class Connection {
   // Whether the connection was ever set up (TCP: the connect completed), so a
   // close means the peer went away rather than that it is not listening yet.
   virtual bool wasEstablished() const { return true; }
-  // Until called, an accepted connection takes only small control frames (the
+  // Until called, a connection takes only small control frames (the
   // handshake), so a stranger cannot make us allocate or write anything.
   virtual void markTrusted() {}
 

@@ -208,8 +208,10 @@ std::shared_ptr<Connection> Node::sharedConnection(Connection& conn) {
 void Node::onClosed(Connection& conn, const Status& why) {
   handshakes_.erase(conn.id());
   if (incoming_.erase(conn.id())) {
-    // A sender that went away sends nothing more: who waits for it fails now.
+    // A sender that went away sends nothing more (a peer never redials after
+    // its connection failed): who waits for it, now or later, fails.
     if (conn.peerRank() >= 0 && !shuttingDown_) {
+      peers_[conn.peerRank()].lost = true;
       failMessagesFrom(conn.peerRank(), conn.id(),
                        Status(Code::kPeerFailed, "connection from " + peerName(conn.peerRank()) + " closed: " + why.message));
     }
@@ -287,6 +289,13 @@ void Node::handleAuth(Connection& conn, const wire::Auth& msg) {
   conn.sendControl(wire::MsgType::kHelloAck, wire::encode(wire::HelloAck{config_.rank}));
 }
 
+bool Node::authenticated(Connection& conn) const {
+  if (&conn == self_.get()) return true;
+  if (incoming_.count(conn.id())) return conn.peerRank() >= 0;  // set once the client's proof checked out
+  auto it = peers_.find(conn.peerRank());
+  return it != peers_.end() && it->second.conn.get() == &conn && it->second.ready;
+}
+
 void Node::handleChallenge(Connection& conn, const wire::Challenge& msg) {
   auto it = peers_.find(conn.peerRank());
   if (it == peers_.end() || it->second.conn.get() != &conn || it->second.verified || it->second.helloNonce.empty()) {
@@ -301,6 +310,7 @@ void Node::handleChallenge(Connection& conn, const wire::Challenge& msg) {
     return;
   }
   peer.verified = true;
+  conn.markTrusted();  // data frames from it are accepted from now on
   wire::Auth auth{bytesOf(handshakeProof("client", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank()))};
   peer.helloNonce.clear();
   conn.sendControl(wire::MsgType::kAuth, wire::encode(auth));
@@ -368,6 +378,11 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
     } else {
       conn.close(Status(Code::kProtocol, "message out of handshake order"));
     }
+    return;
+  }
+  if (!isIncoming && !authenticated(conn) && type != wire::MsgType::kChallenge && type != wire::MsgType::kHelloAck) {
+    // A server that has not proved it knows the secret gets no say.
+    conn.close(Status(Code::kProtocol, "message before the server authenticated"));
     return;
   }
   switch (type) {
@@ -459,6 +474,7 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
       return;
     }
     case wire::MsgType::kMessage:
+      if (!isIncoming) break;  // a sender uses the connection it dialed
       handleMessage(conn, wire::Message::decode(reader));
       return;
     case wire::MsgType::kChallenge:
@@ -536,6 +552,7 @@ void Node::shutdown() {
     for (uint64_t token : gets) finishGet(token, why);
     for (auto& [rank, peer] : peers_) {
       if (peer.conn) peer.conn->close(why);
+      peer.queued.clear();  // also of peers waiting to redial: their sends fail now
     }
     auto incoming = incoming_;
     for (auto& [id, conn] : incoming) conn->close(why);

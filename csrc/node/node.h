@@ -117,13 +117,16 @@ class Node : public ConnectionObserver {
   // the loop thread: for a send once its bytes are handed to the kernel.
   // `keepalive` holds the memory until then.
   using MessageCallback = std::function<void(const Status&, int sourceRank)>;
+  // timeoutSeconds > 0: `done` reports a timeout if the message has not
+  // completed by then (a receive is cancelled).
   void sendMessage(int rank, uint64_t context, uint64_t tag, const uint8_t* data, uint64_t size,
-                   std::shared_ptr<const void> keepalive, MessageCallback done);
+                   std::shared_ptr<const void> keepalive, MessageCallback done, double timeoutSeconds = 0);
   // rank -1: from any source. Returns a handle for cancelReceive.
   uint64_t recvMessage(int rank, uint64_t context, uint64_t tag, uint8_t* dest, uint64_t size,
-                       std::shared_ptr<const void> keepalive, MessageCallback done);
-  // Fails a receive that has not completed with `why` (its caller gave up);
-  // no later byte is written to its memory.
+                       std::shared_ptr<const void> keepalive, MessageCallback done, double timeoutSeconds = 0);
+  // Fails a receive that has not completed with `why` (its caller gave up). No
+  // later data frame is written to its memory; one already being read finishes
+  // into it (the keep-alive holds the memory until then).
   void cancelReceive(uint64_t handle, const Status& why);
   // Waits up to `timeoutSeconds` for completions; false once shut down and drained.
   bool waitCompletions(std::vector<Completion>* out, double timeoutSeconds);
@@ -180,6 +183,8 @@ class Node : public ConnectionObserver {
   void handleHello(Connection& conn, const wire::Hello& msg);
   void handleChallenge(Connection& conn, const wire::Challenge& msg);
   void handleAuth(Connection& conn, const wire::Auth& msg);
+  // Whether `conn` finished the handshake: only then may it carry anything but the handshake.
+  bool authenticated(Connection& conn) const;
   void dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader);
   double now() const;
   // Runs fn on the loop; the future gets the Status fn reports (once).
@@ -282,6 +287,9 @@ class Node : public ConnectionObserver {
   void handleMessage(Connection& conn, const wire::Message& msg);
   void matchReceive(PostedReceive receive, MessageKey key);
   void completeInbound(const std::shared_ptr<Inbound>& inbound);
+  // `done`, called at most once, with a timeout reported after `timeoutSeconds` (> 0).
+  MessageCallback withDeadline(MessageCallback done, double timeoutSeconds, const std::string& what,
+                               std::function<void(const Status&)> onTimeout);
   uint8_t* messageDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
                               std::shared_ptr<const void>* keepalive);
   void onMessageData(Connection& conn, uint64_t request, uint64_t end);

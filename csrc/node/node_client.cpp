@@ -393,6 +393,10 @@ void Node::startPull(int holder, const std::shared_ptr<LocalObject>& obj, int re
 uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
                                std::shared_ptr<const void>* keepalive) {
   heardFrom(conn);
+  if (!authenticated(conn)) {
+    conn.close(Status(Code::kProtocol, "data before the handshake completed"));
+    return nullptr;
+  }
   if (request & wire::kMessageRequestBit) return messageDestination(conn, request, offset, size, keepalive);
   auto it = pulls_.find(request);
   if (it == pulls_.end()) return nullptr;  // cancelled or failed: discard

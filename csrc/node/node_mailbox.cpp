@@ -2,6 +2,7 @@
 // bytes as data frames, read straight into the posted receive's memory, or into
 // a mailbox buffer when the message arrives before its receive.
 #include <cstring>
+#include <new>
 #include <optional>
 
 #include "common/logging.h"
@@ -62,26 +63,62 @@ class SendGuard {
 
 }  // namespace
 
+Node::MessageCallback Node::withDeadline(MessageCallback done, double timeoutSeconds, const std::string& what,
+                                         std::function<void(const Status&)> onTimeout) {
+  if (!(timeoutSeconds > 0)) return done;
+  struct Once {
+    MessageCallback done;
+    bool called = false;
+    EventLoop::TimerId timer = 0;
+  };
+  auto once = std::make_shared<Once>();
+  once->done = std::move(done);
+  // Both run on the loop thread.
+  MessageCallback wrapped = [this, once](const Status& status, int rank) {
+    if (once->called) return;
+    once->called = true;
+    loop_.cancelTimer(once->timer);
+    auto cb = std::move(once->done);
+    cb(status, rank);
+  };
+  Status late(Code::kTimeout, what + " timed out after " + printableSeconds(timeoutSeconds));
+  loop_.post([this, once, wrapped, late, timeoutSeconds, onTimeout] {
+    if (once->called) return;
+    once->timer = loop_.addTimer(std::min(timeoutSeconds, kMaxTimeoutSeconds), [wrapped, late, onTimeout] {
+      if (onTimeout) onTimeout(late);  // a receive: stop writing to its memory first
+      wrapped(late, -1);
+    });
+  });
+  return wrapped;
+}
+
 void Node::sendMessage(int rank, uint64_t context, uint64_t tag, const uint8_t* data, uint64_t size,
-                       std::shared_ptr<const void> keepalive, MessageCallback done) {
+                       std::shared_ptr<const void> keepalive, MessageCallback done, double timeoutSeconds) {
   const uint64_t request = wire::kMessageRequestBit | nextMessage_++;
   const std::string what = describeMessage(context, tag);
+  done = withDeadline(std::move(done), timeoutSeconds, what + " to rank " + std::to_string(rank), nullptr);
   auto posted = loop_.post([=, this, keepalive = std::move(keepalive)]() mutable {
     if (rank < 0 || rank >= config_.worldSize || rank == config_.rank) {
       done(Status(Code::kInvalidArgument, what + ": no peer rank " + std::to_string(rank) + " to send to"), rank);
       return;
     }
-    if (peers_[rank].lost || shuttingDown_) {
+    if (shuttingDown_) {
+      done(Status(Code::kShutdown, what + " not sent: the node is shut down"), rank);
+      return;
+    }
+    if (peers_[rank].lost) {
       done(Status(Code::kPeerFailed, what + " not sent: " + peerName(rank) + " has failed"), rank);
       return;
     }
     auto guard = std::make_shared<SendGuard>(loop_, std::move(keepalive), std::move(done), rank, what);
-    whenConnected(rank, [this, guard, request, context, tag, data, size](Connection& c) {
-      guard->started(sharedConnection(c));
+    whenConnected(rank, [this, guard, request, context, tag, data, size](Connection& c) mutable {
+      // From here on only the frames hold the guard: it reports when the last is written.
+      auto frames = std::move(guard);
+      frames->started(sharedConnection(c));
       c.sendControl(wire::MsgType::kMessage, wire::encode(wire::Message{request, context, tag, size}));
       const uint64_t chunk = chunkFor(size);
       for (uint64_t off = 0; off < size; off += chunk) {
-        c.sendData(request, off, data + off, std::min(chunk, size - off), guard);
+        c.sendData(request, off, data + off, std::min(chunk, size - off), frames);
       }
       counters_.messagesSent++;
       counters_.bytesSent += size;
@@ -91,12 +128,15 @@ void Node::sendMessage(int rank, uint64_t context, uint64_t tag, const uint8_t* 
 }
 
 uint64_t Node::recvMessage(int rank, uint64_t context, uint64_t tag, uint8_t* dest, uint64_t size,
-                           std::shared_ptr<const void> keepalive, MessageCallback done) {
-  PostedReceive receive{nextMessage_++, rank, dest, size, std::move(keepalive), std::move(done)};
-  const uint64_t handle = receive.handle;
-  auto shared = std::make_shared<PostedReceive>(std::move(receive));
+                           std::shared_ptr<const void> keepalive, MessageCallback done, double timeoutSeconds) {
+  const uint64_t handle = nextMessage_++;
+  const std::string what = describeMessage(context, tag) + " from rank " + (rank < 0 ? "any" : std::to_string(rank));
+  done = withDeadline(std::move(done), timeoutSeconds, what,
+                      [this, handle](const Status& why) { cancelReceive(handle, why); });
+  auto shared = std::make_shared<PostedReceive>(
+      PostedReceive{handle, rank, dest, size, std::move(keepalive), std::move(done)});
   if (!loop_.post([this, shared, context, tag] { matchReceive(std::move(*shared), {context, tag}); })) {
-    shared->done(Status(Code::kShutdown, describeMessage(context, tag) + " not received: the node is shut down"), -1);
+    shared->done(Status(Code::kShutdown, what + " not received: the node is shut down"), -1);
   }
   return handle;
 }
@@ -165,6 +205,11 @@ void Node::cancelReceive(uint64_t handle, const Status& why) {
 }
 
 void Node::handleMessage(Connection& conn, const wire::Message& msg) {
+  if (msg.size > config_.capacityBytes || inbound_.count({conn.id(), msg.request})) {
+    conn.close(Status(Code::kProtocol, msg.size > config_.capacityBytes ? "message larger than the store capacity"
+                                                                         : "message request reused"));
+    return;
+  }
   auto inbound = std::make_shared<Inbound>();
   inbound->source = conn.peerRank();
   inbound->key = {msg.context, msg.tag};
@@ -219,7 +264,11 @@ uint8_t* Node::messageDestination(Connection& conn, uint64_t request, uint64_t o
     return nullptr;
   }
   if (first && !inbound.receive) {
-    inbound.parked = std::shared_ptr<uint8_t[]>(new uint8_t[inbound.size]);
+    inbound.parked = std::shared_ptr<uint8_t[]>(new (std::nothrow) uint8_t[inbound.size]);
+    if (!inbound.parked) {
+      conn.close(Status(Code::kCapacity, "no memory for a message of " + std::to_string(inbound.size) + " bytes"));
+      return nullptr;
+    }
   }
   if (inbound.parked) {
     *keepalive = inbound.parked;

@@ -32,7 +32,7 @@ TcpConnection::TcpConnection(EventLoop& loop, int fd, bool connecting, std::stri
       peerAddress_(std::move(peerAddress)),
       observer_(observer),
       options_(options),
-      trusted_(connecting) {}  // we dialed it: a peer from the rendezvous
+      trusted_(false) {}  // either side: only once the other has proved it knows the secret
 
 TcpConnection::~TcpConnection() {
   if (fd_ >= 0) ::close(fd_);
