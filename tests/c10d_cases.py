@@ -40,8 +40,18 @@ def _check(a, b, what: str) -> None:
     assert torch.equal(a, b), f"{what}: differs from gloo at {(a != b).nonzero()[:5].tolist()}"
 
 
-def _both(fn: Callable[[object], object], hop, gloo) -> tuple:
-    return fn(hop), fn(gloo)
+def _global(group, group_rank: int) -> int:
+    return group_rank if group is dist.GroupMember.WORLD else dist.get_global_rank(group, group_rank)
+
+
+def _raises(fn: Callable[[], object], error: type, *fragments: str) -> None:
+    """fn() raises `error` whose message contains every fragment."""
+    try:
+        fn()
+    except error as e:
+        assert all(f in str(e) for f in fragments), str(e)
+    else:
+        raise AssertionError(f"no {error.__name__} mentioning {fragments}")
 
 
 # --------------------------------------------------------------------------- cases
@@ -109,7 +119,7 @@ def allreduce_coalesced(h, g, rank, world):
 def broadcast(h, g, rank, world):
     for n in (SMALL, LARGE, 0):
         for src_index in (0, dist.get_world_size(h) - 1):
-            src = dist.get_global_rank(h, src_index) if h is not dist.GroupMember.WORLD else src_index
+            src = _global(h, src_index)
             a = _values(rank, n) if rank == src else torch.zeros(n)
             b = a.clone()
             dist.broadcast(a, src, group=h)
@@ -121,7 +131,7 @@ def reduce(h, g, rank, world):
     size = dist.get_world_size(h)
     for n in (SMALL, LARGE):
         for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
-            dst = dist.get_global_rank(h, 1 % size) if h is not dist.GroupMember.WORLD else 1 % size
+            dst = _global(h, 1 % size)
             a, b = _values(rank, n), _values(rank, n)
             before = a.clone()
             dist.reduce(a, dst, op=op, group=h)
@@ -149,7 +159,7 @@ def allgather(h, g, rank, world):
 
 def gather_scatter(h, g, rank, world):
     size = dist.get_world_size(h)
-    root = dist.get_global_rank(h, size - 1) if h is not dist.GroupMember.WORLD else size - 1
+    root = _global(h, size - 1)
     for n in (SMALL, LARGE):
         x = _values(rank, n)
         a = [torch.zeros(n) for _ in range(size)] if rank == root else None
@@ -193,7 +203,7 @@ def all_to_all(h, g, rank, world):
     dist.all_to_all(b, ins, group=g)
     _check(a, b, "all_to_all")
     # Uneven sizes (gloo refuses them): group rank i sends (i + j + 1) * 100 elements to j.
-    ranks = [dist.get_global_rank(h, i) if h is not dist.GroupMember.WORLD else i for i in range(size)]
+    ranks = [_global(h, i) for i in range(size)]
     ins = [_values(rank, (me + j + 1) * 100, salt=j) for j in range(size)]
     a = [torch.zeros((j + me + 1) * 100) for j in range(size)]
     dist.all_to_all(a, ins, group=h)
@@ -217,8 +227,7 @@ def send_recv(h, g, rank, world):
     me = dist.get_rank(h)
     if size == 1:
         return  # nobody to talk to
-    right = dist.get_global_rank(h, (me + 1) % size) if h is not dist.GroupMember.WORLD else (me + 1) % size
-    left = dist.get_global_rank(h, (me - 1) % size) if h is not dist.GroupMember.WORLD else (me - 1) % size
+    right, left = _global(h, (me + 1) % size), _global(h, (me - 1) % size)
     for n in (SMALL, LARGE):
         out = _values(rank, n, salt=3)
         got = torch.zeros(n)
@@ -242,7 +251,7 @@ def recv_any_source(h, g, rank, world):
     me = dist.get_rank(h)
     if size == 1:
         return
-    root = dist.get_global_rank(h, 0) if h is not dist.GroupMember.WORLD else 0
+    root = _global(h, 0)
     if me == 0:
         seen = set()
         for _ in range(size - 1):
@@ -250,7 +259,7 @@ def recv_any_source(h, g, rank, world):
             sender = dist.recv(t, None, group=h, tag=11)
             _check(t, torch.full((100,), float(sender)), f"recv from any source (sender {sender})")
             seen.add(sender)
-        others = {dist.get_global_rank(h, i) if h is not dist.GroupMember.WORLD else i for i in range(1, size)}
+        others = {_global(h, i) for i in range(1, size)}
         assert seen == others, f"senders {seen}, expected {others}"
     else:
         dist.send(torch.full((100,), float(rank)), root, group=h, tag=11)
@@ -262,12 +271,7 @@ def p2p_timeout(h, g, rank, world):
     if rank == 0:
         start = time.monotonic()
         work = dist.irecv(torch.zeros(3), 1, group=quick, tag=99)
-        try:
-            work.wait()
-        except dist.DistBackendError as e:
-            assert "timed out" in str(e) and "from rank 1" in str(e), str(e)
-        else:
-            raise AssertionError("a recv nobody sends to completed")
+        _raises(work.wait, dist.DistBackendError, "timed out", "from rank 1")
         took = time.monotonic() - start
         assert 1.5 < took < 6, f"took {took:.1f} s with a 2 s timeout"
     dist.barrier(group=h)  # not `quick`: the others would time out waiting for rank 0
@@ -280,24 +284,13 @@ def barrier(h, g, rank, world):
 
 def bad_arguments(h, g, rank, world):
     size = dist.get_world_size(h)
-    try:
-        dist.all_reduce(torch.zeros(3), op=dist.ReduceOp.BAND, group=h)
-    except RuntimeError as e:
-        assert "BAND" in str(e) and "float32" in str(e), str(e)
-    else:
-        raise AssertionError("BAND of float32 was accepted")
+    _raises(lambda: dist.all_reduce(torch.zeros(3), op=dist.ReduceOp.BAND, group=h), RuntimeError, "BAND", "float32")
     if size > 1 and dist.get_rank(h) == 0:
-        # The other side is not listening for this size: the mismatch is named.
-        other = dist.get_global_rank(h, 1) if h is not dist.GroupMember.WORLD else 1
-        work = dist.irecv(torch.zeros(5), other, group=h, tag=21)
-        try:
-            work.wait()
-        except RuntimeError as e:
-            assert "sent 24 bytes" in str(e) and "expects 20" in str(e), str(e)
-        else:
-            raise AssertionError("a recv of the wrong size succeeded")
+        # The other side sends another size: the mismatch is named.
+        work = dist.irecv(torch.zeros(5), _global(h, 1), group=h, tag=21)
+        _raises(work.wait, RuntimeError, "sent 24 bytes", "expects 20")
     elif size > 1 and dist.get_rank(h) == 1:
-        root = dist.get_global_rank(h, 0) if h is not dist.GroupMember.WORLD else 0
+        root = _global(h, 0)
         dist.send(torch.zeros(6), root, group=h, tag=21)
     dist.barrier(group=h)
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "c10d/algorithms.h"
+#include "common/hash.h"
 #include "common/object_meta.h"
 
 namespace hoplite::c10d {
@@ -19,15 +20,6 @@ constexpr size_t kRingAllreduceBytes = 128u << 10;
 constexpr int kSeqShift = 40;
 constexpr uint64_t kSeqMask = (1ull << 22) - 1;
 constexpr uint64_t kPointToPointBit = 1ull << 62;
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 std::string dtypeName(at::ScalarType t) {
   switch (t) {

@@ -8,20 +8,12 @@
 
 #include "node/reduce_state.h"
 
+#include "common/hash.h"
 #include "common/logging.h"
 #include "net/tcp/tcp_transport.h"
 
 namespace hoplite {
 namespace {
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 constexpr uint64_t kMaxDataFrame = 64ull << 20;
 
