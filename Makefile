@@ -34,7 +34,7 @@ bench-p2p: setup .stamp-bench-deps
 	$(PYTHON) benchmarks/p2p.py
 
 bench-collectives: setup .stamp-bench-deps
-	$(PYTHON) benchmarks/collectives.py
+	$(PYTHON) -m torch_hoplite.bench
 	$(PYTHON) benchmarks/reduce_kernels.py
 
 # libFuzzer on the wire decoder under ASan + UBSan for FUZZ_SECONDS (installs clang if needed).

@@ -26,15 +26,13 @@ import argparse
 import datetime
 import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from torch_hoplite.bench import common
 
 SYSTEMS = ["hoplite", "hoplite-zero-copy", "gloo", "torch-rpc"]
 

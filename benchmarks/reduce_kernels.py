@@ -16,11 +16,9 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from torch_hoplite.bench import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

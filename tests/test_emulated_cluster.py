@@ -10,8 +10,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from emulated_cluster import EmulatedCluster, available  # noqa: E402
+from torch_hoplite.bench.emulated_cluster import EmulatedCluster, available
 
 pytestmark = pytest.mark.skipif(not available(), reason="needs root and iproute2 for network namespaces")
 

@@ -12,7 +12,15 @@ from typing import Any
 
 import torch
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+def _results_dir() -> str:
+    """benchmarks/results of the source checkout this runs from, else ./bench-results."""
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if os.path.isdir(os.path.join(checkout, "benchmarks")):
+        return os.path.join(checkout, "benchmarks", "results")
+    return os.path.join(os.getcwd(), "bench-results")
+
+
+RESULTS = _results_dir()
 
 
 def free_port() -> int:

@@ -18,9 +18,40 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from typing import Optional
 
 SUBNET = "10.77.0"
+
+# One TCP flow, timed by the receiver from its first byte to the end.
+_RECEIVER = """
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 5999)); s.listen(1); s.settimeout(30)
+c, _ = s.accept(); c.settimeout(30)
+got, start = 0, None
+while True:
+    b = c.recv(1 << 20)
+    if not b:
+        break
+    start = start or time.monotonic()
+    got += len(b)
+print(got * 8 / (time.monotonic() - start))
+"""
+_SENDER = """
+import socket, sys, time
+deadline = time.monotonic() + 10
+while True:
+    try:
+        c = socket.create_connection((sys.argv[1], 5999), timeout=5); break
+    except OSError:
+        if time.monotonic() > deadline: raise
+        time.sleep(0.05)
+block = b"x" * (1 << 20)
+for _ in range(int(sys.argv[2])):
+    c.sendall(block)
+c.close()
+"""
 
 
 def _ip(*args: str, ns: Optional[str] = None) -> None:
@@ -91,6 +122,23 @@ class EmulatedCluster:
         for ns in names:
             if ns == self.switch or ns.startswith(f"{self.name}-n"):
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+    def measure_rate(self, megabytes: int = 24) -> float:
+        """Bits per second that one TCP flow from node 1 to node 0 gets through
+        both nodes' shapers (tbf counts Ethernet bytes: ~95.5% of the rate is full speed)."""
+        if self.nodes < 2:
+            raise ValueError("measuring a link needs two nodes")
+        receiver = self.popen(0, [sys.executable, "-c", _RECEIVER, self.address(0)], stdout=subprocess.PIPE, text=True)
+        sender = self.popen(1, [sys.executable, "-c", _SENDER, self.address(0), str(megabytes)])
+        try:
+            if sender.wait(timeout=60) != 0:
+                raise RuntimeError("the link check's sender failed")
+            out, _ = receiver.communicate(timeout=60)
+        finally:
+            for p in (sender, receiver):
+                if p.poll() is None:
+                    p.kill()
+        return float(out.strip())
 
     def popen(self, i: int, cmd: list[str], env: Optional[dict] = None, **kwargs) -> subprocess.Popen:
         """Starts `cmd` inside node i's namespace."""

@@ -1,6 +1,6 @@
-"""Collectives, torch_hoplite side by side with gloo (issues #3, #7).
+"""Collectives, torch_hoplite side by side with gloo (issues #3, #6, #7).
 
-    python benchmarks/collectives.py [--ops broadcast,reduce,allreduce,gather,allgather]
+    python -m torch_hoplite.bench [--ops broadcast,reduce,allreduce,gather,allgather]
         [--nodes 2,4,8] [--sizes 1MB,16MB,64MB,256MB] [--rate 1gbit]
 
 What each system runs per op (every rank holds an integer-valued tensor):
@@ -31,7 +31,9 @@ the busiest link carries, as size is one rank's tensor; else 1), CPU cores
 used by all processes, and, with --rate, the ratio to the ideal time (broadcast
 and reduce S/B, allreduce 2(N-1)/N S/B, gather and allgather (N-1) S/B). The first warm-up
 trial checks every result exactly. On loopback the CPU, not a link, is the
-bottleneck: --rate runs on the emulated cluster (emulated_cluster.py).
+bottleneck: --rate runs on the emulated cluster (emulated_cluster.py), after
+checking the rate a single TCP flow gets through it; without root or network
+namespaces it says so and measures on loopback instead.
 """
 
 from __future__ import annotations
@@ -46,8 +48,7 @@ import time
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from torch_hoplite.bench import common
 
 OPS = ["broadcast", "reduce", "allreduce", "gather", "allgather"]
 SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-sharded", "hoplite-d1", "hoplite-d2", "hoplite-dn",
@@ -149,6 +150,8 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems) -> dict
     if "hoplite-c10d" in systems:
         groups["hoplite-c10d"] = dist.new_group(backend="hoplite")
     results = {}
+    total = sum(len([s for s in systems if op in ONLY_FOR.get(s, {op})]) for op in ops) * len(sizes) * (warmup + trials)
+    bar = _progress(total, f"{world} nodes") if rank == 0 else None
     for op in ops:
         runs = [s for s in systems if op in ONLY_FOR.get(s, {op})]
         for size in sizes:
@@ -170,10 +173,23 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems) -> dict
                     cleanup(op, system, rank, tag)
                     if trial >= warmup:
                         results.setdefault((op, system, size), []).append((t0, t1, (c1 - c0) / (t2 - t0)))
+                    if bar is not None:
+                        bar.update(1)
+    if bar is not None:
+        bar.close()
     hop.barrier()
     hop.shutdown()
     dist.destroy_process_group()
     return results
+
+
+def _progress(total: int, what: str):
+    """A tqdm bar on stderr (a line every 30 s when it is not a terminal); None without tqdm."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=what, unit="run", mininterval=0.5 if sys.stderr.isatty() else 30)
 
 
 def _queue_worker(rank, world, port, ops, sizes, trials, warmup, systems, queue):
@@ -184,19 +200,32 @@ def run_loopback(world: int, ops: list[str], sizes: list[int], trials: int, warm
     return common.run_ranks(_queue_worker, world, (world, common.free_port(), ops, sizes, trials, warmup, systems))
 
 
+# A link delivering less than this share of the configured rate makes every ratio to the ideal wrong.
+MIN_LINK_SHARE = 0.85
+
+
 def run_emulated(world: int, ops: list[str], sizes: list[int], trials: int, warmup: int, systems: list[str],
-                 rate: str) -> dict:
-    """One process per network namespace, links limited to `rate` each way."""
+                 rate: str, link_checks: dict) -> dict:
+    """One process per network namespace, links limited to `rate` each way,
+    after checking what one TCP flow gets through them (in link_checks[world])."""
     import json
     import tempfile
 
-    from emulated_cluster import EmulatedCluster
+    from torch_hoplite.bench.emulated_cluster import EmulatedCluster
 
     with EmulatedCluster(world, rate=rate) as cluster, tempfile.TemporaryDirectory() as tmp:
+        if world >= 2:
+            achieved = cluster.measure_rate()
+            share = achieved / _rate_bps(rate)
+            link_checks[world] = achieved
+            print(f"link check: one TCP flow gets {achieved / 1e9:.3f} Gbit/s ({share:.1%} of {rate})", flush=True)
+            if share < MIN_LINK_SHARE:
+                raise RuntimeError(f"the emulated links deliver only {share:.0%} of {rate} "
+                                   f"(expected ~95%): the host is too busy to emulate them; not measuring")
         env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", PYTHONUNBUFFERED="1")
         procs = []
         for r in range(world):
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(r), "--nodes", str(world),
+            cmd = [sys.executable, "-m", "torch_hoplite.bench", "--worker", str(r), "--nodes", str(world),
                    "--master", cluster.address(0), "--sizes", ",".join(map(str, sizes)), "--ops", ",".join(ops),
                    "--trials", str(trials), "--warmup", str(warmup), "--systems", ",".join(systems),
                    "--out", os.path.join(tmp, f"rank{r}")]
@@ -306,7 +335,10 @@ def main() -> None:
     parser.add_argument("--sizes", default="1MB,16MB,64MB,256MB")
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--out", default=os.path.join(common.RESULTS, "collectives"))
+    parser.add_argument("--out", default=os.path.join(common.RESULTS, "collectives"),
+                        help="path prefix of the results: OUT.json and OUT.png")
+    parser.add_argument("--json", default=None, help="results file (default: OUT.json)")
+    parser.add_argument("--plot", default=None, help="plot file (default: OUT.png)")
     parser.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"from {','.join(SYSTEMS)}")
     parser.add_argument("--rate", default=None,
                         help="run on an emulated cluster with this per-node rate (e.g. 1gbit); default: loopback")
@@ -328,16 +360,22 @@ def main() -> None:
         with open(args.out + ".json", "w") as f:
             json.dump({"/".join(map(str, key)): v for key, v in results.items()}, f)
         return
-    records = []
-    for world in (int(n) for n in args.nodes.split(",")):
-        if args.rate:
-            from emulated_cluster import available
+    json_path, plot_path = args.json or args.out + ".json", args.plot or args.out + ".png"
+    rate = args.rate
+    if rate:
+        _rate_bps(rate)  # refuse a malformed rate before setting anything up
+        from torch_hoplite.bench.emulated_cluster import available
 
-            if not available():
-                parser.error("--rate needs root and iproute2 (network namespaces)")
-            print(f"measuring {','.join(ops)} with {world} nodes at {args.rate} ...", flush=True)
-            per_rank = run_emulated(world, ops, sizes, args.trials, args.warmup, systems, args.rate)
-            path, rate_bps = f"emulated cluster, tbf {args.rate} per node each way", _rate_bps(args.rate)
+        if not available():
+            print(f"--rate {rate}: no emulated cluster here (it needs root, iproute2 and network namespaces); "
+                  "measuring on loopback instead, without ratios to the ideal", flush=True)
+            rate = None
+    records, link_checks = [], {}
+    for world in (int(n) for n in args.nodes.split(",")):
+        if rate:
+            print(f"measuring {','.join(ops)} with {world} nodes at {rate} ...", flush=True)
+            per_rank = run_emulated(world, ops, sizes, args.trials, args.warmup, systems, rate, link_checks)
+            path, rate_bps = f"emulated cluster, tbf {rate} per node each way", _rate_bps(rate)
         else:
             print(f"measuring {','.join(ops)} with {world} processes ...", flush=True)
             per_rank = run_loopback(world, ops, sizes, args.trials, args.warmup, systems)
@@ -354,10 +392,11 @@ def main() -> None:
          ("x gloo time", "time_vs_gloo", ".2f"), ("x ideal", "ratio_to_ideal", ".2f"), ("cpu cores", "cpu_cores", ".2f")],
     )
     settings = {"ops": ops, "sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup,
-                "rate": args.rate, "systems": systems}
-    common.write_json(args.out + ".json", "collectives", records, settings)
-    plot(records, args.out + ".png")
-    print(f"wrote {args.out}.json and {args.out}.png")
+                "rate": rate, "requested_rate": args.rate, "systems": systems,
+                "link_check_bps": {str(n): bps for n, bps in link_checks.items()}}
+    common.write_json(json_path, "collectives", records, settings)
+    plot(records, plot_path)
+    print(f"wrote {json_path} and {plot_path}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,50 @@
+"""The benchmark harness's command line, `python -m torch_hoplite.bench`: one
+small point on loopback and, where network namespaces exist, on the emulated
+cluster; the JSON holds every field the harness promises."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from torch_hoplite.bench.emulated_cluster import available
+
+FIELDS = {"system", "op", "nodes", "size_bytes", "median_s", "min_s", "max_s", "algbw_gbps", "busbw_gbps",
+          "ratio_to_ideal", "cpu_cores", "trials"}
+
+
+def run_bench(tmp_path, size, *extra):
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, "-m", "torch_hoplite.bench", "--nodes", "2", "--sizes", size, "--ops", "allreduce,broadcast",
+           "--systems", "hoplite-c10d,gloo", "--trials", "2", "--warmup", "1", "--json", str(out),
+           "--plot", str(tmp_path / "out.png"), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "out.png").stat().st_size > 0
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_loopback_point(tmp_path):
+    result, stdout = run_bench(tmp_path, "256KB")
+    records = result["records"]
+    assert {(r["system"], r["op"]) for r in records} == {
+        (s, o) for s in ("hoplite-c10d", "gloo") for o in ("allreduce", "broadcast")}
+    for r in records:
+        assert FIELDS <= set(r), FIELDS - set(r)
+        assert r["nodes"] == 2 and r["size_bytes"] == 256 << 10 and r["trials"] == 2
+        assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"]
+        assert r["ratio_to_ideal"] is None  # no link to be ideal against on loopback
+    assert result["machine"]["cores"] >= 1
+    assert "x ideal" in stdout  # the table
+
+
+@pytest.mark.skipif(not available(), reason="needs root and iproute2 for network namespaces")
+def test_emulated_point_checks_the_link_first(tmp_path):
+    # 8 MB: well above tbf's 128 KB burst, which lets small transfers beat the "ideal".
+    result, stdout = run_bench(tmp_path, "8MB", "--rate", "1gbit")
+    assert "link check: one TCP flow gets" in stdout
+    achieved = result["settings"]["link_check_bps"]["2"]
+    assert 0.85e9 < achieved < 1.0e9  # tbf counts Ethernet bytes: ~95.5% of the rate
+    for r in result["records"]:
+        assert r["ratio_to_ideal"] > 0.95, r

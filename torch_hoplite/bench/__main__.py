@@ -1,0 +1,3 @@
+from torch_hoplite.bench.collectives import main
+
+main()
