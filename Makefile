@@ -18,6 +18,7 @@ SOURCES := $(shell find csrc cuda -name '*.cpp' -o -name '*.h' -o -name '*.inc' 
 
 .stamp-bench-deps: .stamp-deps
 	$(PIP) install -q matplotlib tqdm
+	command -v mpicc >/dev/null || (apt-get update -qq && apt-get install -y -qq openmpi-bin libopenmpi-dev)
 	touch $@
 
 setup: .stamp-build

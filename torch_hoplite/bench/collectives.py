@@ -16,7 +16,9 @@ What each system runs per op (every rank holds an integer-valued tensor):
   allgather  hoplite: every rank puts, every rank gets them all concurrently.
              gloo: dist.all_gather (size = one rank's tensor).
 "hoplite-c10d" is the torch.distributed backend "hoplite" (a process group over
-the same node, static algorithms): the same dist.* call as gloo's.
+the same node, static algorithms): the same dist.* call as gloo's. "mpi" is
+Open MPI's MPI_Bcast / MPI_Reduce / MPI_Allreduce (mpi_peer.c, compiled with
+mpicc), run after the torch systems of each node count (it busy-polls).
 "hoplite-zero-copy" puts and gets with copy=False (broadcast, reduce, gather);
 "hoplite-sharded" is allreduce(shards=N): N reduces of 1/N each, one rooted at
 every rank, then every rank gets every piece. Reduce-tree ablation: "hoplite-d1"
@@ -48,11 +50,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from torch_hoplite.bench import common
+from torch_hoplite.bench import common, mpi_peer
 
 OPS = ["broadcast", "reduce", "allreduce", "gather", "allgather"]
 SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-sharded", "hoplite-d1", "hoplite-d2", "hoplite-dn",
-           "hoplite-c10d", "gloo"]
+           "hoplite-c10d", "gloo", "mpi"]
 DEFAULT_SYSTEMS = "hoplite,gloo"
 ONLY_FOR = {
     "hoplite-zero-copy": {"broadcast", "reduce", "gather"},
@@ -60,6 +62,7 @@ ONLY_FOR = {
     "hoplite-d1": {"reduce"},
     "hoplite-d2": {"reduce"},
     "hoplite-dn": {"reduce"},
+    "mpi": {"broadcast", "reduce", "allreduce"},
 }
 
 
@@ -141,8 +144,10 @@ def check(op: str, rank: int, world: int, x: torch.Tensor, got) -> None:
 
 
 def worker(rank, world, host, port, ops, sizes, trials, warmup, systems) -> dict:
+    """Every torch system (all but mpi, which runs on its own after them)."""
     import torch_hoplite as hop
 
+    systems = [s for s in systems if s != "mpi"]
     store = dist.TCPStore(host, port, world, is_master=(rank == 0), timeout=datetime.timedelta(seconds=900))
     dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=world)
     hop.init(dist.PrefixStore("hoplite", store), rank=rank, world_size=world)
@@ -197,7 +202,10 @@ def _queue_worker(rank, world, port, ops, sizes, trials, warmup, systems, queue)
 
 
 def run_loopback(world: int, ops: list[str], sizes: list[int], trials: int, warmup: int, systems: list[str]) -> dict:
-    return common.run_ranks(_queue_worker, world, (world, common.free_port(), ops, sizes, trials, warmup, systems))
+    per_rank = common.run_ranks(_queue_worker, world, (world, common.free_port(), ops, sizes, trials, warmup, systems))
+    if _runs_mpi(systems, ops):
+        _merge(per_rank, mpi_peer.run_loopback(world, ops, sizes, trials, warmup))
+    return per_rank
 
 
 # A link delivering less than this share of the configured rate makes every ratio to the ideal wrong.
@@ -242,7 +250,18 @@ def run_emulated(world: int, ops: list[str], sizes: list[int], trials: int, warm
                 for key, runs in json.load(f).items():
                     op, system, size = key.split("/")
                     per_rank[r][(op, system, int(size))] = runs
+        if _runs_mpi(systems, ops):
+            _merge(per_rank, mpi_peer.run_emulated(cluster, world, ops, sizes, trials, warmup, env=env))
         return per_rank
+
+
+def _runs_mpi(systems: list[str], ops: list[str]) -> bool:
+    return "mpi" in systems and bool(mpi_peer.OPS & set(ops))
+
+
+def _merge(per_rank: dict, more: dict) -> None:
+    for r, points in more.items():
+        per_rank[r].update(points)
 
 
 def ideal_and_factor(op: str, world: int) -> tuple[float, float]:
