@@ -317,7 +317,8 @@ def _rate_bps(rate: str) -> float:
 
 
 def plot(records: list[dict], path: str) -> None:
-    """One row per node count, one panel per op: median time vs size."""
+    """One panel per op and node count: median time vs size, and below it (when
+    there is a link to be ideal against) the time over the ideal."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -325,22 +326,24 @@ def plot(records: list[dict], path: str) -> None:
 
     nodes = sorted({r["nodes"] for r in records})
     ops = [op for op in OPS if any(r["op"] == op for r in records)]
-    ratio = all(r["ratio_to_ideal"] for r in records)
-    fig, axes = plt.subplots(len(nodes), len(ops), figsize=(4.2 * len(ops), 3.6 * len(nodes)), squeeze=False)
-    for row, n in enumerate(nodes):
+    kinds = [("median_s", "time to slowest, median (ms)", 1e3)]
+    if all(r["ratio_to_ideal"] for r in records):
+        kinds.append(("ratio_to_ideal", "time / ideal (median)", 1.0))
+    rows = [(n, kind) for n in nodes for kind in kinds]
+    fig, axes = plt.subplots(len(rows), len(ops), figsize=(4.2 * len(ops), 3.4 * len(rows)), squeeze=False)
+    for row, (n, (key, label, scale)) in enumerate(rows):
         for col, op in enumerate(ops):
             ax = axes[row][col]
             for system in dict.fromkeys(r["system"] for r in records):
                 rs = [r for r in records if r["nodes"] == n and r["system"] == system and r["op"] == op]
                 if rs:
-                    ys = [r["ratio_to_ideal"] if ratio else r["median_s"] * 1e3 for r in rs]
-                    ax.plot([r["size_bytes"] for r in rs], ys, marker="o", label=system)
+                    ax.plot([r["size_bytes"] for r in rs], [r[key] * scale for r in rs], marker="o", label=system)
             ax.set_xscale("log", base=2)
-            if not ratio:
+            if key == "median_s":
                 ax.set_yscale("log")
             ax.set_title(f"{op}, {n} processes")
             ax.set_xlabel("size (bytes)")
-            ax.set_ylabel("time / ideal (median)" if ratio else "time to slowest, median (ms)")
+            ax.set_ylabel(label)
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
     fig.tight_layout()
