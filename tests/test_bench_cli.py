@@ -63,3 +63,12 @@ def test_mpi_peer_on_loopback(tmp_path):
     mpi = {r["op"] for r in records if r["system"] == "mpi"}
     assert mpi == {"broadcast", "reduce", "allreduce"}  # MPI has no gather here; its results were checked
     assert all(r["median_s"] > 0 and r["nodes"] == 3 for r in records)
+
+
+def test_staggered_arrivals_time_from_the_last_arrival(tmp_path):
+    result, _ = run_bench(tmp_path, "256KB", "--arrival-interval", "0.2")
+    assert result["settings"]["arrival_interval_s"] == 0.2
+    for r in result["records"]:
+        assert r["arrival_interval_s"] == 0.2 and r["ratio_to_ideal"] is None
+        # From the last arrival, not from the start: well under the 0.2 s the second rank slept.
+        assert 0 < r["median_s"] < 0.15, r

@@ -36,6 +36,11 @@ trial checks every result exactly. On loopback the CPU, not a link, is the
 bottleneck: --rate runs on the emulated cluster (emulated_cluster.py), after
 checking the rate a single TCP flow gets through it; without root or network
 namespaces it says so and measures on loopback instead.
+
+Asynchrony (the Hoplite paper's Fig. 8): with --arrival-interval T rank r
+becomes ready T*r seconds after the common start (for hoplite: rank 0 puts or
+starts the reduce at once, rank r puts or gets at its time); each point is then
+the time from the last arrival to the slowest participant's end.
 """
 
 from __future__ import annotations
@@ -143,8 +148,9 @@ def check(op: str, rank: int, world: int, x: torch.Tensor, got) -> None:
         raise AssertionError(f"{op}: wrong result on rank {rank}")
 
 
-def worker(rank, world, host, port, ops, sizes, trials, warmup, systems) -> dict:
-    """Every torch system (all but mpi, which runs on its own after them)."""
+def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival=0.0) -> dict:
+    """Every torch system (all but mpi, which runs on its own after them).
+    arrival > 0: rank r becomes ready (calls its part) r * arrival seconds after the others' start."""
     import torch_hoplite as hop
 
     systems = [s for s in systems if s != "mpi"]
@@ -167,6 +173,8 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems) -> dict
                     tag = f"{op}-{system}-{size}-{trial}"
                     buf.copy_(x)
                     dist.barrier()
+                    if arrival:
+                        time.sleep(rank * arrival)
                     c0, t0 = time.process_time(), time.monotonic()
                     got = run_op(op, system, rank, world, x, buf, tag, groups)
                     t1 = time.monotonic()
@@ -197,14 +205,16 @@ def _progress(total: int, what: str):
     return tqdm(total=total, desc=what, unit="run", mininterval=0.5 if sys.stderr.isatty() else 30)
 
 
-def _queue_worker(rank, world, port, ops, sizes, trials, warmup, systems, queue):
-    queue.put((rank, worker(rank, world, "127.0.0.1", port, ops, sizes, trials, warmup, systems)))
+def _queue_worker(rank, world, port, ops, sizes, trials, warmup, systems, arrival, queue):
+    queue.put((rank, worker(rank, world, "127.0.0.1", port, ops, sizes, trials, warmup, systems, arrival)))
 
 
-def run_loopback(world: int, ops: list[str], sizes: list[int], trials: int, warmup: int, systems: list[str]) -> dict:
-    per_rank = common.run_ranks(_queue_worker, world, (world, common.free_port(), ops, sizes, trials, warmup, systems))
+def run_loopback(world: int, ops: list[str], sizes: list[int], trials: int, warmup: int, systems: list[str],
+                 arrival: float = 0.0) -> dict:
+    per_rank = common.run_ranks(_queue_worker, world,
+                                (world, common.free_port(), ops, sizes, trials, warmup, systems, arrival))
     if _runs_mpi(systems, ops):
-        _merge(per_rank, mpi_peer.run_loopback(world, ops, sizes, trials, warmup))
+        _merge(per_rank, mpi_peer.run_loopback(world, ops, sizes, trials, warmup, arrival))
     return per_rank
 
 
@@ -213,7 +223,7 @@ MIN_LINK_SHARE = 0.85
 
 
 def run_emulated(world: int, ops: list[str], sizes: list[int], trials: int, warmup: int, systems: list[str],
-                 rate: str, link_checks: dict) -> dict:
+                 rate: str, link_checks: dict, arrival: float = 0.0) -> dict:
     """One process per network namespace, links limited to `rate` each way,
     after checking what one TCP flow gets through them (in link_checks[world])."""
     import json
@@ -236,7 +246,7 @@ def run_emulated(world: int, ops: list[str], sizes: list[int], trials: int, warm
             cmd = [sys.executable, "-m", "torch_hoplite.bench", "--worker", str(r), "--nodes", str(world),
                    "--master", cluster.address(0), "--sizes", ",".join(map(str, sizes)), "--ops", ",".join(ops),
                    "--trials", str(trials), "--warmup", str(warmup), "--systems", ",".join(systems),
-                   "--out", os.path.join(tmp, f"rank{r}")]
+                   "--arrival-interval", str(arrival), "--out", os.path.join(tmp, f"rank{r}")]
             procs.append(cluster.popen(r, cmd, env=env))
         for p in procs:
             if p.wait(timeout=1800) != 0:
@@ -251,7 +261,7 @@ def run_emulated(world: int, ops: list[str], sizes: list[int], trials: int, warm
                     op, system, size = key.split("/")
                     per_rank[r][(op, system, int(size))] = runs
         if _runs_mpi(systems, ops):
-            _merge(per_rank, mpi_peer.run_emulated(cluster, world, ops, sizes, trials, warmup, env=env))
+            _merge(per_rank, mpi_peer.run_emulated(cluster, world, ops, sizes, trials, warmup, arrival, env=env))
         return per_rank
 
 
@@ -275,17 +285,20 @@ def ideal_and_factor(op: str, world: int) -> tuple[float, float]:
     }[op]
 
 
-def summarize(per_rank: dict, world: int, path: str, rate_bps: float) -> list[dict]:
+def summarize(per_rank: dict, world: int, path: str, rate_bps: float, arrival: float = 0.0) -> list[dict]:
+    """Per point: times from the common start (with staggered arrivals: from
+    the last arrival) to the slowest participant's end."""
     records = []
     for key in per_rank[0]:
         op, system, size = key
         runs = [per_rank[r][key] for r in range(world)]
         trials = len(runs[0])
-        times = [max(run[i][1] for run in runs) - min(run[i][0] for run in runs) for i in range(trials)]
+        start = max if arrival else min
+        times = [max(run[i][1] for run in runs) - start(run[i][0] for run in runs) for i in range(trials)]
         cores = [sum(run[i][2] for run in runs) for i in range(trials)]
         median = statistics.median(times)
         units, factor = ideal_and_factor(op, world)
-        ideal = units * size / (rate_bps / 8) if rate_bps else None
+        ideal = units * size / (rate_bps / 8) if rate_bps and not arrival else None
         records.append(
             {
                 "system": system,
@@ -293,6 +306,7 @@ def summarize(per_rank: dict, world: int, path: str, rate_bps: float) -> list[di
                 "nodes": world,
                 "path": path,
                 "size_bytes": size,
+                "arrival_interval_s": arrival,
                 "ideal_s": ideal,
                 "ratio_to_ideal": median / ideal if ideal else None,
                 "trials": trials,
@@ -326,7 +340,8 @@ def plot(records: list[dict], path: str) -> None:
 
     nodes = sorted({r["nodes"] for r in records})
     ops = [op for op in OPS if any(r["op"] == op for r in records)]
-    kinds = [("median_s", "time to slowest, median (ms)", 1e3)]
+    after = "after the last arrival" if any(r.get("arrival_interval_s") for r in records) else "to slowest"
+    kinds = [("median_s", f"time {after}, median (ms)", 1e3)]
     if all(r["ratio_to_ideal"] for r in records):
         kinds.append(("ratio_to_ideal", "time / ideal (median)", 1.0))
     rows = [(n, kind) for n in nodes for kind in kinds]
@@ -364,6 +379,9 @@ def main() -> None:
     parser.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"from {','.join(SYSTEMS)}")
     parser.add_argument("--rate", default=None,
                         help="run on an emulated cluster with this per-node rate (e.g. 1gbit); default: loopback")
+    parser.add_argument("--arrival-interval", type=float, default=0.0,
+                        help="asynchrony: rank r becomes ready r times this many seconds late; times are then "
+                             "from the last arrival to the end (no ratio to the ideal)")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--master", default="127.0.0.1", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -378,7 +396,7 @@ def main() -> None:
         import json
 
         results = worker(args.worker, int(args.nodes), args.master, 29511, ops, sizes, args.trials, args.warmup,
-                         systems)
+                         systems, args.arrival_interval)
         with open(args.out + ".json", "w") as f:
             json.dump({"/".join(map(str, key)): v for key, v in results.items()}, f)
         return
@@ -396,13 +414,14 @@ def main() -> None:
     for world in (int(n) for n in args.nodes.split(",")):
         if rate:
             print(f"measuring {','.join(ops)} with {world} nodes at {rate} ...", flush=True)
-            per_rank = run_emulated(world, ops, sizes, args.trials, args.warmup, systems, rate, link_checks)
+            per_rank = run_emulated(world, ops, sizes, args.trials, args.warmup, systems, rate, link_checks,
+                                    args.arrival_interval)
             path, rate_bps = f"emulated cluster, tbf {rate} per node each way", _rate_bps(rate)
         else:
             print(f"measuring {','.join(ops)} with {world} processes ...", flush=True)
-            per_rank = run_loopback(world, ops, sizes, args.trials, args.warmup, systems)
+            per_rank = run_loopback(world, ops, sizes, args.trials, args.warmup, systems, args.arrival_interval)
             path, rate_bps = "loopback TCP", 0.0
-        records += summarize(per_rank, world, path, rate_bps)
+        records += summarize(per_rank, world, path, rate_bps, args.arrival_interval)
     gloo = {(r["op"], r["nodes"], r["size_bytes"]): r["median_s"] for r in records if r["system"] == "gloo"}
     for r in records:
         r["time_vs_gloo"] = r["median_s"] / gloo[(r["op"], r["nodes"], r["size_bytes"])]
@@ -415,6 +434,7 @@ def main() -> None:
     )
     settings = {"ops": ops, "sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup,
                 "rate": rate, "requested_rate": args.rate, "systems": systems,
+                "arrival_interval_s": args.arrival_interval,
                 "link_check_bps": {str(n): bps for n, bps in link_checks.items()}}
     common.write_json(json_path, "collectives", records, settings)
     plot(records, plot_path)

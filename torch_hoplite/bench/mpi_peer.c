@@ -4,7 +4,10 @@
  * shares; CPU time of this process). Rank r holds r + 1 (broadcast: the root
  * holds ones); the first warm-up trial checks the result exactly.
  *
- *   mpi_peer OPS SIZES WARMUP TRIALS   (OPS, SIZES: comma lists; sizes in bytes)
+ *   mpi_peer OPS SIZES WARMUP TRIALS ARRIVAL   (OPS, SIZES: comma lists; sizes in bytes)
+ *
+ * ARRIVAL > 0 (seconds): rank r calls the op r * ARRIVAL after the barrier
+ * (participants becoming ready one by one).
  *
  * Rank 0 prints one JSON object per (op, size):
  *   {"op": "...", "size": N, "runs": [[[t0, t1, cores] for each rank] for each trial]}
@@ -14,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static double now(clockid_t clock) {
   struct timespec ts;
@@ -46,11 +50,12 @@ int main(int argc, char** argv) {
   int rank, world;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (argc != 5) {
-    if (rank == 0) fprintf(stderr, "usage: mpi_peer OPS SIZES WARMUP TRIALS\n");
+  if (argc != 6) {
+    if (rank == 0) fprintf(stderr, "usage: mpi_peer OPS SIZES WARMUP TRIALS ARRIVAL\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const int warmup = atoi(argv[3]), trials = atoi(argv[4]);
+  const double arrival = atof(argv[5]);
   char* ops = strdup(argv[1]);
   for (char* op = strtok(ops, ","); op; op = strtok(NULL, ",")) {
     char* sizes = strdup(argv[2]);
@@ -66,6 +71,7 @@ int main(int argc, char** argv) {
         const float v = strcmp(op, "broadcast") == 0 ? (rank == 0 ? 1.0f : 0.0f) : (float)(rank + 1);
         for (int i = 0; i < count; ++i) buf[i] = v, out[i] = 0.0f;
         MPI_Barrier(MPI_COMM_WORLD);
+        if (arrival > 0) usleep((useconds_t)(rank * arrival * 1e6));
         const double c0 = now(CLOCK_PROCESS_CPUTIME_ID), t0 = now(CLOCK_MONOTONIC);
         run_op(op, buf, out, count, rank, world);
         const double t1 = now(CLOCK_MONOTONIC);

@@ -61,15 +61,17 @@ def _launch(cmd: list[str], popen, what: str) -> str:
     raise RuntimeError(f"mpirun failed {_LAUNCH_ATTEMPTS} times {what}:\n{last}")
 
 
-def _args(binary: str, ops: list[str], sizes: list[int], warmup: int, trials: int) -> list[str]:
-    return [binary, ",".join(op for op in ops if op in OPS), ",".join(map(str, sizes)), str(warmup), str(trials)]
+def _args(binary: str, ops: list[str], sizes: list[int], warmup: int, trials: int, arrival: float) -> list[str]:
+    return [binary, ",".join(op for op in ops if op in OPS), ",".join(map(str, sizes)), str(warmup), str(trials),
+            str(arrival)]
 
 
-def run_loopback(world: int, ops: list[str], sizes: list[int], trials: int, warmup: int) -> dict:
+def run_loopback(world: int, ops: list[str], sizes: list[int], trials: int, warmup: int, arrival: float = 0.0) -> dict:
     binary = build()
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world), "--bind-to", "none",
            "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo",
-           *_args(binary, ops, sizes, warmup, trials)]
+           *_args(binary, ops, sizes, warmup, trials, arrival)]
+
     def popen(c: list[str]) -> subprocess.Popen:
         return subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -77,7 +79,7 @@ def run_loopback(world: int, ops: list[str], sizes: list[int], trials: int, warm
 
 
 def run_emulated(cluster, world: int, ops: list[str], sizes: list[int], trials: int, warmup: int,
-                 env: Optional[dict] = None) -> dict:
+                 arrival: float = 0.0, env: Optional[dict] = None) -> dict:
     binary = build()
     with tempfile.TemporaryDirectory() as tmp:
         hostfile = os.path.join(tmp, "hosts")
@@ -94,7 +96,7 @@ def run_emulated(cluster, world: int, ops: list[str], sizes: list[int], trials: 
         cmd = ["mpirun", "--allow-run-as-root", "-np", str(world), "--hostfile", hostfile, "--map-by", "node",
                "--bind-to", "none", "--mca", "plm_rsh_agent", agent, "--mca", "pml", "ob1",
                "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0",
-               "--mca", "oob_tcp_if_include", "eth0", *_args(binary, ops, sizes, warmup, trials)]
+               "--mca", "oob_tcp_if_include", "eth0", *_args(binary, ops, sizes, warmup, trials, arrival)]
         def popen(c: list[str]) -> subprocess.Popen:
             return cluster.popen(0, c, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
