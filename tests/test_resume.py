@@ -62,3 +62,39 @@ def test_the_directory_forgets_a_dead_holder():
         assert hop.stats()["pull_resumes"] == 0  # served by rank 2 from the start
     finally:
         c.close()
+
+
+def test_relay_killed_mid_broadcast_to_seven_receivers():
+    """Issue #4's test: a relay dies in the middle of a 64 MiB broadcast to 7
+    receivers; every survivor gets exact bytes, each continuing from what it
+    had: the bytes moved again are at most one chunk per survivor (the frames in
+    flight), not the object."""
+    world = 8
+    obj_id = next(f"bcast7-{i}" for i in range(200) if shard_of(f"bcast7-{i}", world) == 0)
+    n = (64 << 20) // 4
+    data = torch.arange(n, dtype=torch.int32)
+    c = Cluster(world)
+    try:
+        c.call(1, workers.put_zero_copy, data, obj_id)
+        receivers = [2, 3, 4, 5, 6, 7]
+        before = {r: c.call(r, workers.stats) for r in receivers}
+        pending = {}
+        for r in receivers:  # later ones are given earlier ones as relays
+            pending[r] = c.submit(r, workers.get, obj_id, 60)
+            time.sleep(0.01)
+        os.kill(c.pids[3], signal.SIGSTOP)  # a relay freezes mid-transfer ...
+        time.sleep(0.3)
+        c.kill(3)  # ... and dies
+        del pending[3]
+        for r, p in pending.items():
+            assert torch.equal(p.result(60), data), f"rank {r}"
+        assert torch.equal(hop.get(obj_id, timeout=60).wait(), data)  # the seventh receiver, arriving late
+        survivors = [r for r in receivers if r != 3]
+        after = {r: c.call(r, workers.stats) for r in survivors}
+        # Rank 3 was someone's relay: that receiver continued from another holder.
+        assert sum(after[r]["pull_resumes"] - before[r]["pull_resumes"] for r in survivors) >= 1
+        moved = sum(after[r]["bytes_received"] - before[r]["bytes_received"] for r in survivors)
+        chunk = 4 << 20  # the largest pipelining chunk
+        assert len(survivors) * n * 4 <= moved <= len(survivors) * (n * 4 + chunk), moved
+    finally:
+        c.close()
