@@ -18,7 +18,7 @@ SOURCES := $(shell find csrc cuda -name '*.cpp' -o -name '*.h' -o -name '*.inc' 
 
 .stamp-bench-deps: .stamp-deps
 	$(PIP) install -q matplotlib tqdm
-	command -v mpicc >/dev/null || (apt-get update -qq && apt-get install -y -qq openmpi-bin libopenmpi-dev)
+	command -v mpicc >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev)
 	touch $@
 
 setup: .stamp-build
@@ -26,7 +26,8 @@ setup: .stamp-build
 demo: setup
 	$(PYTHON) examples/demo.py
 
-test: setup
+# The harness's tests (tests/test_bench_cli.py) run it, so its peers are installed too.
+test: setup .stamp-bench-deps
 	$(PYTHON) -m pytest tests -q -p no:cacheprovider
 
 bench: bench-p2p bench-collectives
