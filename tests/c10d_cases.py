@@ -27,7 +27,7 @@ SMALL, LARGE = 37, 300_003  # below the butterfly/binomial thresholds, and well 
 def _values(rank: int, n: int, dtype=torch.float32, salt: int = 0) -> torch.Tensor:
     """Distinct small integers per rank (products of up to 5 ranks stay exact)."""
     base = torch.arange(n, dtype=torch.int64) * 7 + rank * 13 + salt
-    return (base % 3 + 1).to(dtype) if dtype != torch.bool else (base % 2 == 0)
+    return (base % 3 + 1).to(dtype)
 
 
 def _check(a, b, what: str) -> None:

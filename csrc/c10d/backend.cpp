@@ -6,6 +6,7 @@
 #include "c10d/algorithms.h"
 #include "common/hash.h"
 #include "common/object_meta.h"
+#include "common/scalar_types.h"
 
 namespace hoplite::c10d {
 namespace {
@@ -20,27 +21,6 @@ constexpr size_t kRingAllreduceBytes = 128u << 10;
 constexpr int kSeqShift = 40;
 constexpr uint64_t kSeqMask = (1ull << 22) - 1;
 constexpr uint64_t kPointToPointBit = 1ull << 62;
-
-std::string dtypeName(at::ScalarType t) {
-  switch (t) {
-    case at::kBool: return "bool";
-    case at::kByte: return "uint8";
-    case at::kChar: return "int8";
-    case at::kShort: return "int16";
-    case at::kInt: return "int32";
-    case at::kLong: return "int64";
-    case at::kUInt16: return "uint16";
-    case at::kUInt32: return "uint32";
-    case at::kUInt64: return "uint64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kComplexFloat: return "complex64";
-    case at::kComplexDouble: return "complex128";
-    default: return c10::toString(t);
-  }
-}
 
 void checkTensor(const at::Tensor& t, const char* op, const std::string& what) {
   TORCH_CHECK(t.defined(), "hoplite ", op, ": ", what, " is undefined");
@@ -63,8 +43,32 @@ void checkLike(const at::Tensor& t, const at::Tensor& like, const char* op, cons
               like.numel());
 }
 
+void checkRoot(int root, int size, const char* op) {
+  TORCH_CHECK(root >= 0 && root < size, "hoplite ", op, ": root ", root, " is not a rank of this group");
+}
+
+void checkSameDtype(const at::Tensor& output, const at::Tensor& input, const char* op) {
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "hoplite ", op, ": output dtype ", output.scalar_type(),
+              " differs from input dtype ", input.scalar_type());
+}
+
+// The one list of `size` tensors like `like` that list-form collectives take.
+const std::vector<at::Tensor>& checkedList(const std::vector<std::vector<at::Tensor>>& lists, int size,
+                                           const at::Tensor& like, const char* op, const char* what) {
+  TORCH_CHECK(lists.size() == 1 && static_cast<int>(lists[0].size()) == size, "hoplite ", op, ": expects one list of ",
+              size, " ", what, " tensors");
+  for (int i = 0; i < size; ++i) checkLike(lists[0][i], like, op, std::string(what) + " " + std::to_string(i));
+  return lists[0];
+}
+
 uint8_t* bytesOf(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
 size_t nbytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+
+// Copies a tensor's bytes to `dst` (any layout).
+void copyFrom(uint8_t* dst, const at::Tensor& src) {
+  at::Tensor dense = src.contiguous();
+  if (nbytes(dense) > 0) std::memcpy(dst, bytesOf(dense), nbytes(dense));
+}
 
 // A contiguous tensor to work on: `user` itself, or a copy that commit() writes back.
 struct Dense {
@@ -74,6 +78,13 @@ struct Dense {
     if (!work.is_same(user)) user.copy_(work);
   }
 };
+
+// Writes `src` (the tensor's size in bytes) into a tensor of any layout.
+void copyTo(const at::Tensor& dst, const uint8_t* src) {
+  Dense d(dst);
+  if (nbytes(d.work) > 0) std::memcpy(bytesOf(d.work), src, nbytes(d.work));
+  d.commit();
+}
 
 struct Reduction {
   Elements elements;
@@ -94,7 +105,7 @@ Reduction reductionFor(const ::c10d::ReduceOp& op, const at::Tensor& t, const ch
     default: TORCH_CHECK(false, "hoplite ", name, ": reduce op ", static_cast<int>(op.op_), " is not supported");
   }
   ReduceKernel kernel;
-  Status s = reduceKernel(mine, dtypeName(t.scalar_type()), &kernel);
+  Status s = reduceKernel(mine, nameOf(t.scalar_type()), &kernel);
   TORCH_CHECK(s.ok(), "hoplite ", name, ": ", s.message);
   return Reduction{Elements{static_cast<size_t>(t.element_size()), kernel.combine}, kernel.divide};
 }
@@ -109,6 +120,25 @@ void allreduceInPlace(Channel& ch, const at::Tensor& t, const Reduction& red) {
   if (red.divide) red.divide(bytesOf(t), count, ch.size());
 }
 
+// `flat` holds every rank's blocks for `out`: reduces them and leaves this rank's in `out`.
+void reduceScatterInto(Channel& ch, uint8_t* flat, const at::Tensor& out, const Reduction& red) {
+  ringReduceScatter(ch, flat, out.numel(), red.elements);
+  uint8_t* mine = flat + nbytes(out) * ch.rank();
+  if (red.divide) red.divide(mine, out.numel(), ch.size());
+  copyTo(out, mine);
+}
+
+// What all_to_all sends to and receives from each rank.
+struct Exchange {
+  std::vector<const uint8_t*> send;
+  std::vector<uint8_t*> recv;
+  std::vector<size_t> sendBytes, recvBytes;
+  void add(const uint8_t* s, size_t sBytes, uint8_t* r, size_t rBytes) {
+    send.push_back(s), sendBytes.push_back(sBytes), recv.push_back(r), recvBytes.push_back(rBytes);
+  }
+  void run(Channel& ch) { allToAll(ch, send.data(), sendBytes.data(), recv.data(), recvBytes.data()); }
+};
+
 std::exception_ptr asBackendError(const std::string& message) {
   try {
     C10_THROW_ERROR(DistBackendError, message);
@@ -118,61 +148,6 @@ std::exception_ptr asBackendError(const std::string& message) {
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------- SerialQueue
-
-struct SerialQueue::State {
-  std::mutex mutex;
-  std::condition_variable cv;
-  std::deque<std::function<void()>> queue;
-  bool stopping = false;
-
-  void run() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> lock(mutex);
-        cv.wait(lock, [&] { return stopping || !queue.empty(); });
-        if (queue.empty()) return;
-        fn = std::move(queue.front());
-        queue.pop_front();
-      }
-      fn();
-    }
-  }
-};
-
-SerialQueue::SerialQueue() : state_(std::make_shared<State>()) {
-  thread_ = std::thread([state = state_] { state->run(); });
-}
-
-SerialQueue::~SerialQueue() { stop(); }
-
-void SerialQueue::post(std::function<void()> fn) {
-  {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    if (!state_->stopping) {
-      state_->queue.push_back(std::move(fn));
-      state_->cv.notify_one();
-      return;
-    }
-  }
-  fn();  // stopped: run here rather than never
-}
-
-void SerialQueue::stop() {
-  {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    state_->stopping = true;
-  }
-  state_->cv.notify_one();
-  if (!thread_.joinable()) return;
-  if (thread_.get_id() == std::this_thread::get_id()) {
-    thread_.detach();
-  } else {
-    thread_.join();
-  }
-}
 
 // ---------------------------------------------------------------- HopliteWork
 
@@ -196,7 +171,6 @@ void HopliteWork::complete(std::exception_ptr error, int sourceRank) {
 HopliteBackend::HopliteBackend(std::shared_ptr<Node> node, const std::string& groupName, int rank,
                                std::vector<int> globalRanks, std::chrono::milliseconds timeout)
     : Backend(rank, static_cast<int>(globalRanks.size())),
-      node_(node),
       channel_(std::move(node), fnv1a("c10d:" + groupName), rank, std::move(globalRanks)),
       timeout_(timeout) {}
 
@@ -221,7 +195,7 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::enqueue(::c10d::OpType type, co
   const double seconds = timeoutSeconds(timeout);
   auto owner = std::make_shared<Tensors>(std::move(keep));
   std::string label = std::string("hoplite ") + name + " #" + std::to_string(seq);
-  worker_.post([this, work, seq, seconds, owner, label, body = std::move(body)] {
+  worker_.submit([this, work, seq, seconds, owner, label, body = std::move(body)] {
     std::exception_ptr error;
     try {
       channel_.begin(label, (seq & kSeqMask) << kSeqShift, seconds, owner);
@@ -240,7 +214,7 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::enqueue(::c10d::OpType type, co
 c10::intrusive_ptr<::c10d::Work> HopliteBackend::broadcast(Tensors& tensors, const ::c10d::BroadcastOptions& opts) {
   const at::Tensor& t = single(tensors, "broadcast");
   const int root = static_cast<int>(opts.rootRank);
-  TORCH_CHECK(root >= 0 && root < getSize(), "hoplite broadcast: root ", root, " is not a rank of this group");
+  checkRoot(root, getSize(), "broadcast");
   Dense d(t);
   return enqueue(::c10d::OpType::BROADCAST, "broadcast", {d.work, t}, tensors, opts.timeout, [d, root](Channel& ch) {
     hoplite::c10d::broadcast(ch, bytesOf(d.work), nbytes(d.work), root);
@@ -286,7 +260,7 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::allreduce_coalesced(Tensors& te
 c10::intrusive_ptr<::c10d::Work> HopliteBackend::reduce(Tensors& tensors, const ::c10d::ReduceOptions& opts) {
   const at::Tensor& t = single(tensors, "reduce");
   const int root = static_cast<int>(opts.rootRank);
-  TORCH_CHECK(root >= 0 && root < getSize(), "hoplite reduce: root ", root, " is not a rank of this group");
+  checkRoot(root, getSize(), "reduce");
   Reduction red = reductionFor(opts.reduceOp, t, "reduce");
   Dense d(t);
   return enqueue(::c10d::OpType::REDUCE, "reduce", {d.work, t}, tensors, opts.timeout, [d, red, root](Channel& ch) {
@@ -301,23 +275,15 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::reduce(Tensors& tensors, const 
 c10::intrusive_ptr<::c10d::Work> HopliteBackend::allgather(TensorLists& outputs, Tensors& inputs,
                                                            const ::c10d::AllgatherOptions& opts) {
   const at::Tensor& in = single(inputs, "allgather");
-  TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
-              "hoplite allgather: expects one list of ", getSize(), " output tensors");
-  for (int i = 0; i < getSize(); ++i) checkLike(outputs[0][i], in, "allgather", "output " + std::to_string(i));
-  const size_t block = nbytes(in);
-  Tensors keep = outputs[0];
+  const Tensors& outs = checkedList(outputs, getSize(), in, "allgather", "output");
+  Tensors keep = outs;
   keep.push_back(in);
-  Tensors outs = outputs[0];
-  return enqueue(::c10d::OpType::ALLGATHER, "allgather", keep, outs, opts.timeout, [in, outs, block](Channel& ch) {
+  return enqueue(::c10d::OpType::ALLGATHER, "allgather", keep, outs, opts.timeout, [in, outs](Channel& ch) {
+    const size_t block = nbytes(in);
     uint8_t* flat = ch.scratch(block * ch.size());
-    at::Tensor src = in.contiguous();
-    if (block > 0) std::memcpy(flat + block * ch.rank(), bytesOf(src), block);
+    copyFrom(flat + block * ch.rank(), in);
     ringAllgather(ch, flat, block);
-    for (int i = 0; i < ch.size(); ++i) {
-      Dense d(outs[i]);
-      if (block > 0) std::memcpy(bytesOf(d.work), flat + block * i, block);
-      d.commit();
-    }
+    for (int i = 0; i < ch.size(); ++i) copyTo(outs[i], flat + block * i);
   });
 }
 
@@ -325,17 +291,14 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::_allgather_base(at::Tensor& out
                                                                  const ::c10d::AllgatherOptions& opts) {
   checkTensor(input, "all_gather_into_tensor", "the input");
   checkTensor(output, "all_gather_into_tensor", "the output");
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "hoplite all_gather_into_tensor: output dtype ",
-              output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  checkSameDtype(output, input, "all_gather_into_tensor");
   TORCH_CHECK(output.numel() == input.numel() * getSize(), "hoplite all_gather_into_tensor: output has ",
               output.numel(), " elements, expected ", input.numel() * getSize(), " (input × group size)");
   Dense d(output);
   return enqueue(::c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {d.work, output, input}, {output},
                  opts.timeout, [d, input](Channel& ch) {
-                   const size_t block = nbytes(input);
-                   at::Tensor src = input.contiguous();
-                   if (block > 0) std::memcpy(bytesOf(d.work) + block * ch.rank(), bytesOf(src), block);
-                   ringAllgather(ch, bytesOf(d.work), block);
+                   copyFrom(bytesOf(d.work) + nbytes(input) * ch.rank(), input);
+                   ringAllgather(ch, bytesOf(d.work), nbytes(input));
                    d.commit();
                  });
 }
@@ -344,13 +307,10 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::gather(TensorLists& outputs, Te
                                                         const ::c10d::GatherOptions& opts) {
   const at::Tensor& in = single(inputs, "gather");
   const int root = static_cast<int>(opts.rootRank);
-  TORCH_CHECK(root >= 0 && root < getSize(), "hoplite gather: root ", root, " is not a rank of this group");
+  checkRoot(root, getSize(), "gather");
   Tensors outs;
   if (getRank() == root) {
-    TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
-                "hoplite gather: the root expects one list of ", getSize(), " output tensors");
-    for (int i = 0; i < getSize(); ++i) checkLike(outputs[0][i], in, "gather", "output " + std::to_string(i));
-    outs = outputs[0];
+    outs = checkedList(outputs, getSize(), in, "gather", "output");
   } else {
     TORCH_CHECK(outputs.empty() || outputs[0].empty(), "hoplite gather: only the root takes output tensors");
   }
@@ -373,13 +333,10 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::scatter(Tensors& outputs, Tenso
                                                          const ::c10d::ScatterOptions& opts) {
   const at::Tensor& out = single(outputs, "scatter");
   const int root = static_cast<int>(opts.rootRank);
-  TORCH_CHECK(root >= 0 && root < getSize(), "hoplite scatter: root ", root, " is not a rank of this group");
+  checkRoot(root, getSize(), "scatter");
   Tensors ins;
   if (getRank() == root) {
-    TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
-                "hoplite scatter: the root expects one list of ", getSize(), " input tensors");
-    for (int i = 0; i < getSize(); ++i) checkLike(inputs[0][i], out, "scatter", "input " + std::to_string(i));
-    ins = inputs[0];
+    ins = checkedList(inputs, getSize(), out, "scatter", "input");
   } else {
     TORCH_CHECK(inputs.empty() || inputs[0].empty(), "hoplite scatter: only the root takes input tensors");
   }
@@ -401,27 +358,16 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::scatter(Tensors& outputs, Tenso
 c10::intrusive_ptr<::c10d::Work> HopliteBackend::reduce_scatter(Tensors& outputs, TensorLists& inputs,
                                                                 const ::c10d::ReduceScatterOptions& opts) {
   const at::Tensor& out = single(outputs, "reduce_scatter");
-  TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
-              "hoplite reduce_scatter: expects one list of ", getSize(), " input tensors");
-  for (int i = 0; i < getSize(); ++i) checkLike(inputs[0][i], out, "reduce_scatter", "input " + std::to_string(i));
+  const Tensors& ins = checkedList(inputs, getSize(), out, "reduce_scatter", "input");
   Reduction red = reductionFor(opts.reduceOp, out, "reduce_scatter");
-  Tensors ins = inputs[0];
   Tensors keep = ins;
   keep.push_back(out);
   return enqueue(::c10d::OpType::REDUCE_SCATTER, "reduce_scatter", keep, outputs, opts.timeout,
                  [ins, out, red](Channel& ch) {
                    const size_t block = nbytes(out);
                    uint8_t* flat = ch.scratch(block * ch.size());
-                   for (int i = 0; i < ch.size(); ++i) {
-                     at::Tensor src = ins[i].contiguous();
-                     if (block > 0) std::memcpy(flat + block * i, bytesOf(src), block);
-                   }
-                   ringReduceScatter(ch, flat, out.numel(), red.elements);
-                   uint8_t* mine = flat + block * ch.rank();
-                   if (red.divide) red.divide(mine, out.numel(), ch.size());
-                   Dense d(out);
-                   if (block > 0) std::memcpy(bytesOf(d.work), mine, block);
-                   d.commit();
+                   for (int i = 0; i < ch.size(); ++i) copyFrom(flat + block * i, ins[i]);
+                   reduceScatterInto(ch, flat, out, red);
                  });
 }
 
@@ -429,24 +375,16 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::_reduce_scatter_base(at::Tensor
                                                                       const ::c10d::ReduceScatterOptions& opts) {
   checkTensor(output, "reduce_scatter_tensor", "the output");
   checkTensor(input, "reduce_scatter_tensor", "the input");
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "hoplite reduce_scatter_tensor: output dtype ",
-              output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  checkSameDtype(output, input, "reduce_scatter_tensor");
   TORCH_CHECK(input.numel() == output.numel() * getSize(), "hoplite reduce_scatter_tensor: input has ", input.numel(),
               " elements, expected ", output.numel() * getSize(), " (output × group size)");
   Reduction red = reductionFor(opts.reduceOp, output, "reduce_scatter_tensor");
   return enqueue(::c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output, input}, {output},
                  opts.timeout, [output, input, red](Channel& ch) {
                    // Work on a copy: the ring clobbers the blocks it does not own.
-                   const size_t block = nbytes(output);
-                   uint8_t* flat = ch.scratch(block * ch.size());
-                   at::Tensor src = input.contiguous();
-                   if (block > 0) std::memcpy(flat, bytesOf(src), block * ch.size());
-                   ringReduceScatter(ch, flat, output.numel(), red.elements);
-                   uint8_t* mine = flat + block * ch.rank();
-                   if (red.divide) red.divide(mine, output.numel(), ch.size());
-                   Dense d(output);
-                   if (block > 0) std::memcpy(bytesOf(d.work), mine, block);
-                   d.commit();
+                   uint8_t* flat = ch.scratch(nbytes(input));
+                   copyFrom(flat, input);
+                   reduceScatterInto(ch, flat, output, red);
                  });
 }
 
@@ -456,8 +394,7 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::alltoall_base(at::Tensor& outpu
                                                                const ::c10d::AllToAllOptions& opts) {
   checkTensor(output, "all_to_all_single", "the output");
   checkTensor(input, "all_to_all_single", "the input");
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "hoplite all_to_all_single: output dtype ",
-              output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  checkSameDtype(output, input, "all_to_all_single");
   const int n = getSize();
   auto splits = [&](const at::Tensor& t, std::vector<int64_t> given, const char* what) {
     const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
@@ -485,22 +422,18 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::alltoall_base(at::Tensor& outpu
                    at::Tensor src = input.contiguous();
                    const int64_t inRow = input.dim() == 0 ? nbytes(input) : nbytes(input) / std::max<int64_t>(input.size(0), 1);
                    const int64_t outRow = d.work.dim() == 0 ? nbytes(d.work) : nbytes(d.work) / std::max<int64_t>(d.work.size(0), 1);
-                   std::vector<const uint8_t*> sendBlocks;
-                   std::vector<uint8_t*> recvBlocks;
-                   std::vector<size_t> sendBytes, recvBytes;
+                   Exchange x;
                    int64_t inAt = 0, outAt = 0;
                    for (int i = 0; i < ch.size(); ++i) {
-                     sendBlocks.push_back(bytesOf(src) + inAt * inRow);
-                     sendBytes.push_back(inRows[i] * inRow);
-                     recvBlocks.push_back(bytesOf(d.work) + outAt * outRow);
-                     recvBytes.push_back(outRows[i] * outRow);
+                     x.add(bytesOf(src) + inAt * inRow, inRows[i] * inRow, bytesOf(d.work) + outAt * outRow,
+                           outRows[i] * outRow);
                      inAt += inRows[i];
                      outAt += outRows[i];
                    }
-                   TORCH_CHECK(sendBytes[ch.rank()] == recvBytes[ch.rank()], "hoplite all_to_all_single: rank ",
-                               ch.rank(), " sends itself ", sendBytes[ch.rank()], " bytes but expects ",
-                               recvBytes[ch.rank()]);
-                   allToAll(ch, sendBlocks.data(), sendBytes.data(), recvBlocks.data(), recvBytes.data());
+                   TORCH_CHECK(x.sendBytes[ch.rank()] == x.recvBytes[ch.rank()], "hoplite all_to_all_single: rank ",
+                               ch.rank(), " sends itself ", x.sendBytes[ch.rank()], " bytes but expects ",
+                               x.recvBytes[ch.rank()]);
+                   x.run(ch);
                    d.commit();
                  });
 }
@@ -525,18 +458,13 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::alltoall(Tensors& outputs, Tens
   return enqueue(::c10d::OpType::ALLTOALL, "all_to_all", keep, outputs, opts.timeout, [ins, outs](Channel& ch) {
     std::vector<at::Tensor> src;
     std::vector<Dense> dst;
-    std::vector<const uint8_t*> sendBlocks;
-    std::vector<uint8_t*> recvBlocks;
-    std::vector<size_t> sendBytes, recvBytes;
+    Exchange x;
     for (int i = 0; i < ch.size(); ++i) {
       src.push_back(ins[i].contiguous());
       dst.emplace_back(outs[i]);
-      sendBlocks.push_back(bytesOf(src.back()));
-      sendBytes.push_back(nbytes(src.back()));
-      recvBlocks.push_back(bytesOf(dst.back().work));
-      recvBytes.push_back(nbytes(dst.back().work));
+      x.add(bytesOf(src.back()), nbytes(src.back()), bytesOf(dst.back().work), nbytes(dst.back().work));
     }
-    allToAll(ch, sendBlocks.data(), sendBytes.data(), recvBlocks.data(), recvBytes.data());
+    x.run(ch);
     for (const auto& d : dst) d.commit();
   });
 }
@@ -568,38 +496,33 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::pointToPoint(Tensors& tensors, 
   auto keep = std::make_shared<at::Tensor>(d.work);
   const uint64_t tagValue = kPointToPointBit | static_cast<uint32_t>(tag);
   const int global = any ? -1 : channel_.globalRank(peer);
-  std::vector<int> ranks;
-  for (int i = 0; i < getSize(); ++i) ranks.push_back(channel_.globalRank(i));
   const std::string what = std::string("hoplite ") + name + (isSend ? " to rank " : " from rank ") +
                            (any ? std::string("any") : std::to_string(peer)) + " (tag " + std::to_string(tag) + ")";
   auto completer = completer_;
   // Runs on the loop thread; the Work completes on the completer thread.
-  auto done = [work, d, what, ranks, completer, isSend](const Status& status, int source) {
-    completer->post([work, d, what, ranks, status, source, isSend] {
+  auto done = [work, d, what, completer, isSend, ranks = channel_.globalRanks()](const Status& status, int source) {
+    const int from = groupRankOf(*ranks, source);
+    completer->submit([work, d, what, status, from, isSend] {
       if (!status.ok()) {
         work->complete(asBackendError(what + " failed: " + status.message));
         return;
-      }
-      int group = -1;
-      for (size_t i = 0; i < ranks.size(); ++i) {
-        if (ranks[i] == source) group = static_cast<int>(i);
       }
       if (!isSend) {
         try {
           d.commit();
         } catch (...) {
-          work->complete(std::current_exception(), group);
+          work->complete(std::current_exception(), from);
           return;
         }
       }
-      work->complete(nullptr, group);
+      work->complete(nullptr, from);
     });
   };
   const double seconds = timeoutSeconds(::c10d::kUnsetTimeout);
   if (isSend) {
-    node_->sendMessage(global, channel_.context(), tagValue, bytesOf(d.work), nbytes(d.work), keep, done, seconds);
+    channel_.node().sendMessage(global, channel_.context(), tagValue, bytesOf(d.work), nbytes(d.work), keep, done, seconds);
   } else {
-    node_->recvMessage(global, channel_.context(), tagValue, bytesOf(d.work), nbytes(d.work), keep, done, seconds);
+    channel_.node().recvMessage(global, channel_.context(), tagValue, bytesOf(d.work), nbytes(d.work), keep, done, seconds);
   }
   return work;
 }

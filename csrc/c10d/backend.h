@@ -9,34 +9,16 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "c10d/channel.h"
+#include "common/worker_pool.h"
 
 namespace hoplite::c10d {
-
-// Runs posted functions one after another on its own thread.
-class SerialQueue {
- public:
-  SerialQueue();
-  ~SerialQueue();
-  void post(std::function<void()> fn);
-  // Runs what is queued, then stops and joins; from one of its own functions
-  // (a callback that dropped the last owner) it lets the thread finish alone.
-  void stop();
-
- private:
-  struct State;  // shared with the thread, so it may outlive this object
-  std::shared_ptr<State> state_;
-  std::thread thread_;
-};
 
 class HopliteWork : public ::c10d::Work {
  public:
@@ -109,15 +91,14 @@ class HopliteBackend : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Work> pointToPoint(Tensors& tensors, int peer, int tag, bool isSend);
   double timeoutSeconds(std::chrono::milliseconds requested) const;
 
-  std::shared_ptr<Node> node_;
-  Channel channel_;  // worker thread only
+  Channel channel_;  // its node is shared with send/recv; the rest is the worker thread's
   std::atomic<std::chrono::milliseconds> timeout_;
   std::mutex issueMutex_;  // numbers and queues a collective in one step
   uint64_t seq_ = 0;       // collectives issued: identical on every member
-  SerialQueue worker_;  // collectives
+  WorkerPool worker_{1};  // collectives, one at a time in issue order
   // Completes send/recv Works off the loop thread; shared with their callbacks,
   // which may outlive the backend (after stop() it runs them inline).
-  std::shared_ptr<SerialQueue> completer_ = std::make_shared<SerialQueue>();
+  std::shared_ptr<WorkerPool> completer_ = std::make_shared<WorkerPool>(1);
 };
 
 }  // namespace hoplite::c10d

@@ -50,8 +50,15 @@ Channel::Channel(std::shared_ptr<Node> node, uint64_t context, int rank, std::ve
     : node_(std::move(node)),
       context_(context),
       rank_(rank),
-      globalRanks_(std::move(globalRanks)),
+      globalRanks_(std::make_shared<const std::vector<int>>(std::move(globalRanks))),
       pool_(std::make_shared<ScratchPool>()) {}
+
+int groupRankOf(const std::vector<int>& globalRanks, int global) {
+  for (size_t i = 0; i < globalRanks.size(); ++i) {
+    if (globalRanks[i] == global) return static_cast<int>(i);
+  }
+  return -1;
+}
 
 void Channel::begin(const std::string& name, uint64_t tagBase, double timeoutSeconds,
                     std::shared_ptr<const void> owner) {

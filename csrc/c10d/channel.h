@@ -27,6 +27,9 @@ class CommError : public std::runtime_error {
   Code code_;
 };
 
+// The group rank of node rank `global` among `globalRanks`, or -1 outside the group.
+int groupRankOf(const std::vector<int>& globalRanks, int global);
+
 class Channel {
  public:
   struct Op;  // one send or receive in flight
@@ -36,8 +39,10 @@ class Channel {
   Channel(std::shared_ptr<Node> node, uint64_t context, int rank, std::vector<int> globalRanks);
 
   int rank() const { return rank_; }
-  int size() const { return static_cast<int>(globalRanks_.size()); }
-  int globalRank(int groupRank) const { return globalRanks_.at(groupRank); }
+  int size() const { return static_cast<int>(globalRanks_->size()); }
+  int globalRank(int groupRank) const { return globalRanks_->at(groupRank); }
+  // Node rank of each group rank, shareable with callbacks that may outlive the channel.
+  std::shared_ptr<const std::vector<int>> globalRanks() const { return globalRanks_; }
   Node& node() { return *node_; }
   uint64_t context() const { return context_; }
 
@@ -67,7 +72,7 @@ class Channel {
   std::shared_ptr<Node> node_;
   uint64_t context_;
   int rank_;
-  std::vector<int> globalRanks_;
+  std::shared_ptr<const std::vector<int>> globalRanks_;
 
   // The collective in progress.
   std::string name_;

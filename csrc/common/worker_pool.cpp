@@ -1,45 +1,65 @@
 #include "common/worker_pool.h"
 
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+
 namespace hoplite {
 
-WorkerPool::WorkerPool(int threads) {
+struct WorkerPool::State {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> tasks;
+  bool stopping = false;
+
+  void run() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        cv.wait(lock, [this] { return stopping || !tasks.empty(); });
+        if (tasks.empty()) return;
+        task = std::move(tasks.front());
+        tasks.pop_front();
+      }
+      task();
+    }
+  }
+};
+
+WorkerPool::WorkerPool(int threads) : state_(std::make_shared<State>()) {
   if (threads < 1) threads = 1;
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([state = state_] { state->run(); });
 }
 
 WorkerPool::~WorkerPool() { stop(); }
 
 void WorkerPool::submit(std::function<void()> task) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    tasks_.push_back(std::move(task));
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!state_->stopping) {
+      state_->tasks.push_back(std::move(task));
+      state_->cv.notify_one();
+      return;
+    }
   }
-  cv_.notify_one();
+  task();
 }
 
 void WorkerPool::stop() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_ && threads_.empty()) return;
-    stopping_ = true;
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stopping = true;
   }
-  cv_.notify_all();
-  for (auto& t : threads_) t.join();
-  threads_.clear();
-}
-
-void WorkerPool::run() {
-  while (true) {
-    std::function<void()> task;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
+  state_->cv.notify_all();
+  for (auto& t : threads_) {
+    if (t.get_id() == std::this_thread::get_id()) {
+      t.detach();
+    } else {
+      t.join();
     }
-    task();
   }
+  threads_.clear();
 }
 
 }  // namespace hoplite

@@ -1,10 +1,9 @@
-// A few threads for memory copies, so the event loop never stalls on a memcpy.
+// A few threads for work off the event loop (memory copies; with one thread, a
+// serial queue: tasks run in submission order).
 #pragma once
 
-#include <condition_variable>
-#include <deque>
 #include <functional>
-#include <mutex>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -14,16 +13,15 @@ class WorkerPool {
  public:
   explicit WorkerPool(int threads);
   ~WorkerPool();
+  // After stop() the task runs on the caller's thread instead of never.
   void submit(std::function<void()> task);
-  // Finishes queued tasks, then joins the threads.
+  // Finishes queued tasks, then joins the threads. Called from one of them (a
+  // task that dropped the pool's last owner), that thread finishes alone.
   void stop();
 
  private:
-  void run();
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
-  bool stopping_ = false;
+  struct State;  // shared with the threads, so it may outlive the pool
+  std::shared_ptr<State> state_;
   std::vector<std::thread> threads_;
 };
 

@@ -179,7 +179,7 @@ class Node : public ConnectionObserver {
     std::string clientNonce, serverNonce;
   };
   Digest handshakeProof(const char* role, const std::string& clientNonce, const std::string& serverNonce,
-                             int clientRank, int serverRank) const;
+                        int clientRank, int serverRank) const;
   void handleHello(Connection& conn, const wire::Hello& msg);
   void handleChallenge(Connection& conn, const wire::Challenge& msg);
   void handleAuth(Connection& conn, const wire::Auth& msg);

@@ -30,6 +30,29 @@ std::string describeMessage(uint64_t context, uint64_t tag) {
   return "message (context " + std::to_string(context) + ", tag " + std::to_string(tag) + ")";
 }
 
+Status sizeMismatch(const std::pair<uint64_t, uint64_t>& key, int source, uint64_t sent, uint64_t expected) {
+  return Status(Code::kInvalidArgument, describeMessage(key.first, key.second) + ": rank " + std::to_string(source) +
+                                            " sent " + std::to_string(sent) + " bytes, the receive expects " +
+                                            std::to_string(expected));
+}
+
+// Removes and returns the first entry of queues[key] that `matches`; std::nullopt if none.
+template <typename Queues, typename Match>
+std::optional<typename Queues::mapped_type::value_type> takeFirst(Queues& queues, const typename Queues::key_type& key,
+                                                                  Match matches) {
+  auto found = queues.find(key);
+  if (found == queues.end()) return std::nullopt;
+  auto& queue = found->second;
+  for (auto it = queue.begin(); it != queue.end(); ++it) {
+    if (!matches(*it)) continue;
+    auto entry = std::move(*it);
+    queue.erase(it);
+    if (queue.empty()) queues.erase(found);
+    return entry;
+  }
+  return std::nullopt;
+}
+
 // The keepalive of a message's frames: released when the last frame is written
 // (the send succeeded) or dropped unwritten (its connection closed first).
 class SendGuard {
@@ -148,26 +171,20 @@ void Node::matchReceive(PostedReceive receive, MessageKey key) {
     fail(Code::kInvalidArgument, "no peer rank " + std::to_string(receive.rank) + " to receive from");
     return;
   }
-  auto box = mailbox_.find(key);
-  if (box != mailbox_.end()) {
-    auto& queue = box->second;
-    for (auto it = queue.begin(); it != queue.end(); ++it) {
-      if (receive.rank != -1 && (*it)->source != receive.rank) continue;
-      auto inbound = *it;
-      queue.erase(it);
-      if (queue.empty()) mailbox_.erase(box);
-      if (inbound->size != receive.size) {
-        fail(Code::kInvalidArgument, "rank " + std::to_string(inbound->source) + " sent " +
-                                         std::to_string(inbound->size) + " bytes, the receive expects " +
-                                         std::to_string(receive.size));
-        inbound->discard = true;
-        inbound->parked.reset();
-        return;
-      }
-      inbound->receive = std::move(receive);
-      if (inbound->complete) completeInbound(inbound);  // else when its last byte arrives
+  auto arrived = takeFirst(mailbox_, key, [&](const std::shared_ptr<Inbound>& in) {
+    return receive.rank == -1 || in->source == receive.rank;
+  });
+  if (arrived) {
+    auto inbound = *arrived;
+    if (inbound->size != receive.size) {
+      receive.done(sizeMismatch(key, inbound->source, inbound->size, receive.size), receive.rank);
+      inbound->discard = true;
+      inbound->parked.reset();
       return;
     }
+    inbound->receive = std::move(receive);
+    if (inbound->complete) completeInbound(inbound);  // else when its last byte arrives
+    return;
   }
   if (shuttingDown_) {
     fail(Code::kShutdown, "the node is shut down");
@@ -215,26 +232,14 @@ void Node::handleMessage(Connection& conn, const wire::Message& msg) {
   inbound->key = {msg.context, msg.tag};
   inbound->size = msg.size;
   counters_.messagesReceived++;
-  auto posted = receives_.find(inbound->key);
-  if (posted != receives_.end()) {
-    auto& queue = posted->second;
-    for (auto it = queue.begin(); it != queue.end(); ++it) {
-      if (it->rank != -1 && it->rank != inbound->source) continue;
-      PostedReceive receive = std::move(*it);
-      queue.erase(it);
-      if (queue.empty()) receives_.erase(posted);
-      if (receive.size != msg.size) {
-        inbound->discard = true;  // consumed by the receive it failed
-        receive.done(Status(Code::kInvalidArgument, describeMessage(msg.context, msg.tag) + ": rank " +
-                                                        std::to_string(inbound->source) + " sent " +
-                                                        std::to_string(msg.size) + " bytes, the receive expects " +
-                                                        std::to_string(receive.size)),
-                     inbound->source);
-      } else {
-        inbound->receive = std::move(receive);
-      }
-      break;
-    }
+  auto posted = takeFirst(receives_, inbound->key, [&](const PostedReceive& r) {
+    return r.rank == -1 || r.rank == inbound->source;
+  });
+  if (posted && posted->size != msg.size) {
+    inbound->discard = true;  // consumed by the receive it failed
+    posted->done(sizeMismatch(inbound->key, inbound->source, msg.size, posted->size), inbound->source);
+  } else if (posted) {
+    inbound->receive = std::move(*posted);
   }
   if (!inbound->receive && !inbound->discard) {
     counters_.messagesUnexpected++;

@@ -1,5 +1,7 @@
 #include "python/node_handle.h"
 
+#include "common/scalar_types.h"
+
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
@@ -14,20 +16,9 @@ namespace hoplite {
 namespace {
 
 c10::ScalarType scalarType(const std::string& name) {
-  static const std::unordered_map<std::string, c10::ScalarType> kTypes = {
-      {"bool", c10::kBool},           {"uint8", c10::kByte},
-      {"int8", c10::kChar},           {"int16", c10::kShort},
-      {"int32", c10::kInt},           {"int64", c10::kLong},
-      {"uint16", c10::kUInt16},       {"uint32", c10::kUInt32},
-      {"uint64", c10::kUInt64},       {"float16", c10::kHalf},
-      {"bfloat16", c10::kBFloat16},   {"float32", c10::kFloat},
-      {"float64", c10::kDouble},      {"complex64", c10::kComplexFloat},
-      {"complex128", c10::kComplexDouble}, {"float8_e4m3fn", c10::kFloat8_e4m3fn},
-      {"float8_e5m2", c10::kFloat8_e5m2},
-  };
-  auto it = kTypes.find(name);
-  if (it == kTypes.end()) throw std::invalid_argument("unknown dtype '" + name + "' in object metadata");
-  return it->second;
+  auto type = scalarTypeNamed(name);
+  if (!type) throw std::invalid_argument("unknown dtype '" + name + "' in object metadata");
+  return *type;
 }
 
 // The bytes of a completed get as a tensor that owns a reference to them.

@@ -25,13 +25,12 @@ static double now(clockid_t clock) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int run_op(const char* op, float* buf, float* out, int count, int rank, int world) {
+static int run_op(const char* op, float* buf, float* out, int count, int rank) {
   if (strcmp(op, "broadcast") == 0) return MPI_Bcast(buf, count, MPI_FLOAT, 0, MPI_COMM_WORLD);
   if (strcmp(op, "reduce") == 0) return MPI_Reduce(buf, out, count, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
   if (strcmp(op, "allreduce") == 0) return MPI_Allreduce(buf, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0) fprintf(stderr, "mpi_peer: unknown op %s\n", op);
   MPI_Abort(MPI_COMM_WORLD, 2);
-  (void)world;
   return 1;
 }
 
@@ -73,7 +72,7 @@ int main(int argc, char** argv) {
         MPI_Barrier(MPI_COMM_WORLD);
         if (arrival > 0) usleep((useconds_t)(rank * arrival * 1e6));
         const double c0 = now(CLOCK_PROCESS_CPUTIME_ID), t0 = now(CLOCK_MONOTONIC);
-        run_op(op, buf, out, count, rank, world);
+        run_op(op, buf, out, count, rank);
         const double t1 = now(CLOCK_MONOTONIC);
         MPI_Barrier(MPI_COMM_WORLD);
         const double c1 = now(CLOCK_PROCESS_CPUTIME_ID), t2 = now(CLOCK_MONOTONIC);
