@@ -91,3 +91,14 @@ def allreduce(tensor, obj_id, kwargs):
 
 def put_zero_copy(tensor, obj_id):
     return hop.put(tensor, obj_id, copy=False)
+
+
+def put_filled(obj_id, numel, value):
+    """Puts a float32 tensor of `numel` copies of `value` without sending it through the pipe."""
+    return hop.put(torch.full((numel,), float(value)), obj_id, copy=False)
+
+
+def get_value_range(ref, timeout=None):
+    """(min, max, numel) of an object, so large results need not cross the pipe."""
+    t = hop.get(ref, timeout=timeout, copy=False).wait()
+    return float(t.min()), float(t.max()), t.numel()

@@ -22,7 +22,7 @@ from torch_hoplite.api import (
     shutdown,
     stats,
 )
-from torch_hoplite.collectives import ReduceOp, ReducePlan, allreduce, gather, reduce
+from torch_hoplite.collectives import ReduceOp, ReducePlan, allreduce, gather, reduce, wait_reduce
 from torch_hoplite.config import Config
 from torch_hoplite.errors import (
     CapacityError,
@@ -46,7 +46,7 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "shutdown", "is_initialized", "put", "get", "delete", "barrier", "stats",
     "get_rank", "get_world_size", "ObjectRef", "Config",
-    "reduce", "allreduce", "gather", "ReduceOp", "ReducePlan", "InvalidArgumentError",
+    "reduce", "wait_reduce", "allreduce", "gather", "ReduceOp", "ReducePlan", "InvalidArgumentError",
     "HopliteError", "HopliteTimeoutError", "ObjectExistsError", "ObjectNotFoundError",
     "ObjectDeletedError", "PeerFailedError", "CapacityError", "ProtocolError", "NotInitializedError",
 ]

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from torch_hoplite import api
 from torch_hoplite._tensors import _DTYPES
-from torch_hoplite.errors import error_from_status
+from torch_hoplite.errors import ObjectNotFoundError, error_from_status
 from torch_hoplite.object_ref import ObjectId, ObjectRef, id_bytes, id_of
 
 _log = logging.getLogger(__name__)
@@ -59,10 +59,16 @@ class ReducePlan:
     Positions are filled in the order the inputs become ready, except that an
     input held by the calling process takes the root position (the result is
     then computed where it is wanted). ``parents[j]`` is the position that
-    position ``j`` streamed its partial result to (-1 for the root)."""
+    position ``j`` streamed its partial result to (-1 for the root).
+
+    If a participant dies before the result is complete, its positions are
+    redone with other inputs: :func:`wait_reduce` gives the plan the result was
+    finally computed with (``recoveries > 0``, the dead inputs in ``lost``)."""
 
     inputs: tuple  # the refs (or ids) used, by tree position
     holders: tuple[int, ...]  # rank that computed each position
+    lost: tuple  # refs (or ids) dropped because their holder died while in use
+    recoveries: int  # times positions were redone after a participant died
     degree: int  # tree degree d (1 = chain)
     depth: int
     root: int
@@ -127,26 +133,64 @@ def reduce(
     if status != 0:
         raise error_from_status(status, message)
     used = set(plan["used"])
+    _reduce_inputs[id_bytes(id)] = refs
+    while len(_reduce_inputs) > _REDUCE_HISTORY:
+        del _reduce_inputs[next(iter(_reduce_inputs))]
     result = ObjectRef(
         id,
         plan["nbytes"],
         _DTYPES[plan["dtype"]],
         tuple(plan["shape"]),
         torch.device("cpu"),
-        reduce_plan=ReducePlan(
-            inputs=tuple(refs[i] for i in plan["used"]),
-            holders=tuple(plan["holders"]),
-            degree=plan["degree"],
-            depth=plan["depth"],
-            root=plan["root"],
-            parents=tuple(plan["parent"]),
-            latency_s=plan["latency_s"],
-            bandwidth_Bps=plan["bandwidth_Bps"],
-            link_measured=plan["link_measured"],
-            plan_s=plan["plan_s"],
-        ),
+        reduce_plan=_reduce_plan(plan, refs),
     )
     return result, [r for i, r in enumerate(refs) if i not in used]
+
+
+# The inputs of recent reduces called here, so wait_reduce can name them as given.
+_REDUCE_HISTORY = 1024
+_reduce_inputs: dict[bytes, list] = {}
+
+
+def _reduce_plan(plan: dict, refs: Sequence) -> ReducePlan:
+    return ReducePlan(
+        inputs=tuple(refs[i] for i in plan["used"]),
+        holders=tuple(plan["holders"]),
+        lost=tuple(refs[i] for i in plan["lost"]),
+        recoveries=plan["recoveries"],
+        degree=plan["degree"],
+        depth=plan["depth"],
+        root=plan["root"],
+        parents=tuple(plan["parent"]),
+        latency_s=plan["latency_s"],
+        bandwidth_Bps=plan["bandwidth_Bps"],
+        link_measured=plan["link_measured"],
+        plan_s=plan["plan_s"],
+    )
+
+
+def wait_reduce(result: Union[ObjectRef, ObjectId], timeout: Optional[float] = None) -> ReducePlan:
+    """Waits until the reduce into `result`, called on this process, has
+    finished computing it, and returns the plan it ended with.
+
+    That plan differs from ``result.reduce_plan`` when a participant died
+    mid-reduce: its positions were then redone with the next ready inputs
+    (the result is exactly the reduction of ``inputs``), and readers of the
+    result waited for the recomputed bytes. Remembers the last 1024 reduces.
+
+    Raises:
+        ObjectNotFoundError: no reduce into `result` was called on this process.
+        HopliteTimeoutError: it did not finish within `timeout` seconds.
+        The reduce's own error if it failed (e.g. too few inputs survived).
+    """
+    rt = api._rt()
+    key = id_bytes(id_of(result))
+    if key not in _reduce_inputs:
+        raise ObjectNotFoundError(f"no reduce into {id_of(result)!r} was called on rank {rt.rank} (or too long ago)")
+    status, message, plan = rt.node.reduce_outcome(key, rt.timeout(timeout))
+    if status != 0:
+        raise error_from_status(status, message)
+    return _reduce_plan(plan, _reduce_inputs[key])
 
 
 def allreduce(

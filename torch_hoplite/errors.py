@@ -58,6 +58,7 @@ _BY_CODE: dict[int, type[HopliteError]] = {
     8: ProtocolError,
     9: HopliteError,  # shutdown
     10: HopliteError,  # internal
+    11: PeerFailedError,  # an object being recomputed after a peer failed
 }
 
 

@@ -60,4 +60,14 @@ std::string printableSeconds(double seconds) {
   return buf;
 }
 
+bool sameContents(const ObjectMeta& a, const ObjectMeta& b) {
+  return a.dtype == b.dtype && a.shape == b.shape && a.device == b.device && a.nbytes == b.nbytes;
+}
+
+std::string describeMeta(const ObjectMeta& m) {
+  std::string shape;
+  for (size_t i = 0; i < m.shape.size(); ++i) shape += (i ? "x" : "") + std::to_string(m.shape[i]);
+  return m.dtype + "[" + shape + "] on " + m.device;
+}
+
 }  // namespace hoplite

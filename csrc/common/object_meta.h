@@ -21,6 +21,11 @@ struct ObjectMeta {
   std::string device;           // device the object was put from, e.g. "cpu"
 };
 
+// Same dtype, shape and device: objects that can be reduced together.
+bool sameContents(const ObjectMeta& a, const ObjectMeta& b);
+// For error messages, e.g. "float32[4x8] on cpu".
+std::string describeMeta(const ObjectMeta& meta);
+
 // Checks the bounds and that nbytes == prod(shape) * itemsize without overflow.
 Status validateMeta(const ObjectMeta& meta);
 Status validateId(const std::string& id);

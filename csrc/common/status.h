@@ -19,8 +19,11 @@ enum class Code : uint8_t {
   kProtocol = 8,
   kShutdown = 9,
   kInternal = 10,
+  // The object is being recomputed (a reduce recovering from a failure): look
+  // it up again. Gets retry it themselves; it surfaces only as a last error.
+  kRetry = 11,
 };
-constexpr uint8_t kMaxCode = 10;
+constexpr uint8_t kMaxCode = 11;
 
 struct Status {
   Code code = Code::kOk;

@@ -1,5 +1,6 @@
 #include "directory/directory_shard.h"
 
+#include <iterator>
 #include <tuple>
 
 namespace hoplite {
@@ -31,6 +32,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
   entry.holders[msg.holder] = Holder{msg.complete, 0, true};
   entry.hasInline = msg.hasInline;
   entry.inlineData = msg.inlineData;
+  entry.recomputable = msg.recomputable;
 
   auto it = waiters_.find(msg.id);
   if (it != waiters_.end()) {
@@ -55,6 +57,7 @@ bool DirectoryShard::updateHolder(const wire::HolderUpdate& msg) {
   }
   if (msg.state == wire::HolderState::kRemoved) {
     holders.erase(msg.holder);
+    if (lost(it->second)) entries_.erase(it);
   } else {
     Holder& h = holders[msg.holder];
     h.complete = msg.state == wire::HolderState::kComplete;
@@ -97,10 +100,11 @@ bool DirectoryShard::feedsFrom(const DirectoryEntry& entry, int holder, int aske
   return steps > entry.holders.size();  // a loop: treat as unsafe
 }
 
-int DirectoryShard::anyHolder(const DirectoryEntry& entry) {
+int DirectoryShard::anyHolder(const DirectoryEntry& entry, int skip) {
   int best = -1;
   auto rank = [](const Holder& h) { return std::make_tuple(h.complete ? 0 : 1, h.origin ? 0 : 1, h.serving); };
   for (const auto& [r, h] : entry.holders) {
+    if (r == skip) continue;
     if (best < 0 || rank(h) < rank(entry.holders.at(best))) best = r;
   }
   return best;
@@ -109,6 +113,14 @@ int DirectoryShard::anyHolder(const DirectoryEntry& entry) {
 void DirectoryShard::lookup(const std::string& id, int asker, bool locate, double timeoutSeconds, LookupCallback reply,
                             int failedHolder) {
   auto it = entries_.find(id);
+  if (it != entries_.end() && failedHolder >= 0 && locate && !it->second.hasInline) {
+    const int holder = anyHolder(it->second, failedHolder);
+    if (holder >= 0) {
+      reply(Status(), &it->second, holder);
+      return;
+    }
+    it = entries_.end();  // no live copy known: wait for one, as for an object not put yet
+  }
   if (it != entries_.end() && failedHolder >= 0 && !locate) {
     DirectoryEntry& entry = it->second;
     auto self = entry.holders.find(asker);
@@ -143,18 +155,21 @@ void DirectoryShard::lookup(const std::string& id, int asker, bool locate, doubl
 }
 
 void DirectoryShard::forgetHolder(int rank) {
-  for (auto& [id, entry] : entries_) {
+  for (auto e = entries_.begin(); e != entries_.end();) {
+    DirectoryEntry& entry = e->second;
     auto it = entry.holders.find(rank);
-    if (it == entry.holders.end()) continue;
-    if (!it->second.complete && it->second.source >= 0) {
-      auto sender = entry.holders.find(it->second.source);
-      if (sender != entry.holders.end() && sender->second.serving > 0) sender->second.serving--;
+    if (it != entry.holders.end()) {
+      if (!it->second.complete && it->second.source >= 0) {
+        auto sender = entry.holders.find(it->second.source);
+        if (sender != entry.holders.end() && sender->second.serving > 0) sender->second.serving--;
+      }
+      entry.holders.erase(it);
     }
-    entry.holders.erase(it);
+    e = lost(entry) ? entries_.erase(e) : std::next(e);
   }
 }
 
-Status DirectoryShard::remove(const std::string& id, std::vector<int>* holders) {
+Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<int>* holders) {
   auto it = entries_.find(id);
   if (it == entries_.end()) {
     if (deleted_.count(id)) return Status(Code::kDeleted, "object " + printableId(id) + " was already deleted");
@@ -162,7 +177,7 @@ Status DirectoryShard::remove(const std::string& id, std::vector<int>* holders) 
   }
   for (const auto& holder : it->second.holders) holders->push_back(holder.first);
   entries_.erase(it);
-  rememberDeleted(id);
+  if (!retract) rememberDeleted(id);
   return Status();
 }
 

@@ -31,6 +31,7 @@ struct DirectoryEntry {
   std::map<int, Holder> holders;  // by rank
   bool hasInline = false;
   std::string inlineData;
+  bool recomputable = false;  // see wire::Register
 };
 
 class DirectoryShard {
@@ -50,15 +51,20 @@ class DirectoryShard {
   // the answer assigns `asker` a sender and lists the asker as a partial holder.
   // With `locate`, the answer only names a holder (complete ones first, then
   // the origin) and changes nothing.
-  // `failedHolder` (>= 0): the asker's sender died; it is skipped for this
-  // answer (the shard's own failure detection forgets it for good).
+  // `failedHolder` (>= 0): the asker's sender (or, with `locate`, the holder it
+  // was told of) died; it is skipped for this answer (the shard's own failure
+  // detection forgets it for good). A locate that finds no other holder waits
+  // as if the object did not exist (it may be put again, e.g. by a rejoined rank).
   void lookup(const std::string& id, int asker, bool locate, double timeoutSeconds, LookupCallback reply,
               int failedHolder = -1);
   // A node is gone (failed or shut down): it holds no copies any more, and
-  // whoever it was pulling from is free again.
+  // whoever it was pulling from is free again. Objects it held the last copy
+  // of are lost: forgotten, not remembered as deleted, so they may be put again.
   void forgetHolder(int rank);
-  // Forgets the object, remembers the id as deleted, and returns who held copies.
-  Status remove(const std::string& id, std::vector<int>* holders);
+  // Forgets the object and returns who held copies. A deleted id is remembered
+  // (gets of it fail at once); a retracted one is not (gets of it wait for it
+  // to be registered again).
+  Status remove(const std::string& id, bool retract, std::vector<int>* holders);
 
  private:
   struct Waiter {
@@ -69,11 +75,13 @@ class DirectoryShard {
     EventLoop::TimerId timer;
   };
   void rememberDeleted(const std::string& id);
+  // Whether the entry has no copy left anywhere (inline bytes count as one).
+  static bool lost(const DirectoryEntry& entry) { return entry.holders.empty() && !entry.hasInline; }
   // Receiver-driven broadcast: picks who serves `asker` and marks it busy.
   static int assignSender(DirectoryEntry& entry, int asker, int skip = -1);
   // Whether `holder`'s supply chain (source, its source, ...) runs through `asker`.
   static bool feedsFrom(const DirectoryEntry& entry, int holder, int asker);
-  static int anyHolder(const DirectoryEntry& entry);
+  static int anyHolder(const DirectoryEntry& entry, int skip = -1);
   static int answerFor(DirectoryEntry& entry, int asker, bool locate) {
     return locate ? anyHolder(entry) : assignSender(entry, asker);
   }

@@ -204,6 +204,9 @@ void Node::onClosed(Connection& conn, const Status& why) {
     // its connection failed): who waits for it, now or later, fails.
     if (conn.peerRank() >= 0 && !shuttingDown_) {
       peers_[conn.peerRank()].lost = true;
+      // It registered its objects over this connection: they leave this shard's
+      // lists too (a peer closes its connections only when it leaves or dies).
+      directory_->forgetHolder(conn.peerRank());
       failMessagesFrom(conn.peerRank(), conn.id(),
                        Status(Code::kPeerFailed, "connection from " + peerName(conn.peerRank()) + " closed: " + why.message));
     }
@@ -513,6 +516,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"relays_served", counters_.relaysServed.load()},
       {"reduces_coordinated", counters_.reducesCoordinated.load()},
       {"reduce_tasks", counters_.reduceTasks.load()},
+      {"reduce_recoveries", counters_.reduceRecoveries.load()},
       {"reduce_bytes", counters_.reduceBytes.load()},
       {"link_probes", counters_.probes.load()},
       {"pull_resumes", counters_.pullResumes.load()},

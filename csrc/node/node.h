@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -69,6 +70,8 @@ struct ReducePlan {
   ObjectMeta meta;           // the result's (every input's)
   std::vector<int> used;     // indices into inputIds, by tree position (see launchReadyInputs)
   std::vector<int> holders;  // rank that computed each position
+  std::vector<int> lost;     // inputs given up because their holder died (indices into inputIds)
+  int recoveries = 0;        // times positions were redone after a participant died
   ReduceTree tree;
   LinkEstimate link;         // what the degree was chosen from
   bool linkMeasured = false;  // false: defaults (no peer to probe, or the probe failed)
@@ -108,8 +111,13 @@ class Node : public ConnectionObserver {
   Status remove(const std::string& id, double timeoutSeconds);
   // Starts a streaming reduce (node_reduce.cpp) and returns once its inputs are
   // chosen and every tree position has registered its output: the result
-  // object then exists and fills as the reduce streams.
+  // object then exists and fills as the reduce streams. This node coordinates
+  // it until the result is complete: if a participant dies, the positions that
+  // depended on it are redone (with other inputs where its input is lost).
   Status reduce(const ReduceRequest& request, ReducePlan* plan);
+  // Waits until a reduce this node coordinates (or recently did) into
+  // `resultId` has completed its result, and gives the plan it ended with.
+  Status reduceOutcome(const std::string& resultId, double timeoutSeconds, ReducePlan* plan);
   // Tagged messages between ranks, the transport of the c10d backend
   // (node_mailbox.cpp). A message is matched with the receive posted at its
   // destination for the same (context, tag) and source, in send order; one that
@@ -219,6 +227,7 @@ class Node : public ConnectionObserver {
     uint64_t copied = 0;
     bool copyInFlight = false;
     int lookups = 0;  // a holder may have evicted its copy since the lookup: ask again
+    int retries = 0;  // times the object was being recomputed (kRetry) and looked up again
   };
   uint64_t newRequest() { return nextRequest_++; }
   void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb);
@@ -245,32 +254,52 @@ class Node : public ConnectionObserver {
   uint64_t chunkFor(uint64_t size) const;
   void pushCompletion(Completion c);
 
-  // --- streaming reduce (node_reduce.cpp) ---
+  // --- streaming reduce: coordinator (node_reduce.cpp, node_reduce_recovery.cpp) ---
   struct ReduceCoordination;
   struct ReduceInput;
+  struct ReducePosition;
   struct ReduceTaskState;
   void startReduce(uint64_t key);
   void onReduceInput(uint64_t key, int index, const Status& status, const wire::LookupReply* reply);
+  // Locates an input again (its holder died): a copy elsewhere, or one put again later.
+  void relocateInput(uint64_t key, int index, int deadHolder);
+  // Fills vacant positions with located inputs (the first pass in arrival order).
   void launchReadyInputs(uint64_t key);
   // Fixes the tree on the first input and checks each input against it;
   // false when the reduce failed.
   bool planInput(uint64_t key, const ReduceInput& input);
-  // Sends the input's task; false when that failed the reduce.
-  bool launchInput(uint64_t key, const ReduceInput& input);
+  void assignInput(uint64_t key, int position, const ReduceInput& input);
+  // Sends the position's task; false when that failed the reduce.
+  bool sendTask(uint64_t key, int position);
+  std::string partialOutputId(const ReduceCoordination& c, int position) const;
+  void armInputTimer(uint64_t key);
+  void onTaskRegistered(uint64_t key, int position, int generation, const Status& status);
+  void onTaskEnd(uint64_t key, int position, int generation, const Status& status);
+  void onTaskFailed(uint64_t key, int position, const Status& status);
+  void maybeReturn(uint64_t key);
+  void completeReduce(uint64_t key);
   void failReduce(uint64_t key, const Status& why);
-  void finishReduce(uint64_t key);
+  void rememberReduce(const ReduceCoordination& c, const Status& outcome);
+  // Recovery: after a task failed because a participant died, ask every
+  // participant whether it is alive, then redo the positions that depended on
+  // the dead (node_reduce_recovery.cpp).
+  void startRollCall(uint64_t key, const Status& why);
+  void recoverReduce(uint64_t key, const std::set<int>& dead);
+  // --- streaming reduce: tasks (node_reduce_task.cpp) ---
   void handleReduceTask(Connection& conn, const wire::ReduceTask& msg);
   void startTask(uint64_t task, std::shared_ptr<LocalObject> input);
   void startTaskInputs(uint64_t task);
   void answerTask(ReduceTaskState& task, const Status& status);
+  void reportTaskEnd(const ReduceTaskState& task, const Status& status);
   void watchTaskObject(uint64_t task, const std::shared_ptr<LocalObject>& obj);
   void progressTask(uint64_t task);
   void finishTask(uint64_t task);
   void failTask(uint64_t task, const Status& why);
+  void closeRoot(const std::shared_ptr<ReduceTaskState>& task);
   void handleReduceAbort(Connection& conn, const wire::ReduceAbort& msg);
   void deleteEverywhere(const std::string& id);  // fire and forget
   // Link latency and bandwidth for the cost model, from probes to a peer
-  // (refreshed when older than a minute); `then` runs once they are known.
+  // (refreshed when older than a minute); `then` runs once they are known (node_link.cpp).
   void withLinkEstimate(std::function<void()> then);
 
   // --- tagged messages (node_mailbox.cpp) ---
@@ -350,7 +379,10 @@ class Node : public ConnectionObserver {
   uint64_t nextReduce_ = 1;
   std::string reduceNonce_;  // makes this node's partial-result ids unique across restarts
   std::unordered_map<uint64_t, std::unique_ptr<ReduceCoordination>> reduces_;
-  std::unordered_map<uint64_t, std::unique_ptr<ReduceTaskState>> tasks_;
+  std::unordered_map<uint64_t, std::shared_ptr<ReduceTaskState>> tasks_;
+  // How recent reduces coordinated here ended, for reduceOutcome (bounded).
+  std::unordered_map<std::string, std::pair<Status, ReducePlan>> reduceHistory_;
+  std::deque<std::string> reduceHistoryOrder_;
   std::atomic<uint64_t> nextMessage_{1};
   std::map<StreamKey, std::shared_ptr<Inbound>> inbound_;  // arriving, by (connection id, request)
   std::map<MessageKey, std::deque<std::shared_ptr<Inbound>>> mailbox_;  // unmatched, arrival order
@@ -374,6 +406,7 @@ class Node : public ConnectionObserver {
     std::atomic<uint64_t> inlineGets{0}, localGets{0}, remoteGets{0}, evictions{0};
     std::atomic<uint64_t> relaysServed{0};  // pulls served from a copy still arriving
     std::atomic<uint64_t> reducesCoordinated{0}, reduceTasks{0}, reduceBytes{0}, probes{0};
+    std::atomic<uint64_t> reduceRecoveries{0};  // reduces that redid positions after a participant died
     std::atomic<uint64_t> pullResumes{0};  // transfers continued from another holder after a failure
     std::atomic<uint64_t> messagesSent{0}, messagesReceived{0}, messagesUnexpected{0};
     std::atomic<uint64_t> handshakesRefused{0};  // peers that could not prove they know the secret

@@ -16,6 +16,10 @@ constexpr uint64_t kLoopCopyBytes = 256u << 10;
 constexpr int kMaxLookups = 3;
 // Senders one pull may lose and replace before it fails.
 constexpr int kMaxResumes = 3;
+// A get of an object being recomputed looks it up again after this delay,
+// doubled each time up to kMaxRetryDelay (its own timeout still applies).
+constexpr double kRetryDelay = 0.01;
+constexpr double kMaxRetryDelay = 1.0;
 }  // namespace
 
 uint64_t Node::chunkFor(uint64_t size) const {
@@ -289,6 +293,7 @@ void Node::onFetchLookup(const std::string& id, const Status& status, const wire
     done(s, nullptr, -1);
     return;
   }
+  obj->recomputable = reply->recomputable;
   counters_.remoteGets++;
   startPull(sender, obj);
   serveParkedPulls(obj);  // later receivers that reached us first
@@ -318,15 +323,24 @@ void Node::progressGet(uint64_t token) {
   if (it == gets_.end()) return;
   GetOp& op = it->second;
   const auto& obj = op.object;
-  if (obj->failed() && obj->error().code == Code::kNotFound && op.lookups < kMaxLookups && !op.copyInFlight) {
+  const bool evicted = obj->failed() && obj->error().code == Code::kNotFound && op.lookups < kMaxLookups;
+  const bool recomputed = obj->failed() && obj->error().code == Code::kRetry;
+  if ((evicted || recomputed) && !op.copyInFlight) {
     // The chosen holder no longer had a copy (evicted since the directory
-    // answered): look the object up again.
+    // answered), or the object is being recomputed (a reduce lost a
+    // participant): look the object up again, from its first byte.
     obj->removeListener(op.listener);
     op.listener = 0;
     op.object.reset();
     op.result.reset();
     op.copied = 0;
-    startGet(token);
+    if (!recomputed) return startGet(token);
+    op.lookups = 0;
+    op.stage = "waiting for the object to be recomputed after a participant failed";
+    const double delay = std::min(kMaxRetryDelay, kRetryDelay * static_cast<double>(1u << std::min(op.retries++, 16)));
+    loop_.addTimer(delay, [this, token] {
+      if (gets_.count(token)) startGet(token);
+    });
     return;
   }
   if (obj->failed()) {
@@ -473,7 +487,9 @@ void Node::dropFailedCopy(const std::shared_ptr<LocalObject>& obj, int rank, con
   std::string where = why.code == Code::kPeerFailed || rank < 0
                           ? why.message
                           : "transfer from " + peerName(rank) + " failed: " + why.message;
-  obj->fail(Status(why.code, where));
+  // No copy left to resume from, but its reduce recomputes it: its readers wait.
+  const bool recomputed = obj->recomputable && why.code == Code::kPeerFailed;
+  obj->fail(Status(recomputed ? Code::kRetry : why.code, where));
 }
 
 }  // namespace hoplite

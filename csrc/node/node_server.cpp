@@ -26,6 +26,7 @@ void Node::handleLookup(Connection& conn, const wire::Lookup& msg) {
       reply.hasInline = entry->hasInline;
       reply.inlineData = entry->inlineData;
       reply.sender = sender;
+      reply.recomputable = entry->recomputable;
     }
     c->sendControl(wire::MsgType::kLookupReply, wire::encode(reply));
   }, msg.failedHolder);
@@ -33,7 +34,8 @@ void Node::handleLookup(Connection& conn, const wire::Lookup& msg) {
 
 void Node::handleDelete(Connection& conn, const wire::Delete& msg) {
   std::vector<int> holders;
-  Status s = directory_->remove(msg.id, &holders);
+  Status s = directory_->remove(msg.id, msg.retract, &holders);
+  if (msg.retract && s.code == Code::kNotFound) s = Status();  // nothing to take back
   auto c = sharedConnection(conn);
   uint64_t request = msg.request;
   if (!s.ok() || holders.empty()) {
@@ -46,7 +48,7 @@ void Node::handleDelete(Connection& conn, const wire::Delete& msg) {
   std::weak_ptr<Connection> weak = c;
   for (int holder : holders) {
     uint64_t drop = newRequest();
-    requestStatus(holder, wire::MsgType::kDropCopy, wire::encode(wire::DropCopy{drop, msg.id}), drop,
+    requestStatus(holder, wire::MsgType::kDropCopy, wire::encode(wire::DropCopy{drop, msg.id, msg.retract}), drop,
                   [weak, request, remaining](const Status&) {
                     if (--*remaining > 0) return;
                     if (auto c = weak.lock()) {
@@ -57,7 +59,9 @@ void Node::handleDelete(Connection& conn, const wire::Delete& msg) {
 }
 
 void Node::handleDropCopy(Connection& conn, const wire::DropCopy& msg) {
-  dropLocalCopy(msg.id, Status(Code::kDeleted, "object " + printableId(msg.id) + " was deleted"));
+  dropLocalCopy(msg.id, msg.retract ? Status(Code::kRetry, "object " + printableId(msg.id) +
+                                                            " is being recomputed after a participant failed")
+                                    : Status(Code::kDeleted, "object " + printableId(msg.id) + " was deleted"));
   conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, Status()}));
 }
 

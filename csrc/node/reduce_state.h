@@ -1,7 +1,9 @@
 // The loop-thread state of a streaming reduce: the coordinator's view of one
-// reduce, and one tree position computed on this node (node_reduce.cpp).
+// reduce (node_reduce.cpp, node_reduce_recovery.cpp), and one tree position
+// computed on this node (node_reduce_task.cpp).
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -19,24 +21,50 @@ struct Node::ReduceInput {
   wire::LookupReply reply;
 };
 
+// One tree position as the coordinator sees it.
+struct Node::ReducePosition {
+  enum class State : uint8_t {
+    kVacant,    // waiting for an input (not reached yet, or its holder died)
+    kPending,   // has an input; its task goes out once the result is retracted
+    kRunning,   // its task was sent
+    kFinished,  // its task reported its output complete
+    kFailed,    // its task reported a failure
+  };
+  State state = State::kVacant;
+  int input = -1;   // index into the request's inputs
+  int holder = -1;  // the rank computing it
+  // Bumped whenever the position is redone after a failure; what older tasks report is ignored.
+  int generation = 0;
+  std::string output;       // what its task writes: the result's id at the root
+  bool registered = false;  // its task registered `output`
+  uint64_t endRequest = 0;  // pending_ key of the task's end report
+};
+
 struct Node::ReduceCoordination {
   ReduceRequest request;
   std::shared_ptr<ReducePlan> plan;
-  std::function<void(Status)> done;
+  // reduce()'s caller, told once every position has registered its output; empty after.
+  std::function<void(const Status&, const ReducePlan&)> returned;
+  // reduceOutcome() callers, told when the result is complete or the reduce failed.
+  std::vector<std::function<void(const Status&, const ReducePlan&)>> waiters;
   double started = 0;
-  EventLoop::TimerId timer = 0;
-  std::vector<uint64_t> lookups;  // pending_ keys of locate lookups still out
-  std::vector<ReduceInput> ready;      // located, waiting for the plan or their turn
+  EventLoop::TimerId timer = 0;    // waiting for inputs: the first ones, or replacements
+  std::vector<uint64_t> lookups;   // pending_ keys of locate lookups still out
+  std::deque<ReduceInput> ready;   // located, not used yet
   std::optional<ReduceInput> reserved;  // this node's own input, kept for the root position
-  std::vector<bool> arrived;  // by input index
-  int lost = 0;               // inputs that can no longer arrive (deleted)
+  std::vector<bool> arrived;  // by input index: located at least once
+  std::vector<bool> lost;     // by input index: deleted, or its holder died
   bool linkKnown = false;
   bool planned = false;
   ObjectMeta meta;
   std::string metaFrom;  // the input that fixed `meta`
   std::string partialPrefix;
-  int launched = 0, startedTasks = 0;
-  std::vector<int> taskRanks;
+  int filled = 0;  // positions given an input by the first pass (in arrival order)
+  std::vector<ReducePosition> positions;  // by tree position, once planned
+  bool rollCall = false;    // after a failure: asking the participants who is alive
+  bool retracting = false;  // after a failure: the result's readers are being sent back
+  uint64_t retractRound = 0;  // the latest recovery's, so an older one's answer is ignored
+  Status failure;           // what started the recovery
 };
 
 struct Node::ReduceTaskState {
@@ -50,8 +78,11 @@ struct Node::ReduceTaskState {
   std::vector<std::pair<std::shared_ptr<LocalObject>, uint64_t>> listeners;
   uint64_t reduced = 0;
   bool busy = false;
-  bool registered = false;  // the output is in the directory
-  double started = 0;       // steady clock, for the debug log
+  bool registering = false;  // the output's registration is on its way
+  bool registered = false;   // the output is in the directory
+  bool closing = false;      // a failed root, taking its registration back (closeRoot)
+  Status endStatus;          // what a closing root reports at the end
+  double started = 0;        // steady clock, for the debug log
 };
 
 }  // namespace hoplite

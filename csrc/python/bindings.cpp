@@ -38,6 +38,26 @@ NodeConfig configFromDict(const py::dict& d) {
   return c;
 }
 
+py::dict planDict(const hoplite::ReducePlan& plan) {
+  py::dict d;
+  d["dtype"] = plan.meta.dtype;
+  d["shape"] = plan.meta.shape;
+  d["nbytes"] = plan.meta.nbytes;
+  d["used"] = plan.used;
+  d["holders"] = plan.holders;
+  d["lost"] = plan.lost;
+  d["recoveries"] = plan.recoveries;
+  d["degree"] = plan.tree.degree;
+  d["depth"] = plan.tree.depth;
+  d["root"] = plan.tree.root;
+  d["parent"] = plan.tree.parent;
+  d["latency_s"] = plan.link.latencySeconds;
+  d["bandwidth_Bps"] = plan.link.bytesPerSecond;
+  d["link_measured"] = plan.linkMeasured;
+  d["plan_s"] = plan.planSeconds;
+  return d;
+}
+
 // Returns (code, message, plan); plan is None unless code is 0.
 py::tuple reduce(NodeHandle& h, const py::bytes& resultId, const std::vector<py::bytes>& inputIds, int count, int op,
                  int degree, double timeout) {
@@ -55,21 +75,19 @@ py::tuple reduce(NodeHandle& h, const py::bytes& resultId, const std::vector<py:
     s = h.node().reduce(request, &plan);
   }
   if (!s.ok()) return py::make_tuple(static_cast<int>(s.code), s.message, py::none());
-  py::dict d;
-  d["dtype"] = plan.meta.dtype;
-  d["shape"] = plan.meta.shape;
-  d["nbytes"] = plan.meta.nbytes;
-  d["used"] = plan.used;
-  d["holders"] = plan.holders;
-  d["degree"] = plan.tree.degree;
-  d["depth"] = plan.tree.depth;
-  d["root"] = plan.tree.root;
-  d["parent"] = plan.tree.parent;
-  d["latency_s"] = plan.link.latencySeconds;
-  d["bandwidth_Bps"] = plan.link.bytesPerSecond;
-  d["link_measured"] = plan.linkMeasured;
-  d["plan_s"] = plan.planSeconds;
-  return py::make_tuple(0, std::string(), d);
+  return py::make_tuple(0, std::string(), planDict(plan));
+}
+
+// Returns (code, message, plan) once the reduce into `resultId` has ended.
+py::tuple reduceOutcome(NodeHandle& h, const py::bytes& resultId, double timeout) {
+  hoplite::ReducePlan plan;
+  Status s;
+  {
+    py::gil_scoped_release release;
+    s = h.node().reduceOutcome(resultId, timeout, &plan);
+  }
+  if (!s.ok()) return py::make_tuple(static_cast<int>(s.code), s.message, py::none());
+  return py::make_tuple(0, std::string(), planDict(plan));
 }
 
 }  // namespace
@@ -106,6 +124,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("id"), py::arg("timeout"))
       .def("reduce", &reduce, py::arg("result_id"), py::arg("input_ids"), py::arg("count"), py::arg("op"),
            py::arg("degree"), py::arg("timeout"))
+      .def("reduce_outcome", &reduceOutcome, py::arg("result_id"), py::arg("timeout"))
       .def("stats", [](NodeHandle& h) { return h.node().stats(); })
       .def("shutdown", &NodeHandle::shutdown);
   m.def(

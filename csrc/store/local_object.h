@@ -48,6 +48,9 @@ class LocalObject {
   void removeListener(uint64_t token);
 
   std::atomic<bool> abandoned{false};
+  // A reduce's result, which its coordinator recomputes if a participant dies:
+  // a reader that loses its sender waits for it (loop thread only).
+  bool recomputable = false;
 
  private:
   void notify();

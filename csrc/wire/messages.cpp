@@ -41,13 +41,13 @@ Status decodeStatus(Reader& r) {
   return Status(static_cast<Code>(code), r.str(kMaxMessageText, "status message"));
 }
 
+}  // namespace
+
 bool decodeBool(Reader& r) {
   uint8_t v = r.u8();
   if (v > 1) throw DecodeError("bad boolean");
   return v == 1;
 }
-
-}  // namespace
 
 void encodeId(Writer& w, const std::string& id) { w.str(id); }
 
@@ -115,6 +115,7 @@ void Register::encode(Writer& w) const {
   encodeMeta(w, meta);
   w.i32(holder);
   w.u8(complete);
+  w.u8(recomputable);
   w.u8(hasInline);
   if (hasInline) w.str(inlineData);
 }
@@ -125,6 +126,7 @@ Register Register::decode(Reader& r, uint64_t maxInline) {
   m.meta = decodeMeta(r);
   m.holder = r.i32();
   m.complete = decodeBool(r);
+  m.recomputable = decodeBool(r);
   m.hasInline = decodeBool(r);
   if (m.hasInline) {
     m.inlineData = r.str(maxInline, "inline object");
@@ -190,6 +192,7 @@ void LookupReply::encode(Writer& w) const {
   w.u8(hasInline);
   if (hasInline) w.str(inlineData);
   w.i32(sender);
+  w.u8(recomputable);
 }
 LookupReply LookupReply::decode(Reader& r, uint64_t maxInline) {
   LookupReply m;
@@ -203,6 +206,7 @@ LookupReply LookupReply::decode(Reader& r, uint64_t maxInline) {
       if (m.inlineData.size() != m.meta.nbytes) throw DecodeError("inline object size does not match metadata");
     }
     m.sender = r.i32();
+    m.recomputable = decodeBool(r);
   }
   r.expectEnd("lookup reply");
   return m;
@@ -246,6 +250,7 @@ void ReduceTask::encode(Writer& w) const {
   w.u32(count);
   w.u8(root);
   w.u64(timeoutMs);
+  w.u64(endRequest);
 }
 ReduceTask ReduceTask::decode(Reader& r) {
   ReduceTask m;
@@ -262,6 +267,7 @@ ReduceTask ReduceTask::decode(Reader& r) {
   m.count = r.u32();
   m.root = decodeBool(r);
   m.timeoutMs = r.u64();
+  m.endRequest = r.u64();
   r.expectEnd("reduce task");
   return m;
 }

@@ -15,6 +15,7 @@ namespace wire {
 
 void encodeId(Writer& w, const std::string& id);
 std::string decodeId(Reader& r);  // throws DecodeError for empty or oversized ids
+bool decodeBool(Reader& r);       // throws DecodeError for anything but 0 and 1
 
 // The handshake: Hello (client) → Challenge (server) → Auth (client) →
 // HelloAck (server). Each side proves it knows the cluster secret with an HMAC
@@ -66,6 +67,9 @@ struct Register {
   ObjectMeta meta;
   int32_t holder = -1;
   bool complete = false;
+  // A reduce's result: if its holder dies, its coordinator computes it again,
+  // so readers wait for it instead of failing.
+  bool recomputable = false;
   bool hasInline = false;
   std::string inlineData;
   void encode(Writer& w) const;
@@ -121,24 +125,30 @@ struct LookupReply {
   bool hasInline = false;
   std::string inlineData;
   int32_t sender = -1;  // who to pull from (-1 with inline data, or when no copy is left)
+  bool recomputable = false;  // see Register
   void encode(Writer& w) const;
   static LookupReply decode(Reader& r, uint64_t maxInline);
 };
 
-// A request that names one object and nothing else.
+// A request that names one object. `retract`: the object is being recomputed
+// (a reduce recovering from a failure), not deleted: its id is not remembered
+// as deleted, and whoever reads it looks it up again.
 template <MsgType T>
 struct IdRequest {
   static constexpr MsgType kType = T;
   uint64_t request = 0;
   std::string id;
+  bool retract = false;
   void encode(Writer& w) const {
     w.u64(request);
     encodeId(w, id);
+    w.u8(retract);
   }
   static IdRequest decode(Reader& r) {
     IdRequest m;
     m.request = r.u64();
     m.id = decodeId(r);
+    m.retract = decodeBool(r);
     r.expectEnd("request");
     return m;
   }
@@ -168,9 +178,10 @@ struct Cancel {
 };
 
 // Coordinator → the holder of one reduce input: compute one tree position.
-// The task registers `outputId` (answering with a StatusReply once it has),
-// then streams input op children into it; children are the outputs of other
-// positions, fetched as they appear. Every task ends by deleting its children's outputs.
+// The task registers `outputId` (answering `request` with a StatusReply once it
+// has), then streams input op children into it; children are the outputs of
+// other positions, fetched as they appear. When it ends it answers
+// `endRequest`; a task that finished deletes its children's outputs.
 struct ReduceTask {
   static constexpr MsgType kType = MsgType::kReduceTask;
   uint64_t request = 0;
@@ -183,11 +194,13 @@ struct ReduceTask {
   uint32_t count = 0;  // inputs in the whole reduce (AVG divides by it at the root)
   bool root = false;
   uint64_t timeoutMs = 0;  // how long to wait for children to appear
+  uint64_t endRequest = 0;
   void encode(Writer& w) const;
   static ReduceTask decode(Reader& r);
 };
 
-// Coordinator → task holders: the reduce named by `id` failed; drop its tasks.
+// Coordinator → a task's holder: stop the task computing `id` (`retract`: the
+// reduce goes on without it and recomputes that output elsewhere).
 using ReduceAbort = IdRequest<MsgType::kReduceAbort>;
 
 // Measures the link: answered by an empty StatusReply; `padding` makes it a

@@ -106,6 +106,7 @@ static void testMessages() {
   reg.meta = sampleMeta();
   reg.holder = 3;
   reg.complete = true;
+  reg.recomputable = true;
   reg.hasInline = true;
   reg.inlineData = std::string(24, 'x');
   checkTruncations(reg, [&](Reader& r) { Register::decode(r, maxInline); }, "register");
@@ -114,13 +115,20 @@ static void testMessages() {
   Reader r(reinterpret_cast<const uint8_t*>(ok.data()), ok.size());
   Register back = Register::decode(r, maxInline);
   CHECK(back.id == reg.id && back.meta.shape == reg.meta.shape && back.inlineData == reg.inlineData);
-  CHECK(back.holder == 3 && back.complete && back.request == 7);
+  CHECK(back.holder == 3 && back.complete && back.recomputable && back.request == 7);
 
   LookupReply lr;
   lr.request = 9;
   lr.meta = sampleMeta();
   lr.sender = 2;
+  lr.recomputable = true;
   checkTruncations(lr, [&](Reader& r) { LookupReply::decode(r, maxInline); }, "lookup reply");
+  {
+    std::string bytes = encode(lr);
+    Reader lrr(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    LookupReply lrBack = LookupReply::decode(lrr, maxInline);
+    CHECK(lrBack.sender == 2 && lrBack.recomputable);
+  }
   LookupReply err;
   err.request = 9;
   err.status = Status(Code::kDeleted, "gone");
@@ -140,7 +148,15 @@ static void testMessages() {
                    "holder update");
   checkTruncations(Lookup{1, "id", 500, true}, [](Reader& r) { Lookup::decode(r); }, "lookup");
   checkTruncations(Delete{1, "id"}, [](Reader& r) { Delete::decode(r); }, "delete");
-  checkTruncations(DropCopy{1, "id"}, [](Reader& r) { DropCopy::decode(r); }, "drop copy");
+  checkTruncations(DropCopy{1, "id", true}, [](Reader& r) { DropCopy::decode(r); }, "drop copy");
+  {
+    std::string bytes = encode(Delete{3, "id", true});
+    Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    Delete back = Delete::decode(r);
+    CHECK(back.request == 3 && back.id == "id" && back.retract);
+    bytes.back() = 2;  // not a boolean
+    CHECK(throwsDecodeError(bytes, [](Reader& r) { Delete::decode(r); }));
+  }
   checkTruncations(Pull{1, "id", 4}, [](Reader& r) { Pull::decode(r); }, "pull");
   checkTruncations(Cancel{1}, [](Reader& r) { Cancel::decode(r); }, "cancel");
   ReduceTask task;
@@ -154,12 +170,14 @@ static void testMessages() {
   task.count = 3;
   task.root = true;
   task.timeoutMs = 1000;
+  task.endRequest = 10;
   checkTruncations(task, [](Reader& r) { ReduceTask::decode(r); }, "reduce task");
   {
     std::string bytes = encode(task);
     Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
     ReduceTask back = ReduceTask::decode(r);
-    CHECK(back.childIds == task.childIds && back.outputId == "p/1" && back.root && back.count == 3 && back.op == 4);
+    CHECK(back.childIds == task.childIds && back.outputId == "p/1" && back.root && back.count == 3 && back.op == 4 &&
+          back.endRequest == 10);
   }
   checkTruncations(ReduceAbort{0, "sum"}, [](Reader& r) { ReduceAbort::decode(r); }, "reduce abort");
   checkTruncations(Probe{1, std::string(100, 'x')}, [](Reader& r) { Probe::decode(r, 1000); }, "probe");

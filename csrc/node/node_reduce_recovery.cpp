@@ -1,0 +1,171 @@
+// Streaming reduce: recovery from a participant's death. A task that fails
+// because a peer died reports it to the coordinator, which asks every
+// participant whether it is alive (a roll call), then redoes only what
+// depended on the dead: their positions (with the next ready inputs, since
+// theirs died with them) and those positions' ancestors, up to the root. The
+// result's readers are sent back to wait for the recomputed result.
+#include <functional>
+
+#include "common/logging.h"
+#include "node/node.h"
+#include "node/reduce_state.h"
+
+namespace hoplite {
+
+void Node::startRollCall(uint64_t key, const Status& why) {
+  ReduceCoordination& c = *reduces_.at(key);
+  if (c.rollCall) return;
+  c.rollCall = true;
+  c.failure = why;
+  struct RollCall {
+    std::set<int> waiting, dead;
+    EventLoop::TimerId timer = 0;
+    bool settled = false;
+  };
+  auto call = std::make_shared<RollCall>();
+  std::set<int> ranks;
+  for (const auto& p : c.positions) {
+    if (p.state != ReducePosition::State::kVacant) ranks.insert(p.holder);
+  }
+  for (const auto& r : c.ready) ranks.insert(r.reply.sender);
+  for (int r : ranks) {
+    if (r == config_.rank) continue;
+    auto peer = peers_.find(r);
+    if (peer != peers_.end() && peer->second.lost) {
+      call->dead.insert(r);
+    } else {
+      call->waiting.insert(r);
+    }
+  }
+  // Who has not answered when the heartbeat timeout passes counts as dead.
+  auto settle = [this, key, call] {
+    if (call->settled) return;
+    call->settled = true;
+    if (call->timer) loop_.cancelTimer(call->timer);
+    call->dead.insert(call->waiting.begin(), call->waiting.end());
+    if (reduces_.count(key)) recoverReduce(key, call->dead);
+  };
+  if (call->waiting.empty()) return settle();
+  call->timer = loop_.addTimer(config_.heartbeatTimeoutSeconds, [call, settle] {
+    call->timer = 0;
+    settle();
+  });
+  for (int r : std::set<int>(call->waiting)) {
+    uint64_t request = newRequest();
+    requestStatus(r, wire::MsgType::kProbe, wire::encode(wire::Probe{request, std::string()}), request,
+                  [call, r, settle](const Status& s) {
+                    if (call->settled) return;
+                    if (!s.ok()) call->dead.insert(r);
+                    call->waiting.erase(r);
+                    if (call->waiting.empty()) settle();
+                  });
+  }
+}
+
+void Node::recoverReduce(uint64_t key, const std::set<int>& dead) {
+  ReduceCoordination& c = *reduces_.at(key);
+  c.rollCall = false;
+  if (dead.empty() || shuttingDown_) return failReduce(key, c.failure);
+  using State = ReducePosition::State;
+  const ReduceTree& tree = c.plan->tree;
+  const int k = c.request.count;
+  c.plan->recoveries++;
+  counters_.reduceRecoveries++;
+  std::string names;
+  for (int r : dead) names += (names.empty() ? "" : ", ") + peerName(r);
+  HLOG(kInfo, "reduce into %s: %s failed; redoing what depended on it", printableId(c.request.resultId).c_str(),
+       names.c_str());
+
+  // Which positions to redo: those whose output is lost while still needed
+  // (computed by the dead, or failed), and their ancestors, which consumed it.
+  auto finished = [&](int p) { return p >= 0 && c.positions[p].state == State::kFinished; };
+  std::vector<bool> redo(k, false);
+  for (int p = 0; p < k; ++p) {
+    const ReducePosition& pos = c.positions[p];
+    const bool gone = pos.state != State::kVacant && dead.count(pos.holder) && !finished(tree.parent[p]);
+    if (!gone && pos.state != State::kFailed) continue;
+    for (int q = p; q >= 0 && !redo[q]; q = tree.parent[q]) redo[q] = true;
+  }
+  // A finished position deleted what it consumed: redoing it redoes its subtree.
+  std::function<void(int)> redoSubtree = [&](int p) {
+    for (int child : tree.children[p]) {
+      redo[child] = true;
+      redoSubtree(child);
+    }
+  };
+  for (int p = 0; p < k; ++p) {
+    if (redo[p] && finished(p)) redoSubtree(p);
+  }
+
+  // Inputs held by the dead are lost; look for them again (a copy elsewhere,
+  // or a rejoined rank putting them again).
+  std::vector<std::pair<int, int>> relocate;  // (input, dead holder)
+  std::deque<ReduceInput> ready;
+  for (auto& r : c.ready) {
+    if (dead.count(r.reply.sender)) {
+      relocate.emplace_back(r.index, r.reply.sender);
+    } else {
+      ready.push_back(std::move(r));
+    }
+  }
+  c.ready = std::move(ready);
+
+  uint64_t oldRootEnd = 0;
+  for (int p = 0; p < k; ++p) {
+    if (!redo[p]) continue;
+    ReducePosition& pos = c.positions[p];
+    const bool holderDead = pos.state != State::kVacant && dead.count(pos.holder);
+    if (pos.state == State::kRunning && !holderDead) {
+      send(pos.holder, wire::ReduceAbort{0, pos.output, /*retract=*/true});
+      if (p == tree.root) oldRootEnd = pos.endRequest;  // it reports once it took the result back
+    }
+    if (p != tree.root && pos.state != State::kVacant) deleteEverywhere(pos.output);
+    if (p != tree.root || !oldRootEnd) pending_.erase(pos.endRequest);
+    if (holderDead) {
+      relocate.emplace_back(pos.input, pos.holder);
+      c.plan->lost.push_back(pos.input);
+    }
+    pos.generation++;
+    pos.registered = false;
+    pos.output = partialOutputId(c, p);
+    if (holderDead || pos.state == State::kVacant) {
+      pos = ReducePosition{State::kVacant, -1, -1, pos.generation, pos.output};
+      c.plan->used[p] = -1;
+      c.plan->holders[p] = -1;
+    } else {
+      pos.state = State::kPending;
+    }
+  }
+  for (const auto& [index, holder] : relocate) {
+    if (!reduces_.count(key)) return;
+    relocateInput(key, index, holder);
+  }
+  if (!reduces_.count(key)) return;
+
+  // The result's readers are sent back to wait for it; the old root, if
+  // alive, takes its registration back itself before it reports.
+  const uint64_t round = ++c.retractRound;
+  c.retracting = true;
+  auto retract = [this, key, round] {
+    auto it = reduces_.find(key);
+    if (it == reduces_.end() || it->second->retractRound != round) return;
+    const std::string id = it->second->request.resultId;
+    uint64_t request = newRequest();
+    requestStatus(shardOf(id), wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}),
+                  request, [this, key, round](const Status&) {
+                    auto it = reduces_.find(key);
+                    if (it == reduces_.end() || it->second->retractRound != round) return;
+                    ReduceCoordination& c = *it->second;
+                    c.retracting = false;
+                    for (int p = 0; p < c.request.count; ++p) {
+                      if (c.positions[p].state == State::kPending && !sendTask(key, p)) return;
+                    }
+                    launchReadyInputs(key);
+                  });
+  };
+  auto end = oldRootEnd ? pending_.find(oldRootEnd) : pending_.end();
+  if (end == pending_.end()) return retract();
+  end->second.onStatus = [retract](const Status&) { retract(); };
+}
+
+}  // namespace hoplite

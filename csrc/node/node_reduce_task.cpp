@@ -1,0 +1,259 @@
+// One position of a streaming reduce, computed on the node holding its input:
+// streams `input op children` chunk by chunk into its own output object, which
+// its parent fetches like any object while it is being written.
+#include <algorithm>
+
+#include "common/logging.h"
+#include "node/node.h"
+#include "node/reduce_state.h"
+
+namespace hoplite {
+
+namespace {
+// Reduce at least this much at a time (or what is left), at most kMaxStep:
+// every step delays the parent by its own length, so steps stay short.
+constexpr uint64_t kMinStep = 128u << 10;
+constexpr uint64_t kMaxStep = 2u << 20;
+// Steps up to this size run on the loop thread (~100 us of arithmetic), which
+// spares a hand-off to a worker; larger ones (a fast link's backlog) on a worker.
+constexpr uint64_t kLoopStep = 512u << 10;
+}  // namespace
+
+void Node::handleReduceTask(Connection& conn, const wire::ReduceTask& msg) {
+  const uint64_t taskId = nextReduce_++;
+  auto t = std::make_shared<ReduceTaskState>();
+  t->msg = msg;
+  t->coordinator = sharedConnection(conn);
+  t->started = now();
+  ReduceTaskState& task = *t;
+  tasks_[taskId] = std::move(t);
+  counters_.reduceTasks++;
+  Status s;
+  if (msg.op > kMaxReduceOp) s = Status(Code::kInvalidArgument, "unknown reduce op");
+  if (s.ok()) s = reduceKernel(static_cast<ReduceOp>(msg.op), msg.meta.dtype, &task.kernel);
+  if (!s.ok()) return failTask(taskId, s);
+  fetch(msg.inputId, static_cast<double>(msg.timeoutMs) / 1000.0,
+        [this, taskId](const Status& s, std::shared_ptr<LocalObject> input, int) {
+          if (!tasks_.count(taskId)) return;
+          if (!s.ok()) return failTask(taskId, s);
+          startTask(taskId, std::move(input));
+        });
+}
+
+void Node::startTask(uint64_t taskId, std::shared_ptr<LocalObject> input) {
+  ReduceTaskState& task = *tasks_.at(taskId);
+  const wire::ReduceTask& msg = task.msg;
+  if (!sameContents(input->meta(), msg.meta)) {
+    return failTask(taskId, Status(Code::kInvalidArgument, "input " + printableId(msg.inputId) + " is " +
+                                                               describeMeta(input->meta()) + ", expected " +
+                                                               describeMeta(msg.meta)));
+  }
+  task.input = input;
+  // A leaf's output is its input: share the buffer instead of copying it.
+  task.alias = msg.childIds.empty();
+  Status s = store_->create(msg.outputId, msg.meta, /*primary=*/true, &task.output,
+                            task.alias ? input->buffer() : nullptr, /*sharedWithStored=*/task.alias);
+  if (!s.ok()) return failTask(taskId, s);
+  serveParkedPulls(task.output);
+  task.children.assign(msg.childIds.size(), nullptr);
+  wire::Register reg;
+  reg.request = newRequest();
+  reg.id = msg.outputId;
+  reg.meta = msg.meta;
+  reg.holder = config_.rank;
+  reg.complete = false;
+  reg.recomputable = msg.root;
+  task.registering = true;
+  requestStatus(shardOf(msg.outputId), wire::MsgType::kRegister, wire::encode(reg), reg.request,
+                [this, taskId, state = tasks_.at(taskId)](const Status& s) {
+                  state->registering = false;
+                  auto it = tasks_.find(taskId);
+                  if (it == tasks_.end()) {  // failed meanwhile
+                    state->registered = s.ok();
+                    if (state->closing) return closeRoot(state);
+                    if (s.ok()) deleteEverywhere(state->msg.outputId);  // free the id
+                    return;
+                  }
+                  if (!s.ok()) return failTask(taskId, s);
+                  it->second->registered = true;
+                  answerTask(*it->second, Status());
+                  startTaskInputs(taskId);
+                });
+}
+
+// Watches the input and fetches the children; any of these may end the task
+// at once (a complete leaf, a failed fetch), so the task is looked up each time.
+void Node::startTaskInputs(uint64_t taskId) {
+  const ReduceTaskState& task = *tasks_.at(taskId);
+  const std::vector<std::string> childIds = task.msg.childIds;
+  const double timeout = static_cast<double>(task.msg.timeoutMs) / 1000.0;
+  watchTaskObject(taskId, task.input);
+  for (size_t i = 0; i < childIds.size() && tasks_.count(taskId); ++i) {
+    fetch(childIds[i], timeout, [this, taskId, i](const Status& s, std::shared_ptr<LocalObject> child, int) {
+      auto it = tasks_.find(taskId);
+      if (it == tasks_.end()) return;
+      if (!s.ok()) return failTask(taskId, s);
+      it->second->children[i] = child;
+      watchTaskObject(taskId, child);
+    });
+  }
+}
+
+void Node::answerTask(ReduceTaskState& task, const Status& status) {
+  if (task.answered) return;
+  task.answered = true;
+  if (auto c = task.coordinator.lock()) {
+    c->sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{task.msg.request, status}));
+  }
+}
+
+void Node::reportTaskEnd(const ReduceTaskState& task, const Status& status) {
+  if (auto c = task.coordinator.lock()) {
+    c->sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{task.msg.endRequest, status}));
+  }
+}
+
+void Node::watchTaskObject(uint64_t taskId, const std::shared_ptr<LocalObject>& obj) {
+  auto it = tasks_.find(taskId);
+  if (it == tasks_.end()) return;
+  ReduceTaskState& task = *it->second;
+  task.listeners.emplace_back(obj, obj->addListener([this, taskId] { progressTask(taskId); }));
+  progressTask(taskId);
+}
+
+void Node::progressTask(uint64_t taskId) {
+  auto it = tasks_.find(taskId);
+  if (it == tasks_.end()) return;
+  ReduceTaskState& task = *it->second;
+  if (task.busy || !task.registered) return;
+  // What every source has: the input and all children, whole elements only.
+  const uint64_t size = task.output->size();
+  uint64_t ready = task.input->watermark();
+  if (task.input->failed()) return failTask(taskId, task.input->error());
+  for (size_t i = 0; i < task.children.size(); ++i) {
+    const auto& child = task.children[i];
+    if (!child) return;
+    if (child->failed()) return failTask(taskId, child->error());
+    ready = std::min(ready, child->watermark());
+  }
+  const uint64_t item = std::max<uint64_t>(1, task.msg.meta.itemsize);
+  if (ready < size) ready -= ready % item;
+  if (task.alias) {
+    if (ready > task.output->watermark()) task.output->advance(ready);
+    if (ready == size) finishTask(taskId);
+    return;
+  }
+  const uint64_t from = task.reduced;
+  if (from == size) return finishTask(taskId);
+  if (ready - from < std::min(kMinStep, size - from)) return;
+  const uint64_t to = std::min(ready, from + kMaxStep);
+  const bool divide = task.msg.root && task.kernel.divide != nullptr && task.msg.count > 1;
+  auto work = [kernel = task.kernel, out = task.output, in = task.input, children = task.children, from, to, item,
+               divide, count = task.msg.count] {
+    const size_t n = (to - from) / item;
+    kernel.combine(out->data() + from, in->data() + from, children[0]->data() + from, n);
+    for (size_t c = 1; c < children.size(); ++c) {
+      kernel.combine(out->data() + from, out->data() + from, children[c]->data() + from, n);
+    }
+    if (divide) kernel.divide(out->data() + from, n, count);
+  };
+  auto done = [this, taskId, to] {
+    auto it = tasks_.find(taskId);
+    if (it == tasks_.end()) return;  // aborted meanwhile
+    ReduceTaskState& task = *it->second;
+    task.busy = false;
+    task.reduced = to;
+    counters_.reduceBytes += to - (task.output->watermark());
+    task.output->advance(to);
+    progressTask(taskId);
+  };
+  task.busy = true;
+  if (to - from <= kLoopStep) {
+    work();
+    done();
+    return;
+  }
+  workers_->submit([this, work, done] {
+    work();
+    loop_.post(done);
+  });
+}
+
+void Node::finishTask(uint64_t taskId) {
+  auto it = tasks_.find(taskId);
+  if (it == tasks_.end()) return;
+  auto task = std::move(it->second);
+  tasks_.erase(it);
+  for (auto& [obj, listener] : task->listeners) obj->removeListener(listener);
+  const std::string& out = task->msg.outputId;
+  HLOG(kDebug, "reduce task for %s (%zu children) ran %.3f to %.3f s (steady clock)", printableId(out).c_str(),
+       task->msg.childIds.size(), task->started, now());
+  send(shardOf(out), wire::HolderUpdate{out, config_.rank, wire::HolderState::kComplete, -1});
+  reportTaskEnd(*task, Status());
+  // The children's partial results are consumed: drop them everywhere.
+  for (const auto& child : task->msg.childIds) deleteEverywhere(child);
+}
+
+void Node::failTask(uint64_t taskId, const Status& why) {
+  auto it = tasks_.find(taskId);
+  if (it == tasks_.end()) return;
+  auto task = std::move(it->second);
+  tasks_.erase(it);
+  for (auto& [obj, listener] : task->listeners) obj->removeListener(listener);
+  const wire::ReduceTask& msg = task->msg;
+  Status status(why.code, "reduce into " + printableId(msg.reduceId) + " failed on " + peerName(config_.rank) + ": " +
+                              why.message);
+  if (why.message.rfind("reduce into ", 0) == 0) status.message = why.message;  // already says so
+  answerTask(*task, status);
+  // A live coordinator recovers from a participant's death and frees the
+  // partial results itself; without one, nobody else will.
+  const bool coordinated = !task->coordinator.expired() && !shuttingDown_;
+  if (task->output) {
+    if (store_->find(msg.outputId) == task->output) store_->remove(msg.outputId);
+    Status seen = status;
+    // The result's readers wait for the recomputed result instead of failing.
+    if (msg.root && coordinated && why.code == Code::kPeerFailed) seen.code = Code::kRetry;
+    task->output->fail(seen);  // fails the parent's pull, and so on up to the result's readers
+  }
+  if (msg.root && coordinated) {
+    task->closing = true;
+    task->endStatus = status;
+    if (!task->registering) closeRoot(task);  // else once the registration is answered
+    return;
+  }
+  reportTaskEnd(*task, status);
+  if (coordinated) return;
+  if (task->registered) deleteEverywhere(msg.outputId);
+  for (const auto& child : msg.childIds) deleteEverywhere(child);
+}
+
+// A failed root takes its registration back before it reports: the
+// coordinator registers the result again only after that report, so a stale
+// registration can never overtake the new one. Readers of the retracted result
+// look it up again and wait for the new one.
+void Node::closeRoot(const std::shared_ptr<ReduceTaskState>& task) {
+  if (!task->registered) return reportTaskEnd(*task, task->endStatus);
+  const std::string& id = task->msg.outputId;
+  uint64_t request = newRequest();
+  requestStatus(shardOf(id), wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
+                [this, task](const Status&) { reportTaskEnd(*task, task->endStatus); });
+}
+
+void Node::deleteEverywhere(const std::string& id) {
+  uint64_t request = newRequest();
+  requestStatus(shardOf(id), wire::MsgType::kDelete, wire::encode(wire::Delete{request, id}), request,
+                [](const Status&) {});
+}
+
+void Node::handleReduceAbort(Connection&, const wire::ReduceAbort& msg) {
+  std::vector<uint64_t> doomed;
+  for (const auto& [id, task] : tasks_) {
+    if (task->msg.outputId == msg.id) doomed.push_back(id);
+  }
+  const Status why = msg.retract ? Status(Code::kRetry, "object " + printableId(msg.id) +
+                                                            " is being recomputed after a participant failed")
+                                 : Status(Code::kInternal, "the reduce computing " + printableId(msg.id) + " was aborted");
+  for (uint64_t id : doomed) failTask(id, why);
+}
+
+}  // namespace hoplite

@@ -1,0 +1,138 @@
+"""Reduce recovery: participants SIGKILLed in the middle of a streaming reduce.
+The coordinator redoes what depended on them with the next ready inputs, the
+result is exact over the inputs it reports, and its readers wait for it."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+import torch_hoplite as hop
+import workers
+from cluster import Cluster, shard_of
+
+WORLD = 8
+VICTIMS = (1, 2)
+
+
+def ids_avoiding(prefix: str, count: int, avoid) -> list[str]:
+    """Ids whose directory shard is not on a rank that will be killed."""
+    return [f"{prefix}-{i}" for i in range(10 * count + 100) if shard_of(f"{prefix}-{i}", WORLD) not in avoid][:count]
+
+
+@pytest.fixture(scope="module")
+def cluster8():
+    c = Cluster(WORLD, options={"heartbeat_timeout": 5})
+    yield c
+    c.close()
+
+
+def value_of(input_id: str, ids: list[str]) -> float:
+    return float(ids.index(input_id) + 1)
+
+
+def test_two_inputs_killed_while_a_4_of_8_reduce_streams(cluster8):
+    c = cluster8
+    numel = (128 << 20) // 4
+    # Inputs i is held by rank i (rank 0 is this process, the coordinator).
+    ids = ids_avoiding("rr-in", WORLD, VICTIMS)
+    result_id = ids_avoiding("rr-out", 1, VICTIMS)[0]
+    # The first four to be ready, victims among them; the others come later.
+    for rank in (1, 2, 3, 4):
+        c.call(rank, workers.put_filled, ids[rank], numel, value_of(ids[rank], ids))
+    result, unused = hop.reduce(ids, num_objects=4, id=result_id, degree=1, timeout=60)
+    for rank in VICTIMS:  # frozen mid-stream: the chain cannot finish without them
+        os.kill(c.pids[rank], signal.SIGSTOP)
+    first = result.reduce_plan
+    assert {hop.object_ref.id_of(r) for r in first.inputs} == {ids[r] for r in (1, 2, 3, 4)}
+    # Readers that started before the failure: this process and rank 7.
+    local = hop.get(result, timeout=60, copy=False)
+    remote = c.submit(7, workers.get_value_range, result_id, 60)
+    for rank in (5, 6):  # rank 7 is busy reading
+        c.call(rank, workers.put_filled, ids[rank], numel, value_of(ids[rank], ids))
+    hop.put(torch.full((numel,), value_of(ids[0], ids)), ids[0])
+    t0 = time.monotonic()
+    for rank in VICTIMS:
+        c.kill(rank)
+    plan = hop.wait_reduce(result, timeout=60)
+    recovered_s = time.monotonic() - t0
+    used = [hop.object_ref.id_of(r) for r in plan.inputs]
+    assert plan.recoveries >= 1
+    assert len(used) == 4 and not set(used) & {ids[r] for r in VICTIMS}
+    assert {hop.object_ref.id_of(r) for r in plan.lost} <= {ids[r] for r in VICTIMS}
+    expected = sum(value_of(i, ids) for i in used)
+    out = local.wait()
+    assert out.shape == (numel,) and float(out.min()) == expected and float(out.max()) == expected
+    assert remote.result(60) == (expected, expected, numel)
+    assert hop.stats()["reduce_recoveries"] >= 1
+    assert recovered_s < 30
+
+
+def reduce_in_thread(*args, **kwargs):
+    """Starts hop.reduce on a thread (it returns only once every task has
+    registered, which a frozen rank never does); .join() gives its outcome."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = hop.reduce(*args, **kwargs)
+        except Exception as e:  # handed to the test
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def join(timeout):
+        thread.join(timeout)
+        assert not thread.is_alive(), "reduce did not return"
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    return join
+
+
+def test_an_input_lost_before_its_task_started_is_waited_for_until_put_again(cluster8):
+    """With no input to spare, the reduce waits for the lost one to appear
+    again: here rank 5 puts the same id, as a restarted rank would."""
+    c = cluster8
+    numel = (16 << 20) // 4
+    holders = (6, 3, 4)
+    dead = (*VICTIMS, 6)  # the directory does not survive its shard's host yet
+    ids = ids_avoiding("rw-in", len(holders), dead)
+    result_id = ids_avoiding("rw-out", 1, dead)[0]
+    for rank, obj in zip(holders, ids):
+        c.call(rank, workers.put_filled, obj, numel, rank)
+    os.kill(c.pids[6], signal.SIGSTOP)  # its task is sent but never answered ...
+    join = reduce_in_thread(ids, id=result_id, degree=1, timeout=60)
+    time.sleep(0.5)
+    c.kill(6)  # ... and it dies
+    time.sleep(0.5)
+    c.call(5, workers.put_filled, ids[0], numel, 6)
+    result, unused = join(60)
+    assert unused == []
+    plan = hop.wait_reduce(result, timeout=60)
+    assert plan.recoveries >= 1 and [hop.object_ref.id_of(r) for r in plan.lost] == [ids[0]]
+    assert sorted(hop.object_ref.id_of(r) for r in plan.inputs) == sorted(ids)
+    assert plan.holders[[hop.object_ref.id_of(r) for r in plan.inputs].index(ids[0])] == 5
+    assert c.call(4, workers.get_value_range, result, 60) == (13.0, 13.0, numel)
+
+
+def test_too_few_surviving_inputs_raise_after_the_timeout(cluster8):
+    c = cluster8
+    numel = (1 << 20) // 4
+    dead = (*VICTIMS, 6, 7)
+    ids = ids_avoiding("rt-in", 2, dead)
+    for rank, obj in zip((7, 3), ids):
+        c.call(rank, workers.put_filled, obj, numel, rank)
+    os.kill(c.pids[7], signal.SIGSTOP)
+    join = reduce_in_thread(ids, id=ids_avoiding("rt-out", 1, dead)[0], timeout=4)
+    time.sleep(0.5)
+    c.kill(7)
+    t0 = time.monotonic()
+    with pytest.raises(hop.HopliteTimeoutError, match=f"still missing '{ids[0]}' \\(its holder failed\\)"):
+        join(30)
+    assert time.monotonic() - t0 < 10
