@@ -44,14 +44,15 @@ def test_a_stopped_peer_is_declared_failed_within_the_heartbeat_timeout(cluster3
     # Rank 0 talks to rank 1 first, so it has a connection to watch.
     ref = cluster3.call(1, workers.put, torch.arange(1 << 18, dtype=torch.float32), "hb-first")
     assert torch.equal(hop.get(ref).wait(), torch.arange(1 << 18, dtype=torch.float32))
+    # Only rank 1 holds this one (its directory entry is on rank 2).
+    held = next(f"hb-held-{i}" for i in range(1000) if shard_of(f"hb-held-{i}", 3) == 2)
+    cluster3.call(1, workers.put, torch.ones(1 << 20), held)
     os.kill(cluster3.pids[1], signal.SIGSTOP)
     try:
         wait_until_stopped(cluster3.pids[1])
-        # An id whose directory shard is the stopped rank: only rank 1 could answer.
-        waiting = next(f"hb-{i}" for i in range(1000) if shard_of(f"hb-{i}", 3) == 1)
         start = time.monotonic()
         with pytest.raises(hop.PeerFailedError, match="rank 1.*HOPLITE_HEARTBEAT_TIMEOUT"):
-            hop.get(waiting, timeout=60).wait()
+            hop.get(held, timeout=60).wait()
         elapsed = time.monotonic() - start
         assert elapsed < 6, elapsed  # heartbeat timeout 1.5 s, not the get's 60 s
         # Rank 2 (alive, idle) is not affected.

@@ -1,11 +1,10 @@
 #include "directory/directory_shard.h"
 
-#include <iterator>
 #include <tuple>
 
 namespace hoplite {
 namespace {
-constexpr size_t kMaxRememberedDeletes = 1u << 20;
+constexpr size_t kMaxRememberedGone = 1u << 20;
 }
 
 DirectoryShard::~DirectoryShard() {
@@ -15,21 +14,26 @@ DirectoryShard::~DirectoryShard() {
 }
 
 Status DirectoryShard::registerObject(const wire::Register& msg) {
-  if (entries_.count(msg.id)) {
-    return Status(Code::kAlreadyExists, "object " + printableId(msg.id) + " already exists");
-  }
-  if (deleted_.erase(msg.id)) {
-    // Re-using a deleted id is allowed; it is a new object from now on.
-    for (auto it = deletedOrder_.begin(); it != deletedOrder_.end(); ++it) {
-      if (*it == msg.id) {
-        deletedOrder_.erase(it);
-        break;
-      }
+  if (auto it = entries_.find(msg.id); it != entries_.end()) {
+    if (!msg.reannounce) return Status(Code::kAlreadyExists, "object " + printableId(msg.id) + " already exists");
+    DirectoryEntry& entry = it->second;
+    Holder& h = entry.holders[msg.holder];
+    h.complete = h.complete || msg.complete;
+    h.origin = h.origin || msg.primary;
+    if (msg.hasInline && !entry.hasInline) {
+      entry.hasInline = true;
+      entry.inlineData = msg.inlineData;
     }
+    return Status();
+  }
+  auto gone = gone_.find(msg.id);
+  if (gone != gone_.end()) {
+    if (msg.reannounce && gone->second.why.code == Code::kDeleted) return gone->second.why;
+    gone_.erase(gone);  // put again: a new object from now on
   }
   DirectoryEntry& entry = entries_[msg.id];
   entry.meta = msg.meta;
-  entry.holders[msg.holder] = Holder{msg.complete, 0, true};
+  entry.holders[msg.holder] = Holder{msg.complete, 0, msg.primary};
   entry.hasInline = msg.hasInline;
   entry.inlineData = msg.inlineData;
   entry.recomputable = msg.recomputable;
@@ -57,7 +61,13 @@ bool DirectoryShard::updateHolder(const wire::HolderUpdate& msg) {
   }
   if (msg.state == wire::HolderState::kRemoved) {
     holders.erase(msg.holder);
-    if (lost(it->second)) entries_.erase(it);
+    if (lost(it->second)) {
+      // A reduce's result is computed again: its readers wait for it.
+      if (!it->second.recomputable) {
+        rememberGone(msg.id, Status(Code::kPeerFailed, "object " + printableId(msg.id) + " was lost: no copy of it is left"));
+      }
+      entries_.erase(it);
+    }
   } else {
     Holder& h = holders[msg.holder];
     h.complete = msg.state == wire::HolderState::kComplete;
@@ -133,8 +143,8 @@ void DirectoryShard::lookup(const std::string& id, int asker, bool locate, doubl
     reply(Status(), &it->second, sender);
     return;
   }
-  if (deleted_.count(id)) {
-    reply(Status(Code::kDeleted, "object " + printableId(id) + " was deleted"), nullptr, -1);
+  if (auto gone = gone_.find(id); gone != gone_.end() && !(locate && gone->second.why.code == Code::kPeerFailed)) {
+    reply(gone->second.why, nullptr, -1);
     return;
   }
   uint64_t token = nextWaiter_++;
@@ -164,29 +174,41 @@ void DirectoryShard::forgetHolder(int rank) {
         if (sender != entry.holders.end() && sender->second.serving > 0) sender->second.serving--;
       }
       entry.holders.erase(it);
+      if (lost(entry)) {
+        const std::string why = "object " + printableId(e->first) + " was lost: its last holder, rank " +
+                                std::to_string(rank) + ", failed";
+        if (!entry.recomputable) rememberGone(e->first, Status(Code::kPeerFailed, why));  // else computed again
+        e = entries_.erase(e);
+        continue;
+      }
     }
-    e = lost(entry) ? entries_.erase(e) : std::next(e);
+    ++e;
   }
 }
 
 Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<int>* holders) {
   auto it = entries_.find(id);
   if (it == entries_.end()) {
-    if (deleted_.count(id)) return Status(Code::kDeleted, "object " + printableId(id) + " was already deleted");
+    if (auto gone = gone_.find(id); gone != gone_.end() && gone->second.why.code == Code::kDeleted) {
+      return Status(Code::kDeleted, "object " + printableId(id) + " was already deleted");
+    }
     return Status(Code::kNotFound, "object " + printableId(id) + " does not exist");
   }
   for (const auto& holder : it->second.holders) holders->push_back(holder.first);
   entries_.erase(it);
-  if (!retract) rememberDeleted(id);
+  if (!retract) rememberGone(id, Status(Code::kDeleted, "object " + printableId(id) + " was deleted"));
   return Status();
 }
 
-void DirectoryShard::rememberDeleted(const std::string& id) {
-  if (!deleted_.insert(id).second) return;
-  deletedOrder_.push_back(id);
-  if (deletedOrder_.size() > kMaxRememberedDeletes) {
-    deleted_.erase(deletedOrder_.front());
-    deletedOrder_.pop_front();
+void DirectoryShard::rememberGone(const std::string& id, Status why) {
+  const uint64_t seq = ++goneSeq_;
+  gone_[id] = Gone{std::move(why), seq};
+  goneOrder_.emplace_back(id, seq);
+  while (goneOrder_.size() > kMaxRememberedGone) {
+    auto& [oldest, oldestSeq] = goneOrder_.front();
+    auto it = gone_.find(oldest);
+    if (it != gone_.end() && it->second.seq == oldestSeq) gone_.erase(it);
+    goneOrder_.pop_front();
   }
 }
 

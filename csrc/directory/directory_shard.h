@@ -9,7 +9,6 @@
 #include <map>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "common/object_meta.h"
@@ -43,6 +42,8 @@ class DirectoryShard {
   explicit DirectoryShard(EventLoop& loop) : loop_(loop) {}
   ~DirectoryShard();
 
+  // A new object (kAlreadyExists if the id is taken), or, with `reannounce`,
+  // one more holder of an object that may already be known here.
   Status registerObject(const wire::Register& msg);
   // Returns false if the object is unknown here (e.g. deleted meanwhile).
   bool updateHolder(const wire::HolderUpdate& msg);
@@ -59,7 +60,8 @@ class DirectoryShard {
               int failedHolder = -1);
   // A node is gone (failed or shut down): it holds no copies any more, and
   // whoever it was pulling from is free again. Objects it held the last copy
-  // of are lost: forgotten, not remembered as deleted, so they may be put again.
+  // of are lost: gets of them fail, a reduce's locate waits for them, and they
+  // may be put again.
   void forgetHolder(int rank);
   // Forgets the object and returns who held copies. A deleted id is remembered
   // (gets of it fail at once); a retracted one is not (gets of it wait for it
@@ -74,7 +76,9 @@ class DirectoryShard {
     LookupCallback reply;
     EventLoop::TimerId timer;
   };
-  void rememberDeleted(const std::string& id);
+  // Remembers why an id is gone (deleted, or lost with its last holder), so a
+  // get of it fails at once instead of waiting. Bounded; forgotten once put again.
+  void rememberGone(const std::string& id, Status why);
   // Whether the entry has no copy left anywhere (inline bytes count as one).
   static bool lost(const DirectoryEntry& entry) { return entry.holders.empty() && !entry.hasInline; }
   // Receiver-driven broadcast: picks who serves `asker` and marks it busy.
@@ -90,9 +94,13 @@ class DirectoryShard {
   std::unordered_map<std::string, DirectoryEntry> entries_;
   std::unordered_map<std::string, std::vector<Waiter>> waiters_;
   uint64_t nextWaiter_ = 1;
-  // Bounded memory of deleted ids, so a get of one fails at once instead of waiting.
-  std::unordered_set<std::string> deleted_;
-  std::deque<std::string> deletedOrder_;
+  struct Gone {
+    Status why;  // kDeleted, or kPeerFailed for a lost object
+    uint64_t seq;
+  };
+  std::unordered_map<std::string, Gone> gone_;
+  std::deque<std::pair<std::string, uint64_t>> goneOrder_;  // oldest first; stale seqs are skipped
+  uint64_t goneSeq_ = 0;
 };
 
 }  // namespace hoplite

@@ -69,7 +69,39 @@ double Node::now() const {
 }
 
 int Node::shardOf(const std::string& id) const {
-  return static_cast<int>(fnv1a(id) % static_cast<uint64_t>(config_.worldSize));
+  int shard = static_cast<int>(fnv1a(id) % static_cast<uint64_t>(config_.worldSize));
+  while (deadShards_.count(shard)) shard = (shard + 1) % config_.worldSize;  // this node's own is never dead
+  return shard;
+}
+
+void Node::moveShardFrom(int rank) {
+  if (rank == config_.rank || deadShards_.count(rank) || shuttingDown_) return;
+  std::vector<std::shared_ptr<LocalObject>> moved;
+  for (auto& obj : store_->snapshot()) {
+    if (!obj->failed() && shardOf(obj->id()) == rank) moved.push_back(std::move(obj));
+  }
+  deadShards_.insert(rank);
+  HLOG(kInfo, "%s failed: its directory shard moves on; re-registering %zu local copies", peerName(rank).c_str(),
+       moved.size());
+  for (const auto& obj : moved) {
+    wire::Register reg;
+    reg.request = newRequest();
+    reg.id = obj->id();
+    reg.meta = obj->meta();
+    reg.holder = config_.rank;
+    reg.complete = obj->complete();
+    reg.recomputable = obj->recomputable;
+    reg.reannounce = true;
+    reg.primary = obj->primary();
+    if (reg.complete && obj->size() <= config_.inlineThresholdBytes) {
+      reg.hasInline = true;
+      reg.inlineData.assign(reinterpret_cast<const char*>(obj->data()), obj->size());
+    }
+    std::string id = reg.id;
+    requestShard(id, wire::MsgType::kRegister, wire::encode(reg), reg.request, [this, id](const Status& s) {
+      if (!s.ok()) HLOG(kDebug, "re-registering %s: %s", printableId(id).c_str(), s.message.c_str());
+    });
+  }
 }
 
 std::string Node::peerName(int rank) const {
@@ -158,7 +190,8 @@ void Node::connectPeer(int rank) {
   peer.conn->sendControl(wire::MsgType::kHello, wire::encode(hello));
 }
 
-void Node::failPeer(int rank, const Status& why) {
+void Node::failPeer(int rank, const Status& why, bool gone) {
+  if (gone) moveShardFrom(rank);  // first: requests failed below are retried at the new shard
   Peer& peer = peers_[rank];
   peer.lost = true;
   // This node will not talk to it again: its copies leave this shard's lists.
@@ -235,7 +268,9 @@ void Node::onClosed(Connection& conn, const Status& why) {
     });
     return;
   }
-  failPeer(rank, why);
+  // One that accepted and then closed during the handshake is alive but
+  // refused us (most likely another secret): its directory shard stays.
+  failPeer(rank, why, /*gone=*/peer.ready || !conn.wasEstablished());
 }
 
 Digest Node::handshakeProof(const char* role, const std::string& clientNonce, const std::string& serverNonce,

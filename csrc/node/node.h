@@ -164,7 +164,12 @@ class Node : public ConnectionObserver {
     bool verified = false;   // the peer proved it knows the secret
 
   };
+  // The rank hosting an id's directory entry: its hash's rank, or, once that
+  // one failed, the next live rank after it (for good). Loop thread.
   int shardOf(const std::string& id) const;
+  // A rank failed: its share of the directory moves on, and this node
+  // registers the copies it holds of the objects that were listed there.
+  void moveShardFrom(int rank);
   std::string peerName(int rank) const;
   void sendTo(int rank, wire::MsgType type, std::string payload);
   // Runs `write` with the peer's connection once its handshake is done; a
@@ -175,7 +180,8 @@ class Node : public ConnectionObserver {
     sendTo(rank, M::kType, wire::encode(msg));
   }
   void connectPeer(int rank);
-  void failPeer(int rank, const Status& why);
+  // `gone`: it died (not merely refused us), so its directory shard moves on.
+  void failPeer(int rank, const Status& why, bool gone = true);
   // Runs every heartbeat interval: pings quiet peers, fails silent ones.
   void checkHeartbeats();
   void heardFrom(Connection& conn);
@@ -231,9 +237,13 @@ class Node : public ConnectionObserver {
   };
   uint64_t newRequest() { return nextRequest_++; }
   void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb);
+  // A request to the id's directory shard, sent again to its successor if
+  // that shard fails before answering.
+  void requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb);
   // Sends a Lookup to the id's shard; `cb` runs once. Returns the request id.
   uint64_t requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
                          LookupCallback cb);
+  void sendLookup(const wire::Lookup& msg, LookupCallback cb);
   void startGet(uint64_t token);
   // Obtains a local copy of an object: this node's own (complete or still
   // arriving), a copy pulled from the sender the directory assigns (`sender`,
@@ -362,6 +372,7 @@ class Node : public ConnectionObserver {
   // Loop-thread state.
   std::shared_ptr<LocalConnection> self_;
   std::unordered_map<int, Peer> peers_;
+  std::set<int> deadShards_;  // ranks whose share of the directory moved on
   std::unordered_map<uint64_t, std::shared_ptr<Connection>> incoming_;
   std::unordered_map<uint64_t, Handshake> handshakes_;  // incoming connections between hello and auth
   uint64_t nextRequest_ = 1;

@@ -40,6 +40,18 @@ void Node::requestStatus(int rank, wire::MsgType type, std::string payload, uint
   sendTo(rank, type, std::move(payload));
 }
 
+void Node::requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request,
+                        StatusCallback cb) {
+  const int shard = shardOf(id);
+  requestStatus(shard, type, payload, request,
+                [this, id, type, payload, request, shard, cb = std::move(cb)](const Status& s) mutable {
+                  if (s.code == Code::kPeerFailed && !shuttingDown_ && shardOf(id) != shard) {
+                    return requestShard(id, type, std::move(payload), request, std::move(cb));
+                  }
+                  cb(s);
+                });
+}
+
 uint64_t Node::requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
                              LookupCallback cb) {
   const uint64_t request = newRequest();
@@ -47,11 +59,22 @@ uint64_t Node::requestLookup(const std::string& id, double timeoutSeconds, bool 
     cb(Status(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " is shut down"), nullptr);
     return request;
   }
-  const int shard = shardOf(id);
-  pending_[request] = Pending{shard, nullptr, std::move(cb)};
-  const uint64_t timeoutMs = static_cast<uint64_t>(timeoutSeconds * 1000) + 1;
-  send(shard, wire::Lookup{request, id, timeoutMs, locate, failedHolder});
+  sendLookup(wire::Lookup{request, id, static_cast<uint64_t>(timeoutSeconds * 1000) + 1, locate, failedHolder},
+             std::move(cb));
   return request;
+}
+
+void Node::sendLookup(const wire::Lookup& msg, LookupCallback cb) {
+  const int shard = shardOf(msg.id);
+  pending_[msg.request] = Pending{shard, nullptr, [this, msg, shard, cb](const Status& s, const wire::LookupReply* r) {
+                                    if (s.code == Code::kPeerFailed && !shuttingDown_ && shardOf(msg.id) != shard) {
+                                      // Its shard failed: ask the one that took over, under the
+                                      // same request number, so the caller can still cancel it.
+                                      return sendLookup(msg, cb);
+                                    }
+                                    cb(s, r);
+                                  }};
+  send(shard, msg);
 }
 
 // ---------------------------------------------------------------- put
@@ -83,24 +106,17 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
     reg.hasInline = true;
   }
   reg.complete = small || zeroCopy;
-  int shard = shardOf(id);
   // Whoever comes first, the shard's answer (1) or the caller giving up (2), decides.
   auto decided = std::make_shared<std::atomic<int>>(0);
-  auto registered = startOnLoop([this, reg = std::move(reg), shard, obj, decided](std::function<void(Status)> done) mutable {
+  auto registered = startOnLoop([this, reg = std::move(reg), obj, decided](std::function<void(Status)> done) mutable {
     if (reg.complete) obj->advance(obj->size());
     uint64_t request = newRequest();
     reg.request = request;
     std::string id = reg.id;
-    requestStatus(shard, wire::MsgType::kRegister, wire::encode(reg), request,
-                  [this, shard, id, decided, done](const Status& s) {
-                    if (decided->exchange(1) == 2 && s.ok()) {
-                      // The put timed out before this answer came: undo the registration.
-                      uint64_t undo = newRequest();
-                      requestStatus(shard, wire::MsgType::kDelete, wire::encode(wire::Delete{undo, id}), undo,
-                                    [](const Status&) {});
-                    }
-                    done(s);
-                  });
+    requestShard(id, wire::MsgType::kRegister, wire::encode(reg), request, [this, id, decided, done](const Status& s) {
+      if (decided->exchange(1) == 2 && s.ok()) deleteEverywhere(id);  // the put timed out before this answer came
+      done(s);
+    });
   });
   if (copyHere) {
     std::memcpy(obj->data(), src, meta.nbytes);
@@ -156,10 +172,9 @@ Status Node::remove(const std::string& id, double timeoutSeconds) {
   Status s = validateId(id);
   if (!s.ok()) return s;
   if (stopped()) return Status(Code::kShutdown, "delete of object " + printableId(id) + ": node is shut down");
-  int shard = shardOf(id);
-  auto deleted = startOnLoop([this, id, shard](std::function<void(Status)> done) {
+  auto deleted = startOnLoop([this, id](std::function<void(Status)> done) {
     uint64_t request = newRequest();
-    requestStatus(shard, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id}), request, done);
+    requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id}), request, done);
   });
   return awaitStatus(deleted, timeoutSeconds, "deleting object " + printableId(id));
 }

@@ -151,17 +151,18 @@ void Node::recoverReduce(uint64_t key, const std::set<int>& dead) {
     if (it == reduces_.end() || it->second->retractRound != round) return;
     const std::string id = it->second->request.resultId;
     uint64_t request = newRequest();
-    requestStatus(shardOf(id), wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}),
-                  request, [this, key, round](const Status&) {
-                    auto it = reduces_.find(key);
-                    if (it == reduces_.end() || it->second->retractRound != round) return;
-                    ReduceCoordination& c = *it->second;
-                    c.retracting = false;
-                    for (int p = 0; p < c.request.count; ++p) {
-                      if (c.positions[p].state == State::kPending && !sendTask(key, p)) return;
-                    }
-                    launchReadyInputs(key);
-                  });
+    auto relaunch = [this, key, round](const Status&) {
+      auto it = reduces_.find(key);
+      if (it == reduces_.end() || it->second->retractRound != round) return;
+      ReduceCoordination& c = *it->second;
+      c.retracting = false;
+      for (int p = 0; p < c.request.count; ++p) {
+        if (c.positions[p].state == State::kPending && !sendTask(key, p)) return;
+      }
+      launchReadyInputs(key);
+    };
+    requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
+                 relaunch);
   };
   auto end = oldRootEnd ? pending_.find(oldRootEnd) : pending_.end();
   if (end == pending_.end()) return retract();

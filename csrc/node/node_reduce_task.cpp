@@ -64,21 +64,21 @@ void Node::startTask(uint64_t taskId, std::shared_ptr<LocalObject> input) {
   reg.complete = false;
   reg.recomputable = msg.root;
   task.registering = true;
-  requestStatus(shardOf(msg.outputId), wire::MsgType::kRegister, wire::encode(reg), reg.request,
-                [this, taskId, state = tasks_.at(taskId)](const Status& s) {
-                  state->registering = false;
-                  auto it = tasks_.find(taskId);
-                  if (it == tasks_.end()) {  // failed meanwhile
-                    state->registered = s.ok();
-                    if (state->closing) return closeRoot(state);
-                    if (s.ok()) deleteEverywhere(state->msg.outputId);  // free the id
-                    return;
-                  }
-                  if (!s.ok()) return failTask(taskId, s);
-                  it->second->registered = true;
-                  answerTask(*it->second, Status());
-                  startTaskInputs(taskId);
-                });
+  requestShard(msg.outputId, wire::MsgType::kRegister, wire::encode(reg), reg.request,
+               [this, taskId, state = tasks_.at(taskId)](const Status& s) {
+                 state->registering = false;
+                 auto it = tasks_.find(taskId);
+                 if (it == tasks_.end()) {  // failed meanwhile
+                   state->registered = s.ok();
+                   if (state->closing) return closeRoot(state);
+                   if (s.ok()) deleteEverywhere(state->msg.outputId);  // free the id
+                   return;
+                 }
+                 if (!s.ok()) return failTask(taskId, s);
+                 it->second->registered = true;
+                 answerTask(*it->second, Status());
+                 startTaskInputs(taskId);
+               });
 }
 
 // Watches the input and fetches the children; any of these may end the task
@@ -235,14 +235,13 @@ void Node::closeRoot(const std::shared_ptr<ReduceTaskState>& task) {
   if (!task->registered) return reportTaskEnd(*task, task->endStatus);
   const std::string& id = task->msg.outputId;
   uint64_t request = newRequest();
-  requestStatus(shardOf(id), wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
-                [this, task](const Status&) { reportTaskEnd(*task, task->endStatus); });
+  requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
+               [this, task](const Status&) { reportTaskEnd(*task, task->endStatus); });
 }
 
 void Node::deleteEverywhere(const std::string& id) {
   uint64_t request = newRequest();
-  requestStatus(shardOf(id), wire::MsgType::kDelete, wire::encode(wire::Delete{request, id}), request,
-                [](const Status&) {});
+  requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id}), request, [](const Status&) {});
 }
 
 void Node::handleReduceAbort(Connection&, const wire::ReduceAbort& msg) {

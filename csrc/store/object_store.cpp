@@ -111,4 +111,12 @@ size_t ObjectStore::count() const {
   return objects_.size();
 }
 
+std::vector<std::shared_ptr<LocalObject>> ObjectStore::snapshot() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::shared_ptr<LocalObject>> all;
+  all.reserve(objects_.size());
+  for (const auto& [id, entry] : objects_) all.push_back(entry.object);
+  return all;
+}
+
 }  // namespace hoplite

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "store/buffer_pool.h"
 #include "store/local_object.h"
@@ -34,6 +35,7 @@ class ObjectStore {
   uint64_t usedBytes() const;
   uint64_t capacityBytes() const { return capacity_; }
   size_t count() const;
+  std::vector<std::shared_ptr<LocalObject>> snapshot() const;  // every copy, in no order
 
  private:
   struct Entry {

@@ -116,6 +116,8 @@ void Register::encode(Writer& w) const {
   w.i32(holder);
   w.u8(complete);
   w.u8(recomputable);
+  w.u8(reannounce);
+  w.u8(primary);
   w.u8(hasInline);
   if (hasInline) w.str(inlineData);
 }
@@ -127,6 +129,8 @@ Register Register::decode(Reader& r, uint64_t maxInline) {
   m.holder = r.i32();
   m.complete = decodeBool(r);
   m.recomputable = decodeBool(r);
+  m.reannounce = decodeBool(r);
+  m.primary = decodeBool(r);
   m.hasInline = decodeBool(r);
   if (m.hasInline) {
     m.inlineData = r.str(maxInline, "inline object");

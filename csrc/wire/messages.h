@@ -70,6 +70,10 @@ struct Register {
   // A reduce's result: if its holder dies, its coordinator computes it again,
   // so readers wait for it instead of failing.
   bool recomputable = false;
+  // Sent again to the shard that took over from a failed one: adds the holder
+  // to an existing entry instead of failing (`primary`: it holds the put's copy).
+  bool reannounce = false;
+  bool primary = true;
   bool hasInline = false;
   std::string inlineData;
   void encode(Writer& w) const;

@@ -107,6 +107,8 @@ static void testMessages() {
   reg.holder = 3;
   reg.complete = true;
   reg.recomputable = true;
+  reg.reannounce = true;
+  reg.primary = false;
   reg.hasInline = true;
   reg.inlineData = std::string(24, 'x');
   checkTruncations(reg, [&](Reader& r) { Register::decode(r, maxInline); }, "register");
@@ -116,6 +118,7 @@ static void testMessages() {
   Register back = Register::decode(r, maxInline);
   CHECK(back.id == reg.id && back.meta.shape == reg.meta.shape && back.inlineData == reg.inlineData);
   CHECK(back.holder == 3 && back.complete && back.recomputable && back.request == 7);
+  CHECK(back.reannounce && !back.primary);
 
   LookupReply lr;
   lr.request = 9;

@@ -1,0 +1,49 @@
+"""The directory survives the death of a shard's host: its share moves to the
+next live rank, and every holder registers its copies there again."""
+
+import time
+
+import pytest
+import torch
+
+import torch_hoplite as hop
+import workers
+from cluster import Cluster, shard_of
+
+WORLD = 4
+DEAD = 2  # hosts the shard of every id below
+
+
+def ids_on(prefix: str, count: int, shard: int = DEAD) -> list[str]:
+    return [f"{prefix}-{i}" for i in range(200) if shard_of(f"{prefix}-{i}", WORLD) == shard][:count]
+
+
+def test_gets_puts_and_deletes_go_on_after_a_shard_host_dies():
+    big, small, later, fresh, orphan = ids_on("failover", 5)
+    big_data = torch.arange((8 << 20) // 4, dtype=torch.int32)
+    small_data = torch.arange(256, dtype=torch.float64)
+    c = Cluster(WORLD, options={"heartbeat_timeout": 5})
+    try:
+        c.call(1, workers.put_zero_copy, big_data, big)
+        c.call(1, workers.put, small_data, small)  # inline: its bytes live in the shard
+        c.call(DEAD, workers.put, torch.ones(1 << 18), orphan)  # only the dying rank holds it
+        assert torch.equal(c.call(3, workers.get, big, 30), big_data)  # rank 3 holds a copy too
+        waiting = hop.get(later, timeout=60)  # parked at the shard that is about to die
+        time.sleep(0.2)
+        c.kill(DEAD)
+        # Every holder registers its copies at the next shard; lookups follow.
+        assert torch.equal(hop.get(big, timeout=30).wait(), big_data)
+        assert torch.equal(hop.get(small, timeout=30).wait(), small_data)
+        c.call(1, workers.put, torch.full((1000,), 7.0), later)
+        assert torch.equal(waiting.wait(), torch.full((1000,), 7.0))
+        c.call(3, workers.put, torch.full((10,), 3), fresh)
+        assert torch.equal(hop.get(fresh, timeout=30).wait(), torch.full((10,), 3))
+        # An object nobody else held is gone: a get waits for it, then times out.
+        with pytest.raises(hop.HopliteTimeoutError, match=orphan):
+            hop.get(orphan, timeout=1).wait()
+        hop.delete(big)
+        with pytest.raises(hop.ObjectDeletedError):
+            c.call(3, workers.get, big, 5)
+        assert hop.stats()["remote_gets"] >= 1
+    finally:
+        c.close()
