@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import threading
 import traceback
 from typing import Any, Callable, Optional
 
@@ -41,6 +42,31 @@ def _worker_main(rank: int, world_size: int, port: int, conn, options: dict, env
     conn.send(("bye", None))
 
 
+def in_thread(fn: Callable, *args, **kwargs) -> Callable[[float], Any]:
+    """Runs fn on a thread of this process (e.g. a reduce that returns only
+    once every task has registered, which a frozen rank never does); the
+    returned join(timeout) gives its result or raises its exception."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = fn(*args, **kwargs)
+        except Exception as e:  # handed to the caller of join
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def join(timeout: float) -> Any:
+        thread.join(timeout)
+        assert not thread.is_alive(), f"{fn.__name__} did not return within {timeout} s"
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    return join
+
+
 class Pending:
     def __init__(self, cluster: "Cluster", rank: int):
         self._cluster = cluster
@@ -54,6 +80,7 @@ class Cluster:
     def __init__(self, world_size: int, options: Optional[dict] = None, env: Optional[dict] = None):
         self.world_size = world_size
         options = options or {}
+        self._options, self._env = options, env or {}
         self.store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
         ctx = mp.get_context("spawn")
         self._conns = {}
@@ -91,6 +118,19 @@ class Cluster:
             raise exc from RuntimeError(f"in rank {rank}:\n{tb}")
         assert kind == expect, (kind, value)
         return value
+
+    def restart(self, rank: int, **options) -> None:
+        """Starts a new process for `rank`, killed before, which rejoins the cluster."""
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        options = {**self._options, **options, "rejoin": True}
+        proc = ctx.Process(
+            target=_worker_main, args=(rank, self.world_size, self.store.port, child, options, self._env), daemon=True
+        )
+        proc.start()
+        self._conns[rank] = parent
+        self.procs[rank] = proc
+        self.pids[rank] = self._receive(rank, CALL_TIMEOUT, expect="ready")
 
     def kill(self, rank: int) -> None:
         self.procs[rank].kill()

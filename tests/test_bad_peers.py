@@ -29,8 +29,9 @@ def string(b: bytes) -> bytes:
     return struct.pack("<I", len(b)) + b
 
 
-def hello(rank: int, cluster: bytes, nonce: bytes = b"n" * 16) -> bytes:
-    return frame(1, struct.pack("<Ii", VERSION, rank) + string(cluster) + string(nonce))
+def hello(rank: int, cluster: bytes, nonce: bytes = b"n" * 16, host: bytes = b"127.0.0.1", port: int = 1) -> bytes:
+    body = struct.pack("<Ii", VERSION, rank) + string(cluster) + string(nonce) + string(host) + struct.pack("<I", port)
+    return frame(1, body)
 
 
 def read_frame(sock: socket.socket) -> tuple[int, bytes]:
@@ -124,10 +125,12 @@ def test_handshake_needs_the_secret():
         host, port = rt.address
         cluster = rt._rendezvous.cluster_id().encode()
         refused_before = hop.stats()["handshakes_refused"]
+        # It claims rank 1's listening address too (a new one would mean rank 1 restarted there).
+        rank1_host, rank1_port = rt._rendezvous.store.get("addr/1").decode().rsplit(":", 1)
         for secret, accepted in ((b"wrong secret", False), (rt._rendezvous.secret(None).encode(), True)):
             with socket.create_connection((host, port), timeout=5) as s:
                 nonce = os.urandom(16)
-                s.sendall(hello(1, cluster, nonce))
+                s.sendall(hello(1, cluster, nonce, rank1_host.encode(), int(rank1_port)))
                 msg_type, payload = read_frame(s)
                 assert msg_type == 17  # challenge: server nonce, server proof
                 server_nonce, server_proof = payload[4:20], payload[24:56]
@@ -136,7 +139,7 @@ def test_handshake_needs_the_secret():
                 s.sendall(frame(18, string(_proof(secret, b"client", cluster, nonce, server_nonce, 1, 0))))
                 if accepted:
                     msg_type, payload = read_frame(s)
-                    assert msg_type == 2 and struct.unpack("<i", payload)[0] == 0  # hello ack from rank 0
+                    assert msg_type == 2 and struct.unpack("<i", payload[:4])[0] == 0  # hello ack from rank 0
                 else:
                     assert closed_by_peer(s)
         assert hop.stats()["handshakes_refused"] == refused_before + 1

@@ -26,6 +26,10 @@ def test_environment_then_keywords(monkeypatch):
     assert cfg.timeout == 3
     assert cfg.capacity_bytes == 1 << 30
     assert cfg.pool_cache_bytes == 1 << 30  # follows the capacity unless set
+    assert cfg.rejoin is False
+    monkeypatch.setenv("HOPLITE_REJOIN", "yes")
+    assert Config.resolve({}).rejoin is True
+    assert Config.resolve({"rejoin": False}).rejoin is False
 
 
 def test_bad_configuration_is_rejected(monkeypatch):
@@ -35,4 +39,8 @@ def test_bad_configuration_is_rejected(monkeypatch):
         Config.resolve({"chunk_bytes": "1GiB"})
     monkeypatch.setenv("HOPLITE_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="HOPLITE_TIMEOUT"):
+        Config.resolve({})
+    monkeypatch.delenv("HOPLITE_TIMEOUT")
+    monkeypatch.setenv("HOPLITE_REJOIN", "maybe")
+    with pytest.raises(ValueError, match="HOPLITE_REJOIN"):
         Config.resolve({})

@@ -4,7 +4,6 @@ result is exact over the inputs it reports, and its readers wait for it."""
 
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -12,7 +11,7 @@ import torch
 
 import torch_hoplite as hop
 import workers
-from cluster import Cluster, shard_of
+from cluster import Cluster, in_thread, shard_of
 
 WORLD = 8
 VICTIMS = (1, 2)
@@ -71,30 +70,6 @@ def test_two_inputs_killed_while_a_4_of_8_reduce_streams(cluster8):
     assert recovered_s < 30
 
 
-def reduce_in_thread(*args, **kwargs):
-    """Starts hop.reduce on a thread (it returns only once every task has
-    registered, which a frozen rank never does); .join() gives its outcome."""
-    outcome = {}
-
-    def run():
-        try:
-            outcome["value"] = hop.reduce(*args, **kwargs)
-        except Exception as e:  # handed to the test
-            outcome["error"] = e
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-
-    def join(timeout):
-        thread.join(timeout)
-        assert not thread.is_alive(), "reduce did not return"
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["value"]
-
-    return join
-
-
 def test_an_input_lost_before_its_task_started_is_waited_for_until_put_again(cluster8):
     """With no input to spare, the reduce waits for the lost one to appear
     again: here rank 5 puts the same id, as a restarted rank would."""
@@ -107,7 +82,7 @@ def test_an_input_lost_before_its_task_started_is_waited_for_until_put_again(clu
     for rank, obj in zip(holders, ids):
         c.call(rank, workers.put_filled, obj, numel, rank)
     os.kill(c.pids[6], signal.SIGSTOP)  # its task is sent but never answered ...
-    join = reduce_in_thread(ids, id=result_id, degree=1, timeout=60)
+    join = in_thread(hop.reduce, ids, id=result_id, degree=1, timeout=60)
     time.sleep(0.5)
     c.kill(6)  # ... and it dies
     time.sleep(0.5)
@@ -129,7 +104,7 @@ def test_too_few_surviving_inputs_raise_after_the_timeout(cluster8):
     for rank, obj in zip((7, 3), ids):
         c.call(rank, workers.put_filled, obj, numel, rank)
     os.kill(c.pids[7], signal.SIGSTOP)
-    join = reduce_in_thread(ids, id=ids_avoiding("rt-out", 1, dead)[0], timeout=4)
+    join = in_thread(hop.reduce, ids, id=ids_avoiding("rt-out", 1, dead)[0], timeout=4)
     time.sleep(0.5)
     c.kill(7)
     t0 = time.monotonic()

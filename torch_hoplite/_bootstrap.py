@@ -112,14 +112,17 @@ def advertise_address(host: Optional[str], ifname: Optional[str], store: dist.St
 
 class Rendezvous:
     """Keys in the store for one round of init: every rank's init bumps its own
-    counter, so ranks that re-init together meet in a fresh namespace."""
+    counter, so ranks that re-init together meet in a fresh namespace. A
+    restarted rank that rejoins takes the round its previous process was in."""
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: float):
+    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: float, rejoin: bool = False):
         self.rank = rank
         self.world_size = world_size
         self.timeout = timeout
         base = dist.PrefixStore("hoplite", store)
-        round_ = base.add(f"round/{rank}", 1)
+        round_ = base.add(f"round/{rank}", 0 if rejoin else 1)
+        if round_ == 0:
+            raise ValueError(f"torch_hoplite.init(rejoin=True): rank {rank} never joined a cluster through this store")
         self.store = dist.PrefixStore(f"r{round_}", base)
         self._barriers = 0
 

@@ -34,14 +34,18 @@ def init(
             ``capacity_bytes="8GiB"``, ``host="10.0.0.1"``); they override the
             ``HOPLITE_*`` environment variables.
 
-    Returns once every rank has published its address.
+    Returns once every rank has published its address. With ``rejoin=True``
+    (``HOPLITE_REJOIN=1``) the process takes the place of a rank that failed in
+    the running cluster: it publishes its new address, introduces itself to
+    every peer and returns; objects the failed process held are gone, and it
+    may put them again (a reduce waiting for one then uses it).
     """
     global _runtime
     if _runtime is not None:
         raise RuntimeError("torch_hoplite is already initialized in this process; call shutdown() first")
     config = Config.resolve(options)
     store, rank, world_size = resolve_store(store, rank, world_size, config.timeout)
-    _runtime = Runtime(Rendezvous(store, rank, world_size, config.timeout), config)
+    _runtime = Runtime(Rendezvous(store, rank, world_size, config.timeout, config.rejoin), config)
     atexit.register(shutdown)  # stop the node's threads before the interpreter goes away
 
 

@@ -32,6 +32,9 @@ HOPLITE_SECRET       secret    cluster secret: peers prove they know it    gener
                                (HMAC challenge-response) before anything
                                else is accepted; unset: rank 0 generates
                                one at rendezvous and keeps it in the store
+HOPLITE_REJOIN       rejoin    this process restarts a rank that failed:   0
+                               join the running cluster (its round in
+                               the store) instead of starting a new one
 HOPLITE_LOG_LEVEL    (env)     error, warn, info or debug                  warn
 =============================  ==========================================  ===============
 
@@ -51,6 +54,16 @@ MAX_TIMEOUT = 86400.0  # a day; the core clamps longer waits too
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*$")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bool(value: str) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off`` (any case)."""
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected 1/0, true/false, yes/no or on/off, got {value!r}")
 
 
 def parse_size(value: str | int, name: str = "size") -> int:
@@ -88,6 +101,7 @@ class Config:
     copy_threads: int = 2
     socket_buffer_bytes: int = 0
     secret: Optional[str] = dataclasses.field(default=None, repr=False)
+    rejoin: bool = False
 
     _ENV = {
         "host": ("HOPLITE_LISTEN_HOST", str),
@@ -104,6 +118,7 @@ class Config:
         "copy_threads": ("HOPLITE_COPY_THREADS", int),
         "socket_buffer_bytes": ("HOPLITE_SOCKET_BUFFER", parse_size),
         "secret": ("HOPLITE_SECRET", str),
+        "rejoin": ("HOPLITE_REJOIN", parse_bool),
     }
 
     @classmethod

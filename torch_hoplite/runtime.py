@@ -48,6 +48,10 @@ class Runtime:
         try:
             for r, (peer_host, peer_port) in rendezvous.exchange_addresses(*self.address).items():
                 self.node.add_peer(r, peer_host, peer_port)
+            if config.rejoin:
+                code, message = self.node.announce(config.connect_timeout)
+                if code != 0:
+                    raise error_from_status(code, message)
         except BaseException:
             self.node.shutdown()
             raise

@@ -70,12 +70,15 @@ double Node::now() const {
 
 int Node::shardOf(const std::string& id) const {
   int shard = static_cast<int>(fnv1a(id) % static_cast<uint64_t>(config_.worldSize));
-  while (deadShards_.count(shard)) shard = (shard + 1) % config_.worldSize;  // this node's own is never dead
+  while (deadShards_.count(shard)) shard = (shard + 1) % config_.worldSize;  // one always stays (moveShardFrom)
   return shard;
 }
 
 void Node::moveShardFrom(int rank) {
-  if (rank == config_.rank || deadShards_.count(rank) || shuttingDown_) return;
+  // One shard always stays (a member could claim every rank failed).
+  if (deadShards_.count(rank) || deadShards_.size() + 1 >= static_cast<size_t>(config_.worldSize) || shuttingDown_) {
+    return;
+  }
   std::vector<std::shared_ptr<LocalObject>> moved;
   for (auto& obj : store_->snapshot()) {
     if (!obj->failed() && shardOf(obj->id()) == rank) moved.push_back(std::move(obj));
@@ -83,6 +86,10 @@ void Node::moveShardFrom(int rank) {
   deadShards_.insert(rank);
   HLOG(kInfo, "%s failed: its directory shard moves on; re-registering %zu local copies", peerName(rank).c_str(),
        moved.size());
+  // Everyone must agree where ids go: tell the others (who pass it on once).
+  for (int r = 0; r < config_.worldSize; ++r) {
+    if (r != config_.rank && r != rank && !deadShards_.count(r) && !peers_[r].lost) send(r, wire::ShardMoved{rank});
+  }
   for (const auto& obj : moved) {
     wire::Register reg;
     reg.request = newRequest();
@@ -187,6 +194,8 @@ void Node::connectPeer(int rank) {
   hello.rank = config_.rank;
   hello.cluster = config_.clusterId;
   hello.nonce = peer.helloNonce;
+  hello.host = config_.host;
+  hello.port = static_cast<uint32_t>(port());
   peer.conn->sendControl(wire::MsgType::kHello, wire::encode(hello));
 }
 
@@ -235,13 +244,17 @@ void Node::onClosed(Connection& conn, const Status& why) {
   if (incoming_.erase(conn.id())) {
     // A sender that went away sends nothing more (a peer never redials after
     // its connection failed): who waits for it, now or later, fails.
-    if (conn.peerRank() >= 0 && !shuttingDown_) {
-      peers_[conn.peerRank()].lost = true;
+    // Only the connection it opened last speaks for it: an older one closing
+    // late (its previous process's) says nothing about a rank that rejoined.
+    const int from = conn.peerRank();
+    if (from >= 0 && !shuttingDown_ && peers_[from].incoming == conn.id()) {
+      peers_[from].lost = true;
       // It registered its objects over this connection: they leave this shard's
       // lists too (a peer closes its connections only when it leaves or dies).
-      directory_->forgetHolder(conn.peerRank());
-      failMessagesFrom(conn.peerRank(), conn.id(),
-                       Status(Code::kPeerFailed, "connection from " + peerName(conn.peerRank()) + " closed: " + why.message));
+      directory_->forgetHolder(from);
+    }
+    if (from >= 0 && !shuttingDown_) {
+      failMessagesFrom(from, conn.id(), Status(Code::kPeerFailed, "connection from " + peerName(from) + " closed: " + why.message));
     }
     std::vector<StreamKey> streams;
     for (const auto& [key, stream] : serving_) {
@@ -297,7 +310,7 @@ void Node::handleHello(Connection& conn, const wire::Hello& msg) {
     conn.close(Status(Code::kProtocol, "peer rank out of range"));
     return;
   }
-  Handshake hs{msg.rank, msg.nonce, randomBytes(wire::kNonceSize)};
+  Handshake hs{msg.rank, msg.nonce, randomBytes(wire::kNonceSize), msg.host, static_cast<int>(msg.port)};
   wire::Challenge challenge{hs.serverNonce,
                             bytesOf(handshakeProof("server", hs.clientNonce, hs.serverNonce, hs.rank, config_.rank))};
   handshakes_[conn.id()] = std::move(hs);
@@ -316,7 +329,31 @@ void Node::handleAuth(Connection& conn, const wire::Auth& msg) {
   }
   conn.setPeerRank(hs.rank);
   conn.markTrusted();
-  conn.sendControl(wire::MsgType::kHelloAck, wire::encode(wire::HelloAck{config_.rank}));
+  adoptPeer(hs.rank, hs.host, hs.port, conn.id());
+  wire::HelloAck ack{config_.rank, {}};
+  ack.deadShards.assign(deadShards_.begin(), deadShards_.end());
+  conn.sendControl(wire::MsgType::kHelloAck, wire::encode(ack));
+}
+
+// A peer proved who it is: its address is where it listens now. A new address,
+// or a peer we had given up on, is a restarted process (a rank that rejoins):
+// what we knew of the old one is dropped, and we reach the new one from now on.
+void Node::adoptPeer(int rank, const std::string& host, int port, uint64_t connectionId) {
+  Peer& peer = peers_[rank];
+  const bool moved = peer.port != 0 && (peer.host != host || peer.port != port);
+  peer.incoming = connectionId;
+  if (!moved && !peer.lost) {
+    peer.host = host;
+    peer.port = port;
+    return;
+  }
+  if (peer.conn) failPeer(rank, Status(Code::kPeerFailed, peerName(rank) + " restarted"));
+  HLOG(kInfo, "rank %d rejoined from %s:%d", rank, host.c_str(), port);
+  Peer fresh;
+  fresh.host = host;
+  fresh.port = port;
+  fresh.incoming = connectionId;
+  peers_[rank] = std::move(fresh);
 }
 
 bool Node::authenticated(Connection& conn) const {
@@ -427,6 +464,9 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
       Peer& peer = it->second;
       peer.ready = true;
       peer.lastHeard = now();
+      for (int32_t rank : ack.deadShards) {
+        if (rank >= 0 && rank < config_.worldSize) moveShardFrom(rank);
+      }
       auto queued = std::move(peer.queued);
       peer.queued.clear();
       // A failed send closes the connection and fails the peer's requests.
@@ -498,6 +538,11 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
     case wire::MsgType::kReduceAbort:
       handleReduceAbort(conn, wire::ReduceAbort::decode(reader));
       return;
+    case wire::MsgType::kShardMoved: {
+      auto msg = wire::ShardMoved::decode(reader);
+      if (msg.rank >= 0 && msg.rank < config_.worldSize) moveShardFrom(msg.rank);
+      return;
+    }
     case wire::MsgType::kProbe: {
       auto msg = wire::Probe::decode(reader, limits_.maxControl);
       conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, Status()}));
@@ -540,6 +585,31 @@ bool Node::waitCompletions(std::vector<Completion>* out, double timeoutSeconds) 
     completions_.pop_front();
   }
   return !(closed_ && out->empty());
+}
+
+Status Node::announce(double timeoutSeconds) {
+  if (stopped()) return Status(Code::kShutdown, "node is shut down");
+  auto done = startOnLoop([this, timeoutSeconds](std::function<void(Status)> done) {
+    // Answered once, by the last probe's answer or by the timer (peers that
+    // are dead too, or slow, need not hold the rejoining rank up).
+    auto left = std::make_shared<int>(config_.worldSize - 1);
+    auto finish = std::make_shared<std::function<void(Status)>>(std::move(done));
+    auto timer = loop_.addTimer(timeoutSeconds, [finish] {
+      if (*finish) std::exchange(*finish, nullptr)(Status());
+    });
+    if (*left == 0) return std::exchange(*finish, nullptr)(Status());
+    for (int r = 0; r < config_.worldSize; ++r) {
+      if (r == config_.rank) continue;
+      uint64_t request = newRequest();
+      requestStatus(r, wire::MsgType::kProbe, wire::encode(wire::Probe{request, std::string()}), request,
+                    [this, left, finish, timer](const Status&) {
+                      if (--*left > 0 || !*finish) return;
+                      loop_.cancelTimer(timer);
+                      std::exchange(*finish, nullptr)(Status());
+                    });
+    }
+  });
+  return awaitStatus(done, timeoutSeconds + 5, "introducing this node to its peers");
 }
 
 std::map<std::string, uint64_t> Node::stats() {

@@ -98,6 +98,10 @@ class Node : public ConnectionObserver {
   int rank() const { return config_.rank; }
 
   void addPeer(int rank, const std::string& host, int port);
+  // Introduces this node to every peer and waits (up to the timeout) for their
+  // answers: a restarted rank rejoining the cluster. They learn its new address
+  // from the handshake, it learns from them where directory shards moved.
+  Status announce(double timeoutSeconds);
   // Registers the object and returns; the bytes are copied in the background
   // (a kPutCopied completion with `token` says when `src` may be released).
   // With `borrowed` memory (holding the bytes), nothing is copied: the store
@@ -162,6 +166,7 @@ class Node : public ConnectionObserver {
     double lastHeard = 0;  // any frame on the connection, for heartbeats
     std::string helloNonce;  // ours, until the peer's challenge is verified
     bool verified = false;   // the peer proved it knows the secret
+    uint64_t incoming = 0;   // id of the latest connection it opened to us
 
   };
   // The rank hosting an id's directory entry: its hash's rank, or, once that
@@ -191,7 +196,10 @@ class Node : public ConnectionObserver {
   struct Handshake {
     int rank = -1;
     std::string clientNonce, serverNonce;
+    std::string host;  // where the client says it listens
+    int port = 0;
   };
+  void adoptPeer(int rank, const std::string& host, int port, uint64_t connectionId);
   Digest handshakeProof(const char* role, const std::string& clientNonce, const std::string& serverNonce,
                         int clientRank, int serverRank) const;
   void handleHello(Connection& conn, const wire::Hello& msg);

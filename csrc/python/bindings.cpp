@@ -125,6 +125,17 @@ PYBIND11_MODULE(_C, m) {
       .def("reduce", &reduce, py::arg("result_id"), py::arg("input_ids"), py::arg("count"), py::arg("op"),
            py::arg("degree"), py::arg("timeout"))
       .def("reduce_outcome", &reduceOutcome, py::arg("result_id"), py::arg("timeout"))
+      .def(
+          "announce",
+          [](NodeHandle& h, double timeout) {
+            Status s;
+            {
+              py::gil_scoped_release release;
+              s = h.node().announce(timeout);
+            }
+            return py::make_tuple(static_cast<int>(s.code), s.message);
+          },
+          py::arg("timeout"))
       .def("stats", [](NodeHandle& h) { return h.node().stats(); })
       .def("shutdown", &NodeHandle::shutdown);
   m.def(

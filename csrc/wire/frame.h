@@ -36,8 +36,9 @@ enum class MsgType : uint8_t {
   kMessage = 16,
   kChallenge = 17,
   kAuth = 18,
+  kShardMoved = 19,
 };
-constexpr uint8_t kMaxMsgType = 18;
+constexpr uint8_t kMaxMsgType = 19;
 
 struct FrameHeader {
   uint8_t type = 0;

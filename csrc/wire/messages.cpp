@@ -70,6 +70,8 @@ void Hello::encode(Writer& w) const {
   w.i32(rank);
   w.str(cluster);
   w.str(nonce);
+  w.str(host);
+  w.u32(port);
 }
 Hello Hello::decode(Reader& r) {
   Hello m;
@@ -77,6 +79,9 @@ Hello Hello::decode(Reader& r) {
   m.rank = r.i32();
   m.cluster = r.str(256, "cluster id");
   m.nonce = fixedBytes(r, kNonceSize, "hello nonce");
+  m.host = r.str(256, "hello host");
+  m.port = r.u32();
+  if (m.port > 65535) throw DecodeError("hello port out of range");
   r.expectEnd("hello");
   return m;
 }
@@ -101,11 +106,27 @@ Auth Auth::decode(Reader& r) {
   return m;
 }
 
-void HelloAck::encode(Writer& w) const { w.i32(rank); }
+void HelloAck::encode(Writer& w) const {
+  w.i32(rank);
+  w.u32(static_cast<uint32_t>(deadShards.size()));
+  for (int32_t d : deadShards) w.i32(d);
+}
 HelloAck HelloAck::decode(Reader& r) {
   HelloAck m;
   m.rank = r.i32();
+  uint32_t n = r.u32();
+  if (n > r.remaining() / 4) throw DecodeError("hello ack lists more ranks than it holds");
+  m.deadShards.resize(n);
+  for (auto& d : m.deadShards) d = r.i32();
   r.expectEnd("hello ack");
+  return m;
+}
+
+void ShardMoved::encode(Writer& w) const { w.i32(rank); }
+ShardMoved ShardMoved::decode(Reader& r) {
+  ShardMoved m;
+  m.rank = r.i32();
+  r.expectEnd("shard moved");
   return m;
 }
 

@@ -31,6 +31,10 @@ struct Hello {
   int32_t rank = -1;
   std::string cluster;  // id of the cluster this node joined; mismatches are refused
   std::string nonce;    // kNonceSize random bytes
+  // Where the client listens: a rank restarted elsewhere is reached there from
+  // now on (applied only once the client proved it knows the secret).
+  std::string host;
+  uint32_t port = 0;
   void encode(Writer& w) const;
   static Hello decode(Reader& r);
 };
@@ -55,8 +59,18 @@ struct Auth {
 struct HelloAck {
   static constexpr MsgType kType = MsgType::kHelloAck;
   int32_t rank = -1;
+  std::vector<int32_t> deadShards;  // ranks whose directory shard moved on, as the server knows them
   void encode(Writer& w) const;
   static HelloAck decode(Reader& r);
+};
+
+// One-way, spread by whoever learns it: `rank` failed, and its share of the
+// directory moved on to the next live rank for good.
+struct ShardMoved {
+  static constexpr MsgType kType = MsgType::kShardMoved;
+  int32_t rank = -1;
+  void encode(Writer& w) const;
+  static ShardMoved decode(Reader& r);
 };
 
 // Register an object at its directory shard. Small objects carry their bytes inline.

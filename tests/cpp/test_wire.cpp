@@ -137,14 +137,24 @@ static void testMessages() {
   err.status = Status(Code::kDeleted, "gone");
   checkTruncations(err, [&](Reader& r) { LookupReply::decode(r, maxInline); }, "lookup error reply");
 
-  checkTruncations(Hello{kVersion, 2, "cluster", std::string(kNonceSize, 'n')}, [](Reader& r) { Hello::decode(r); },
+  checkTruncations(Hello{kVersion, 2, "cluster", std::string(kNonceSize, 'n'), "10.0.0.1", 4242},
+                   [](Reader& r) { Hello::decode(r); },
                    "hello");
   CHECK(throwsDecodeError(encode(Hello{kVersion, 2, "cluster", "short"}), [](Reader& r) { Hello::decode(r); }));
   checkTruncations(Challenge{std::string(kNonceSize, 'n'), std::string(kProofSize, 'p')},
                    [](Reader& r) { Challenge::decode(r); }, "challenge");
   checkTruncations(Auth{std::string(kProofSize, 'p')}, [](Reader& r) { Auth::decode(r); }, "auth");
   CHECK(throwsDecodeError(encode(Auth{std::string(kProofSize + 1, 'p')}), [](Reader& r) { Auth::decode(r); }));
-  checkTruncations(HelloAck{2}, [](Reader& r) { HelloAck::decode(r); }, "hello ack");
+  checkTruncations(HelloAck{2, {1, 5}}, [](Reader& r) { HelloAck::decode(r); }, "hello ack");
+  {
+    std::string bytes = encode(HelloAck{2, {1, 5}});
+    Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    HelloAck back = HelloAck::decode(r);
+    CHECK(back.rank == 2 && back.deadShards == std::vector<int32_t>({1, 5}));
+    CHECK(throwsDecodeError(encode(Hello{kVersion, 2, "c", std::string(kNonceSize, 'n'), "h", 70000}),
+                            [](Reader& r) { Hello::decode(r); }));
+  }
+  checkTruncations(ShardMoved{3}, [](Reader& r) { ShardMoved::decode(r); }, "shard moved");
   checkTruncations(StatusReply{1, Status(Code::kTimeout, "late")}, [](Reader& r) { StatusReply::decode(r); },
                    "status reply");
   checkTruncations(HolderUpdate{"id", 1, HolderState::kRemoved, 3}, [](Reader& r) { HolderUpdate::decode(r); },

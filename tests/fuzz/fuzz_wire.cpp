@@ -39,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t which = data[0];
   ++data;
   --size;
-  switch (which % 19) {
+  switch (which % 20) {
     case 0: {
       FrameHeader h;
       if (size >= kHeaderSize) (void)decodeHeader(data, FrameLimits{1 << 20, 4 << 20}, &h);
@@ -62,6 +62,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 15: roundTrip<Message>(data, size, [](Reader& r) { return Message::decode(r); }); return 0;
     case 16: roundTrip<Challenge>(data, size, [](Reader& r) { return Challenge::decode(r); }); return 0;
     case 17: roundTrip<Auth>(data, size, [](Reader& r) { return Auth::decode(r); }); return 0;
+    case 18: roundTrip<ShardMoved>(data, size, [](Reader& r) { return ShardMoved::decode(r); }); return 0;
     default: {
       if (size >= kDataSubheaderSize) {
         uint64_t request, offset;

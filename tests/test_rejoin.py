@@ -1,0 +1,44 @@
+"""A killed rank restarted with the same rank rejoins the running cluster: it
+gets objects, others reach it at its new address, and it serves as a reduce
+input again."""
+
+import os
+import signal
+import time
+
+import torch
+
+import torch_hoplite as hop
+import workers
+from cluster import Cluster, in_thread
+
+
+def test_a_restarted_rank_rejoins_and_is_a_reduce_input_again():
+    c = Cluster(4, options={"heartbeat_timeout": 5})
+    numel = (8 << 20) // 4
+    try:
+        data = torch.arange((4 << 20) // 4, dtype=torch.int32)
+        c.call(1, workers.put_zero_copy, data, "rejoin-data")
+        inputs = ["rejoin-in-1", "rejoin-in-2"]
+        c.call(1, workers.put_filled, inputs[0], numel, 1)
+        c.call(2, workers.put_filled, inputs[1], numel, 2)
+        os.kill(c.pids[2], signal.SIGSTOP)  # its reduce task is sent but never answered ...
+        join = in_thread(hop.reduce, inputs, id="rejoin-sum", timeout=60)
+        time.sleep(0.5)
+        c.kill(2)  # ... and it dies with its input
+        c.restart(2, connect_timeout=3)
+        # The new process gets objects, and puts its input again: the reduce,
+        # which waited for it, uses it.
+        assert torch.equal(c.call(2, workers.get, "rejoin-data", 30), data)
+        c.call(2, workers.put_filled, inputs[1], numel, 2)
+        result, unused = join(60)
+        plan = hop.wait_reduce(result, timeout=60)
+        assert unused == [] and plan.recoveries >= 1 and 2 in plan.holders
+        out = hop.get(result, timeout=30).wait()
+        assert float(out.min()) == 3.0 and float(out.max()) == 3.0
+        # Others reach it at its new address.
+        c.call(2, workers.put, torch.full((1 << 18,), 5.0), "rejoin-new")
+        assert torch.equal(c.call(3, workers.get, "rejoin-new", 30), torch.full((1 << 18,), 5.0))
+        assert torch.equal(hop.get("rejoin-new", timeout=30).wait(), torch.full((1 << 18,), 5.0))
+    finally:
+        c.close()
