@@ -1,0 +1,153 @@
+"""A small cluster of real local processes, for tests and benchmarks: the
+calling process is rank 0 and ranks 1.. are spawned workers that run the
+(importable) functions sent to them. Ranks can be killed and restarted."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import traceback
+from typing import Any, Callable, Optional
+
+import torch.distributed as dist
+
+import torch_hoplite as hop
+
+CALL_TIMEOUT = 120.0
+
+
+def shard_of(obj_id: str, world: int) -> int:
+    """The directory shard of an id (FNV-1a, as the core hashes it)."""
+    h = 1469598103934665603
+    for c in obj_id.encode():
+        h = ((h ^ c) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h % world
+
+
+def _worker_main(rank: int, world_size: int, port: int, conn, options: dict, env: dict) -> None:
+    os.environ.update(env)
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False)
+    hop.init(store, rank=rank, world_size=world_size, **options)
+    conn.send(("ready", os.getpid()))
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        fn, args = msg
+        try:
+            conn.send(("ok", fn(*args)))
+        except BaseException as e:  # report everything, including assertion failures
+            conn.send(("err", (e, traceback.format_exc())))
+    hop.shutdown()
+    conn.send(("bye", None))
+
+
+def in_thread(fn: Callable, *args, **kwargs) -> Callable[[float], Any]:
+    """Runs fn on a thread of this process (e.g. a reduce that returns only
+    once every task has registered, which a frozen rank never does); the
+    returned join(timeout) gives its result or raises its exception."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = fn(*args, **kwargs)
+        except Exception as e:  # handed to the caller of join
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def join(timeout: float) -> Any:
+        thread.join(timeout)
+        assert not thread.is_alive(), f"{fn.__name__} did not return within {timeout} s"
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    return join
+
+
+class Pending:
+    def __init__(self, cluster: "Cluster", rank: int):
+        self._cluster = cluster
+        self._rank = rank
+
+    def result(self, timeout: float = CALL_TIMEOUT) -> Any:
+        return self._cluster._receive(self._rank, timeout)
+
+
+class Cluster:
+    def __init__(self, world_size: int, options: Optional[dict] = None, env: Optional[dict] = None):
+        self.world_size = world_size
+        options = options or {}
+        self._options, self._env = options, env or {}
+        self.store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+        ctx = mp.get_context("spawn")
+        self._conns = {}
+        self.procs = {}
+        for rank in range(1, world_size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(
+                target=_worker_main,
+                args=(rank, world_size, self.store.port, child, options, env or {}),
+                daemon=True,
+            )
+            proc.start()
+            self._conns[rank] = parent
+            self.procs[rank] = proc
+        hop.init(self.store, rank=0, world_size=world_size, **options)
+        self.pids = {rank: self._receive(rank, CALL_TIMEOUT, expect="ready") for rank in self._conns}
+        self.pids[0] = os.getpid()
+
+    def submit(self, rank: int, fn: Callable, *args) -> Pending:
+        self._conns[rank].send((fn, args))
+        return Pending(self, rank)
+
+    def call(self, rank: int, fn: Callable, *args, timeout: float = CALL_TIMEOUT) -> Any:
+        if rank == 0:
+            return fn(*args)
+        return self.submit(rank, fn, *args).result(timeout)
+
+    def _receive(self, rank: int, timeout: float, expect: str = "ok") -> Any:
+        conn = self._conns[rank]
+        if not conn.poll(timeout):
+            raise TimeoutError(f"rank {rank} did not answer within {timeout} s")
+        kind, value = conn.recv()
+        if kind == "err":
+            exc, tb = value
+            raise exc from RuntimeError(f"in rank {rank}:\n{tb}")
+        assert kind == expect, (kind, value)
+        return value
+
+    def restart(self, rank: int, **options) -> None:
+        """Starts a new process for `rank`, killed before, which rejoins the cluster."""
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        options = {**self._options, **options, "rejoin": True}
+        proc = ctx.Process(
+            target=_worker_main, args=(rank, self.world_size, self.store.port, child, options, self._env), daemon=True
+        )
+        proc.start()
+        self._conns[rank] = parent
+        self.procs[rank] = proc
+        self.pids[rank] = self._receive(rank, CALL_TIMEOUT, expect="ready")
+
+    def kill(self, rank: int) -> None:
+        self.procs[rank].kill()
+        self.procs[rank].join(10)
+        del self._conns[rank]
+
+    def close(self) -> None:
+        for rank, conn in list(self._conns.items()):
+            try:
+                conn.send(None)
+                if conn.poll(30):
+                    conn.recv()
+            except (BrokenPipeError, EOFError, OSError):
+                pass
+        for proc in self.procs.values():
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+        hop.shutdown()
