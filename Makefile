@@ -5,7 +5,7 @@ PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 SOURCES := $(shell find csrc cuda -name '*.cpp' -o -name '*.h' -o -name '*.inc' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null) setup.py pyproject.toml
 
-.PHONY: setup demo test bench bench-p2p bench-collectives fuzz clean
+.PHONY: setup demo test bench bench-p2p bench-collectives bench-recovery fuzz clean
 
 .stamp-deps: Makefile
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
@@ -30,7 +30,7 @@ demo: setup
 test: setup .stamp-bench-deps
 	$(PYTHON) -m pytest tests -q -p no:cacheprovider
 
-bench: bench-p2p bench-collectives
+bench: bench-p2p bench-collectives bench-recovery
 
 bench-p2p: setup .stamp-bench-deps
 	$(PYTHON) benchmarks/p2p.py
@@ -38,6 +38,9 @@ bench-p2p: setup .stamp-bench-deps
 bench-collectives: setup .stamp-bench-deps
 	$(PYTHON) -m torch_hoplite.bench
 	$(PYTHON) benchmarks/reduce_kernels.py
+
+bench-recovery: setup .stamp-bench-deps
+	$(PYTHON) benchmarks/recovery.py --nodes 8 --size 256MB --trials 9
 
 # libFuzzer on the wire decoder under ASan + UBSan for FUZZ_SECONDS (installs clang if needed).
 FUZZ_SECONDS ?= 60
