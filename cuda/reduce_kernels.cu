@@ -90,24 +90,18 @@ struct Prod {
   }
 };
 // MIN/MAX return one of the inputs unchanged: NaN wins, ties keep `a`.
-struct Min {
+template <bool kMin>
+struct Extreme {
   template <class T>
   __device__ static T apply(T a, T b) {
     auto x = widen(a), y = widen(b);
     if (isNan(x)) return a;
     if (isNan(y)) return b;
-    return y < x ? b : a;
+    return (kMin ? y < x : y > x) ? b : a;
   }
 };
-struct Max {
-  template <class T>
-  __device__ static T apply(T a, T b) {
-    auto x = widen(a), y = widen(b);
-    if (isNan(x)) return a;
-    if (isNan(y)) return b;
-    return y > x ? b : a;
-  }
-};
+using Min = Extreme<true>;
+using Max = Extreme<false>;
 
 template <class T>
 struct alignas(16) Pack {
