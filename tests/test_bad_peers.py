@@ -18,7 +18,7 @@ from cluster import Cluster
 MAGIC = 0x544C5048
 
 
-VERSION = 2
+VERSION = 3
 
 
 def frame(msg_type: int, payload: bytes, version: int = VERSION) -> bytes:

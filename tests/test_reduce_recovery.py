@@ -2,8 +2,6 @@
 The coordinator redoes what depended on them with the next ready inputs, the
 result is exact over the inputs it reports, and its readers wait for it."""
 
-import os
-import signal
 import time
 
 import pytest
@@ -44,7 +42,7 @@ def test_two_inputs_killed_while_a_4_of_8_reduce_streams(cluster8):
         c.call(rank, workers.put_filled, ids[rank], numel, value_of(ids[rank], ids))
     result, unused = hop.reduce(ids, num_objects=4, id=result_id, degree=1, timeout=60)
     for rank in VICTIMS:  # frozen mid-stream: the chain cannot finish without them
-        os.kill(c.pids[rank], signal.SIGSTOP)
+        c.freeze(rank)
     first = result.reduce_plan
     assert {hop.object_ref.id_of(r) for r in first.inputs} == {ids[r] for r in (1, 2, 3, 4)}
     # Readers that started before the failure: this process and rank 7.
@@ -81,7 +79,7 @@ def test_an_input_lost_before_its_task_started_is_waited_for_until_put_again(clu
     result_id = ids_avoiding("rw-out", 1, dead)[0]
     for rank, obj in zip(holders, ids):
         c.call(rank, workers.put_filled, obj, numel, rank)
-    os.kill(c.pids[6], signal.SIGSTOP)  # its task is sent but never answered ...
+    c.freeze(6)  # its task is sent but never answered ...
     join = in_thread(hop.reduce, ids, id=result_id, degree=1, timeout=60)
     time.sleep(0.5)
     c.kill(6)  # ... and it dies
@@ -90,7 +88,7 @@ def test_an_input_lost_before_its_task_started_is_waited_for_until_put_again(clu
     result, unused = join(60)
     assert unused == []
     plan = hop.wait_reduce(result, timeout=60)
-    assert plan.recoveries >= 1 and [hop.object_ref.id_of(r) for r in plan.lost] == [ids[0]]
+    assert plan.recoveries >= 1 and plan.lost == ()  # put again and used: not lost in the end
     assert sorted(hop.object_ref.id_of(r) for r in plan.inputs) == sorted(ids)
     assert plan.holders[[hop.object_ref.id_of(r) for r in plan.inputs].index(ids[0])] == 5
     assert c.call(4, workers.get_value_range, result, 60) == (13.0, 13.0, numel)
@@ -103,7 +101,7 @@ def test_too_few_surviving_inputs_raise_after_the_timeout(cluster8):
     ids = ids_avoiding("rt-in", 2, dead)
     for rank, obj in zip((7, 3), ids):
         c.call(rank, workers.put_filled, obj, numel, rank)
-    os.kill(c.pids[7], signal.SIGSTOP)
+    c.freeze(7)
     join = in_thread(hop.reduce, ids, id=ids_avoiding("rt-out", 1, dead)[0], timeout=4)
     time.sleep(0.5)
     c.kill(7)

@@ -1,8 +1,6 @@
 """Broadcast recovery: a receiver whose sender dies mid-transfer asks the
 directory for another holder and continues from the bytes it already has."""
 
-import os
-import signal
 import time
 
 import torch
@@ -27,7 +25,7 @@ def test_killed_relay_is_replaced_and_the_receiver_resumes_at_its_offset():
         time.sleep(0.05)
         receiver = c.submit(3, workers.get, obj_id, 60)
         time.sleep(0.01)
-        os.kill(c.pids[2], signal.SIGSTOP)  # the relay freezes mid-transfer ...
+        c.freeze(2)  # the relay freezes mid-transfer ...
         time.sleep(0.3)
         c.kill(2)  # ... and dies: its connections reset
         del relay
@@ -82,7 +80,7 @@ def test_relay_killed_mid_broadcast_to_seven_receivers():
         for r in receivers:  # later ones are given earlier ones as relays
             pending[r] = c.submit(r, workers.get, obj_id, 60)
             time.sleep(0.01)
-        os.kill(c.pids[3], signal.SIGSTOP)  # a relay freezes mid-transfer ...
+        c.freeze(3)  # a relay freezes mid-transfer ...
         time.sleep(0.3)
         c.kill(3)  # ... and dies
         del pending[3]

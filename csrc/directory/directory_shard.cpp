@@ -15,11 +15,15 @@ DirectoryShard::~DirectoryShard() {
 
 Status DirectoryShard::registerObject(const wire::Register& msg) {
   if (auto it = entries_.find(msg.id); it != entries_.end()) {
-    if (!msg.reannounce) return Status(Code::kAlreadyExists, "object " + printableId(msg.id) + " already exists");
     DirectoryEntry& entry = it->second;
+    // The same registration twice (its holder re-sent it here after the
+    // previous shard failed, and also re-announced its copy) is no conflict.
+    const bool again = entry.holders.count(msg.holder) && sameContents(entry.meta, msg.meta);
+    if (!msg.reannounce && !again) return Status(Code::kAlreadyExists, "object " + printableId(msg.id) + " already exists");
     Holder& h = entry.holders[msg.holder];
     h.complete = h.complete || msg.complete;
     h.origin = h.origin || msg.primary;
+    if (msg.complete) entry.recomputable = false;
     if (msg.hasInline && !entry.hasInline) {
       entry.hasInline = true;
       entry.inlineData = msg.inlineData;
@@ -28,7 +32,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
   }
   auto gone = gone_.find(msg.id);
   if (gone != gone_.end()) {
-    if (msg.reannounce && gone->second.why.code == Code::kDeleted) return gone->second.why;
+    if (msg.reannounce && gone->second.code == Code::kDeleted) return goneStatus(msg.id, gone->second);
     gone_.erase(gone);  // put again: a new object from now on
   }
   DirectoryEntry& entry = entries_[msg.id];
@@ -36,7 +40,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
   entry.holders[msg.holder] = Holder{msg.complete, 0, msg.primary};
   entry.hasInline = msg.hasInline;
   entry.inlineData = msg.inlineData;
-  entry.recomputable = msg.recomputable;
+  entry.recomputable = msg.recomputable && !msg.complete;
 
   auto it = waiters_.find(msg.id);
   if (it != waiters_.end()) {
@@ -59,19 +63,21 @@ bool DirectoryShard::updateHolder(const wire::HolderUpdate& msg) {
     auto sender = holders.find(msg.released);
     if (sender != holders.end() && sender->second.serving > 0) sender->second.serving--;
   }
+  if (!holders.count(msg.holder)) return true;  // not listed (e.g. dropped by a retract since): nothing to change
   if (msg.state == wire::HolderState::kRemoved) {
     holders.erase(msg.holder);
     if (lost(it->second)) {
       // A reduce's result is computed again: its readers wait for it.
-      if (!it->second.recomputable) {
-        rememberGone(msg.id, Status(Code::kPeerFailed, "object " + printableId(msg.id) + " was lost: no copy of it is left"));
-      }
+      if (!it->second.recomputable) rememberGone(msg.id, Code::kPeerFailed, -1);
       entries_.erase(it);
     }
   } else {
     Holder& h = holders[msg.holder];
     h.complete = msg.state == wire::HolderState::kComplete;
-    if (h.complete) h.source = -1;
+    if (h.complete) {
+      h.source = -1;
+      it->second.recomputable = false;  // a reduce's result is complete: nothing recomputes it any more
+    }
   }
   return true;
 }
@@ -123,9 +129,9 @@ int DirectoryShard::anyHolder(const DirectoryEntry& entry, int skip) {
 void DirectoryShard::lookup(const std::string& id, int asker, bool locate, double timeoutSeconds, LookupCallback reply,
                             int failedHolder) {
   auto it = entries_.find(id);
-  if (it != entries_.end() && failedHolder >= 0 && locate && !it->second.hasInline) {
+  if (it != entries_.end() && failedHolder >= 0 && locate) {
     const int holder = anyHolder(it->second, failedHolder);
-    if (holder >= 0) {
+    if (holder >= 0 || it->second.hasInline) {  // inline bytes need no holder
       reply(Status(), &it->second, holder);
       return;
     }
@@ -143,8 +149,8 @@ void DirectoryShard::lookup(const std::string& id, int asker, bool locate, doubl
     reply(Status(), &it->second, sender);
     return;
   }
-  if (auto gone = gone_.find(id); gone != gone_.end() && !(locate && gone->second.why.code == Code::kPeerFailed)) {
-    reply(gone->second.why, nullptr, -1);
+  if (auto gone = gone_.find(id); gone != gone_.end() && !(locate && gone->second.code == Code::kPeerFailed)) {
+    reply(goneStatus(id, gone->second), nullptr, -1);
     return;
   }
   uint64_t token = nextWaiter_++;
@@ -175,9 +181,7 @@ void DirectoryShard::forgetHolder(int rank) {
       }
       entry.holders.erase(it);
       if (lost(entry)) {
-        const std::string why = "object " + printableId(e->first) + " was lost: its last holder, rank " +
-                                std::to_string(rank) + ", failed";
-        if (!entry.recomputable) rememberGone(e->first, Status(Code::kPeerFailed, why));  // else computed again
+        if (!entry.recomputable) rememberGone(e->first, Code::kPeerFailed, rank);  // else computed again
         e = entries_.erase(e);
         continue;
       }
@@ -189,20 +193,27 @@ void DirectoryShard::forgetHolder(int rank) {
 Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<int>* holders) {
   auto it = entries_.find(id);
   if (it == entries_.end()) {
-    if (auto gone = gone_.find(id); gone != gone_.end() && gone->second.why.code == Code::kDeleted) {
+    if (auto gone = gone_.find(id); gone != gone_.end() && gone->second.code == Code::kDeleted) {
       return Status(Code::kDeleted, "object " + printableId(id) + " was already deleted");
     }
     return Status(Code::kNotFound, "object " + printableId(id) + " does not exist");
   }
   for (const auto& holder : it->second.holders) holders->push_back(holder.first);
   entries_.erase(it);
-  if (!retract) rememberGone(id, Status(Code::kDeleted, "object " + printableId(id) + " was deleted"));
+  if (!retract) rememberGone(id, Code::kDeleted, -1);
   return Status();
 }
 
-void DirectoryShard::rememberGone(const std::string& id, Status why) {
+Status DirectoryShard::goneStatus(const std::string& id, const Gone& gone) {
+  if (gone.code == Code::kDeleted) return Status(Code::kDeleted, "object " + printableId(id) + " was deleted");
+  if (gone.rank < 0) return Status(gone.code, "object " + printableId(id) + " was lost: no copy of it is left");
+  return Status(gone.code, "object " + printableId(id) + " was lost: its last holder, rank " + std::to_string(gone.rank) +
+                               ", failed");
+}
+
+void DirectoryShard::rememberGone(const std::string& id, Code code, int rank) {
   const uint64_t seq = ++goneSeq_;
-  gone_[id] = Gone{std::move(why), seq};
+  gone_[id] = Gone{code, rank, seq};
   goneOrder_.emplace_back(id, seq);
   while (goneOrder_.size() > kMaxRememberedGone) {
     auto& [oldest, oldestSeq] = goneOrder_.front();

@@ -78,7 +78,7 @@ class DirectoryShard {
   };
   // Remembers why an id is gone (deleted, or lost with its last holder), so a
   // get of it fails at once instead of waiting. Bounded; forgotten once put again.
-  void rememberGone(const std::string& id, Status why);
+  void rememberGone(const std::string& id, Code code, int rank);
   // Whether the entry has no copy left anywhere (inline bytes count as one).
   static bool lost(const DirectoryEntry& entry) { return entry.holders.empty() && !entry.hasInline; }
   // Receiver-driven broadcast: picks who serves `asker` and marks it busy.
@@ -95,9 +95,11 @@ class DirectoryShard {
   std::unordered_map<std::string, std::vector<Waiter>> waiters_;
   uint64_t nextWaiter_ = 1;
   struct Gone {
-    Status why;  // kDeleted, or kPeerFailed for a lost object
+    Code code;  // kDeleted, or kPeerFailed for a lost object
+    int rank;   // a lost object's last holder, or -1
     uint64_t seq;
   };
+  static Status goneStatus(const std::string& id, const Gone& gone);
   std::unordered_map<std::string, Gone> gone_;
   std::deque<std::pair<std::string, uint64_t>> goneOrder_;  // oldest first; stale seqs are skipped
   uint64_t goneSeq_ = 0;

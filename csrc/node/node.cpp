@@ -69,14 +69,17 @@ double Node::now() const {
 }
 
 int Node::shardOf(const std::string& id) const {
-  int shard = static_cast<int>(fnv1a(id) % static_cast<uint64_t>(config_.worldSize));
-  while (deadShards_.count(shard)) shard = (shard + 1) % config_.worldSize;  // one always stays (moveShardFrom)
-  return shard;
+  return shardHost(static_cast<int>(fnv1a(id) % static_cast<uint64_t>(config_.worldSize)));
+}
+
+int Node::shardHost(int rank) const {
+  while (deadShards_.count(rank)) rank = (rank + 1) % config_.worldSize;  // one always stays (moveShardFrom)
+  return rank;
 }
 
 void Node::moveShardFrom(int rank) {
   // One shard always stays (a member could claim every rank failed).
-  if (deadShards_.count(rank) || deadShards_.size() + 1 >= static_cast<size_t>(config_.worldSize) || shuttingDown_) {
+  if (rank < 0 || rank >= config_.worldSize || deadShards_.count(rank) || deadShards_.size() + 1 >= static_cast<size_t>(config_.worldSize) || shuttingDown_) {
     return;
   }
   std::vector<std::shared_ptr<LocalObject>> moved;
@@ -167,8 +170,9 @@ void Node::whenConnected(int rank, std::function<void(Connection&)> write) {
   }
   peer.queued.push_back(std::move(write));
   if (!peer.conn) {
-    // Retry refused connects only while a peer may still be starting up.
-    peer.connectDeadline = peer.lost ? 0 : now() + config_.connectTimeoutSeconds;
+    // Retry refused connects only while a peer may still be starting up (not
+    // one known to have failed: a restarted one is listening by the time we learn of it).
+    peer.connectDeadline = peer.lost || deadShards_.count(rank) ? 0 : now() + config_.connectTimeoutSeconds;
     peer.backoff = 0.05;
     connectPeer(rank);
   }
@@ -200,7 +204,11 @@ void Node::connectPeer(int rank) {
 }
 
 void Node::failPeer(int rank, const Status& why, bool gone) {
-  if (gone) moveShardFrom(rank);  // first: requests failed below are retried at the new shard
+  if (rank < 0 || rank >= config_.worldSize) return;
+  if (gone) {
+    moveShardFrom(rank);  // first: requests failed below are retried at the new shard
+    dropPartialResultsOf(rank);
+  }
   Peer& peer = peers_[rank];
   peer.lost = true;
   // This node will not talk to it again: its copies leave this shard's lists.
@@ -252,6 +260,7 @@ void Node::onClosed(Connection& conn, const Status& why) {
       // It registered its objects over this connection: they leave this shard's
       // lists too (a peer closes its connections only when it leaves or dies).
       directory_->forgetHolder(from);
+      dropPartialResultsOf(from);
     }
     if (from >= 0 && !shuttingDown_) {
       failMessagesFrom(from, conn.id(), Status(Code::kPeerFailed, "connection from " + peerName(from) + " closed: " + why.message));
@@ -347,7 +356,8 @@ void Node::adoptPeer(int rank, const std::string& host, int port, uint64_t conne
     peer.port = port;
     return;
   }
-  if (peer.conn) failPeer(rank, Status(Code::kPeerFailed, peerName(rank) + " restarted"));
+  // What was on its way to the old process fails (and is asked again where that retries).
+  if (peer.conn || !peer.queued.empty()) failPeer(rank, Status(Code::kPeerFailed, peerName(rank) + " restarted"));
   HLOG(kInfo, "rank %d rejoined from %s:%d", rank, host.c_str(), port);
   Peer fresh;
   fresh.host = host;

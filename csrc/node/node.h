@@ -172,6 +172,7 @@ class Node : public ConnectionObserver {
   // The rank hosting an id's directory entry: its hash's rank, or, once that
   // one failed, the next live rank after it (for good). Loop thread.
   int shardOf(const std::string& id) const;
+  int shardHost(int homeRank) const;  // who hosts the share of the directory that `homeRank` had
   // A rank failed: its share of the directory moves on, and this node
   // registers the copies it holds of the objects that were listed there.
   void moveShardFrom(int rank);
@@ -280,7 +281,7 @@ class Node : public ConnectionObserver {
   void startReduce(uint64_t key);
   void onReduceInput(uint64_t key, int index, const Status& status, const wire::LookupReply* reply);
   // Locates an input again (its holder died): a copy elsewhere, or one put again later.
-  void relocateInput(uint64_t key, int index, int deadHolder);
+  void relocateInput(uint64_t key, int index, int deadHolder, double delaySeconds = 0);
   // Fills vacant positions with located inputs (the first pass in arrival order).
   void launchReadyInputs(uint64_t key);
   // Fixes the tree on the first input and checks each input against it;
@@ -297,7 +298,7 @@ class Node : public ConnectionObserver {
   void maybeReturn(uint64_t key);
   void completeReduce(uint64_t key);
   void failReduce(uint64_t key, const Status& why);
-  void rememberReduce(const ReduceCoordination& c, const Status& outcome);
+  void rememberReduce(ReduceCoordination& c, const Status& outcome);
   // Recovery: after a task failed because a participant died, ask every
   // participant whether it is alive, then redo the positions that depended on
   // the dead (node_reduce_recovery.cpp).
@@ -316,6 +317,7 @@ class Node : public ConnectionObserver {
   void closeRoot(const std::shared_ptr<ReduceTaskState>& task);
   void handleReduceAbort(Connection& conn, const wire::ReduceAbort& msg);
   void deleteEverywhere(const std::string& id);  // fire and forget
+  void dropPartialResultsOf(int coordinator);
   // Link latency and bandwidth for the cost model, from probes to a peer
   // (refreshed when older than a minute); `then` runs once they are known (node_link.cpp).
   void withLinkEstimate(std::function<void()> then);

@@ -340,7 +340,8 @@ void Node::progressGet(uint64_t token) {
   const auto& obj = op.object;
   const bool evicted = obj->failed() && obj->error().code == Code::kNotFound && op.lookups < kMaxLookups;
   const bool recomputed = obj->failed() && obj->error().code == Code::kRetry;
-  if ((evicted || recomputed) && !op.copyInFlight) {
+  if ((evicted || recomputed) && op.copyInFlight) return;  // its end calls this again
+  if (evicted || recomputed) {
     // The chosen holder no longer had a copy (evicted since the directory
     // answered), or the object is being recomputed (a reduce lost a
     // participant): look the object up again, from its first byte.

@@ -17,6 +17,8 @@ namespace hoplite {
 namespace {
 // Ended reduces remembered for reduceOutcome.
 constexpr size_t kReduceHistory = 1024;
+// Before locating again an input whose only holder is dead (for a copy put again).
+constexpr double kRelocateDelay = 0.1;
 }  // namespace
 
 Status Node::reduce(const ReduceRequest& request, ReducePlan* plan) {
@@ -123,6 +125,16 @@ void Node::armInputTimer(uint64_t key) {
     c.timer = 0;
     int placed = 0;
     for (const auto& p : c.positions) placed += p.state != ReducePosition::State::kVacant;
+    if (c.planned && placed == c.request.count && c.filled == c.request.count) {
+      // Every position has an input, but not every task registered in time.
+      std::string waiting;
+      for (const auto& p : c.positions) {
+        if (!p.registered) waiting += (waiting.empty() ? "" : ", ") + peerName(p.holder);
+      }
+      return failReduce(key, Status(Code::kTimeout, "reduce into " + printableId(c.request.resultId) + " timed out after " +
+                                                        printableSeconds(c.request.timeoutSeconds) +
+                                                        ": no answer to its tasks from " + waiting));
+    }
     std::string missing;
     int shown = 0;
     for (size_t i = 0; i < c.arrived.size() && shown < 8; ++i) {
@@ -144,6 +156,11 @@ void Node::onReduceInput(uint64_t key, int index, const Status& status, const wi
   ReduceCoordination& c = *it->second;
   const std::string& id = c.request.inputIds[index];
   if (status.code == Code::kTimeout) return;  // the reduce's own timer reports it
+  if (status.ok() && (reply->sender < -1 || reply->sender >= config_.worldSize)) {
+    return failReduce(key, Status(Code::kProtocol, "reduce into " + printableId(c.request.resultId) + ": input " +
+                                                       printableId(id) + " located on rank " +
+                                                       std::to_string(reply->sender) + ", which does not exist"));
+  }
   if (status.code == Code::kDeleted || status.code == Code::kPeerFailed) {
     // Deleted, or its directory shard died: this input will not come.
     if (!c.lost[index]) c.lost[index] = true;
@@ -161,25 +178,35 @@ void Node::onReduceInput(uint64_t key, int index, const Status& status, const wi
                                             printableId(id) + " failed: " + status.message));
     return;
   }
-  const int holder = reply->sender;
-  if (holder >= 0 && holder != config_.rank && peers_.count(holder) && peers_.at(holder).lost) {
-    return relocateInput(key, index, holder);  // the directory has not heard of its death yet
+  ReduceInput input{index, *reply};
+  if (input.reply.sender < 0 && input.reply.hasInline) input.reply.sender = config_.rank;  // bytes in the directory: any node can compute it
+  const int holder = input.reply.sender;
+  const bool dead = holder != config_.rank && (holder < 0 || (peers_.count(holder) && peers_.at(holder).lost));
+  if (dead) {
+    // No copy left, or the directory has not heard of its holder's death yet: ask again shortly.
+    return relocateInput(key, index, holder, kRelocateDelay);
   }
   c.arrived[index] = true;
   c.lost[index] = false;
-  c.ready.push_back(ReduceInput{index, *reply});
+  c.ready.push_back(std::move(input));
   launchReadyInputs(key);
 }
 
-void Node::relocateInput(uint64_t key, int index, int deadHolder) {
-  ReduceCoordination& c = *reduces_.at(key);
-  c.lost[index] = true;
-  uint64_t request = requestLookup(c.request.inputIds[index], c.request.timeoutSeconds, /*locate=*/true, deadHolder,
-                                   [this, key, index](const Status& s, const wire::LookupReply* reply) {
-                                     onReduceInput(key, index, s, reply);
-                                   });
-  auto it = reduces_.find(key);
-  if (it != reduces_.end()) it->second->lookups.push_back(request);
+void Node::relocateInput(uint64_t key, int index, int deadHolder, double delay) {
+  reduces_.at(key)->lost[index] = true;
+  auto ask = [this, key, index, deadHolder] {
+    auto it = reduces_.find(key);
+    if (it == reduces_.end()) return;
+    const ReduceCoordination& c = *it->second;
+    uint64_t request = requestLookup(c.request.inputIds[index], c.request.timeoutSeconds, /*locate=*/true, deadHolder,
+                                     [this, key, index](const Status& s, const wire::LookupReply* reply) {
+                                       onReduceInput(key, index, s, reply);
+                                     });
+    it = reduces_.find(key);
+    if (it != reduces_.end()) it->second->lookups.push_back(request);
+  };
+  if (delay <= 0) return ask();
+  loop_.addTimer(delay, ask);
 }
 
 void Node::launchReadyInputs(uint64_t key) {
@@ -227,7 +254,7 @@ void Node::launchReadyInputs(uint64_t key) {
   for (const auto& p : c.positions) vacant = vacant || p.state == State::kVacant;
   if (vacant) {
     armInputTimer(key);
-  } else if (c.timer) {
+  } else if (c.timer && !c.returned) {  // until reduce() returned, its timeout holds
     loop_.cancelTimer(c.timer);
     c.timer = 0;
   }
@@ -265,24 +292,21 @@ bool Node::planInput(uint64_t key, const ReduceInput& ready) {
                                                        ", object " + printableId(id) + " is " + describeMeta(meta)));
     return false;
   }
-  if (ready.reply.sender < 0) {
-    failReduce(key, Status(Code::kNotFound, "reduce into " + resultName + ": no node holds a copy of input " +
-                                                printableId(id)));
-    return false;
-  }
   return true;
 }
 
-// Partial results are registered at this node's own shard: their fate is
-// shared with the coordinator's (which the reduce cannot outlive anyway), not
-// with whichever node their id would hash to.
+// Partial results are registered at the shard that hosts this node's share of
+// the directory (its own, unless it rejoined): their fate is shared with the
+// coordinator's (which the reduce cannot outlive anyway), not with whichever
+// node their id would hash to.
 std::string Node::partialOutputId(const ReduceCoordination& c, int position) const {
   if (position == c.plan->tree.root) return c.request.resultId;
   const std::string base = c.partialPrefix + std::to_string(position) + "." +
                            std::to_string(c.positions[position].generation) + "#";
-  for (uint64_t salt = 0;; ++salt) {
+  const int home = shardHost(config_.rank);
+  for (uint64_t salt = 0;; ++salt) {  // each salt lands there with probability >= 1/world
     std::string id = base + std::to_string(salt);
-    if (shardOf(id) == config_.rank) return id;
+    if (shardOf(id) == home) return id;
   }
 }
 
@@ -341,6 +365,7 @@ void Node::onTaskRegistered(uint64_t key, int position, int generation, const St
   if (p.generation != generation) return;  // a task since replaced
   if (!status.ok()) return onTaskFailed(key, position, status);
   p.registered = true;
+  if (position == it->second->plan->tree.root) it->second->resultRegistered = true;
   maybeReturn(key);
 }
 
@@ -377,6 +402,10 @@ void Node::maybeReturn(uint64_t key) {
        printableId(c.request.resultId).c_str(), c.started, c.plan->planSeconds, c.plan->tree.degree);
   auto returned = std::move(c.returned);
   c.returned = nullptr;
+  if (c.timer) {
+    loop_.cancelTimer(c.timer);
+    c.timer = 0;
+  }
   returned(Status(), *c.plan);
 }
 
@@ -386,7 +415,10 @@ void Node::completeReduce(uint64_t key) {
   reduces_.erase(it);
   if (c->timer) loop_.cancelTimer(c->timer);
   for (uint64_t request : c->lookups) pending_.erase(request);
-  // Inputs located but not used stay where they are; the tasks freed what they consumed.
+  // The partial results are consumed; inputs located but not used stay where they are.
+  for (size_t p = 0; p < c->positions.size(); ++p) {
+    if (static_cast<int>(p) != c->plan->tree.root) deleteEverywhere(c->positions[p].output);
+  }
   rememberReduce(*c, Status());
   if (c->returned) c->returned(Status(), *c->plan);
   for (auto& w : c->waiters) w(Status(), *c->plan);
@@ -400,24 +432,33 @@ void Node::failReduce(uint64_t key, const Status& why) {
   if (c->timer) loop_.cancelTimer(c->timer);
   for (uint64_t request : c->lookups) pending_.erase(request);
   using State = ReducePosition::State;
-  bool rootSent = false;
   for (size_t p = 0; p < c->positions.size(); ++p) {
     const ReducePosition& pos = c->positions[p];
     pending_.erase(pos.endRequest);
-    const bool root = static_cast<int>(p) == c->plan->tree.root;
-    rootSent = rootSent || (root && (pos.state != State::kVacant || pos.generation > 0));
     if (pos.state == State::kRunning) send(pos.holder, wire::ReduceAbort{0, pos.output, false});
-    // Finished outputs not consumed yet, and those of tasks that failed, are
-    // freed here (the tasks leave them to a live coordinator).
-    if (!root && (pos.state != State::kVacant || pos.generation > 0)) deleteEverywhere(pos.output);
+    // Partial results, finished or not, are freed here (the tasks leave them
+    // to a live coordinator).
+    if (static_cast<int>(p) != c->plan->tree.root && (pos.state != State::kVacant || pos.generation > 0)) {
+      deleteEverywhere(pos.output);
+    }
   }
-  if (rootSent) deleteEverywhere(c->request.resultId);
+  // Readers of the result fail at once; an id this reduce never registered
+  // (e.g. one that was taken) is someone else's and stays.
+  if (c->resultRegistered) deleteEverywhere(c->request.resultId);
   rememberReduce(*c, why);
   if (c->returned) c->returned(why, *c->plan);
   for (auto& w : c->waiters) w(why, *c->plan);
 }
 
-void Node::rememberReduce(const ReduceCoordination& c, const Status& outcome) {
+void Node::rememberReduce(ReduceCoordination& c, const Status& outcome) {
+  // Lost inputs that were put again and used in the end are not lost.
+  auto& lost = c.plan->lost;
+  std::sort(lost.begin(), lost.end());
+  lost.erase(std::unique(lost.begin(), lost.end()), lost.end());
+  const auto& used = c.plan->used;
+  lost.erase(std::remove_if(lost.begin(), lost.end(),
+                            [&](int i) { return std::find(used.begin(), used.end(), i) != used.end(); }),
+             lost.end());
   const std::string& id = c.request.resultId;
   if (!reduceHistory_.count(id)) reduceHistoryOrder_.push_back(id);
   reduceHistory_[id] = {outcome, *c.plan};

@@ -4,8 +4,6 @@
 // depended on the dead: their positions (with the next ready inputs, since
 // theirs died with them) and those positions' ancestors, up to the root. The
 // result's readers are sent back to wait for the recomputed result.
-#include <functional>
-
 #include "common/logging.h"
 #include "node/node.h"
 #include "node/reduce_state.h"
@@ -78,6 +76,7 @@ void Node::recoverReduce(uint64_t key, const std::set<int>& dead) {
 
   // Which positions to redo: those whose output is lost while still needed
   // (computed by the dead, or failed), and their ancestors, which consumed it.
+  // Everything else keeps its output (outputs live until the result is complete).
   auto finished = [&](int p) { return p >= 0 && c.positions[p].state == State::kFinished; };
   std::vector<bool> redo(k, false);
   for (int p = 0; p < k; ++p) {
@@ -85,16 +84,6 @@ void Node::recoverReduce(uint64_t key, const std::set<int>& dead) {
     const bool gone = pos.state != State::kVacant && dead.count(pos.holder) && !finished(tree.parent[p]);
     if (!gone && pos.state != State::kFailed) continue;
     for (int q = p; q >= 0 && !redo[q]; q = tree.parent[q]) redo[q] = true;
-  }
-  // A finished position deleted what it consumed: redoing it redoes its subtree.
-  std::function<void(int)> redoSubtree = [&](int p) {
-    for (int child : tree.children[p]) {
-      redo[child] = true;
-      redoSubtree(child);
-    }
-  };
-  for (int p = 0; p < k; ++p) {
-    if (redo[p] && finished(p)) redoSubtree(p);
   }
 
   // Inputs held by the dead are lost; look for them again (a copy elsewhere,
@@ -115,9 +104,10 @@ void Node::recoverReduce(uint64_t key, const std::set<int>& dead) {
     if (!redo[p]) continue;
     ReducePosition& pos = c.positions[p];
     const bool holderDead = pos.state != State::kVacant && dead.count(pos.holder);
-    if (pos.state == State::kRunning && !holderDead) {
+    if (pos.state == State::kRunning) {
+      // Also to the "dead": one that only missed the roll call must stop too.
       send(pos.holder, wire::ReduceAbort{0, pos.output, /*retract=*/true});
-      if (p == tree.root) oldRootEnd = pos.endRequest;  // it reports once it took the result back
+      if (p == tree.root && !holderDead) oldRootEnd = pos.endRequest;  // it reports once it took the result back
     }
     if (p != tree.root && pos.state != State::kVacant) deleteEverywhere(pos.output);
     if (p != tree.root || !oldRootEnd) pending_.erase(pos.endRequest);
@@ -150,6 +140,8 @@ void Node::recoverReduce(uint64_t key, const std::set<int>& dead) {
     auto it = reduces_.find(key);
     if (it == reduces_.end() || it->second->retractRound != round) return;
     const std::string id = it->second->request.resultId;
+    const bool registered = it->second->resultRegistered;
+    it->second->resultRegistered = false;
     uint64_t request = newRequest();
     auto relaunch = [this, key, round](const Status&) {
       auto it = reduces_.find(key);
@@ -161,6 +153,7 @@ void Node::recoverReduce(uint64_t key, const std::set<int>& dead) {
       }
       launchReadyInputs(key);
     };
+    if (!registered) return relaunch(Status());  // the id may be someone else's: leave it
     requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
                  relaunch);
   };

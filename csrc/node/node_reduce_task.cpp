@@ -54,6 +54,7 @@ void Node::startTask(uint64_t taskId, std::shared_ptr<LocalObject> input) {
   Status s = store_->create(msg.outputId, msg.meta, /*primary=*/true, &task.output,
                             task.alias ? input->buffer() : nullptr, /*sharedWithStored=*/task.alias);
   if (!s.ok()) return failTask(taskId, s);
+  task.output->recomputable = msg.root;  // its coordinator computes the result again if a participant dies
   serveParkedPulls(task.output);
   task.children.assign(msg.childIds.size(), nullptr);
   wire::Register reg;
@@ -182,6 +183,11 @@ void Node::progressTask(uint64_t taskId) {
 void Node::finishTask(uint64_t taskId) {
   auto it = tasks_.find(taskId);
   if (it == tasks_.end()) return;
+  if (store_->find(it->second->msg.outputId) != it->second->output) {
+    // Dropped meanwhile (a retract reached it before an abort did): announcing
+    // it complete would list a holder without a copy.
+    return failTask(taskId, Status(Code::kRetry, "its output " + printableId(it->second->msg.outputId) + " was dropped"));
+  }
   auto task = std::move(it->second);
   tasks_.erase(it);
   for (auto& [obj, listener] : task->listeners) obj->removeListener(listener);
@@ -190,8 +196,20 @@ void Node::finishTask(uint64_t taskId) {
        task->msg.childIds.size(), task->started, now());
   send(shardOf(out), wire::HolderUpdate{out, config_.rank, wire::HolderState::kComplete, -1});
   reportTaskEnd(*task, Status());
-  // The children's partial results are consumed: drop them everywhere.
-  for (const auto& child : task->msg.childIds) deleteEverywhere(child);
+  // The children's outputs stay until the coordinator frees them with the
+  // result complete: if this node dies first, only this position is redone.
+  if (task->coordinator.expired()) {
+    for (const auto& child : task->msg.childIds) deleteEverywhere(child);
+  }
+}
+
+// A coordinator that failed frees none of its partial results: their holders do.
+void Node::dropPartialResultsOf(int rank) {
+  const std::string prefix = std::string("\x01reduce/") + std::to_string(rank) + ".";
+  for (const auto& obj : store_->snapshot()) {
+    if (obj->id().rfind(prefix, 0) != 0) continue;
+    dropLocalCopy(obj->id(), Status(Code::kPeerFailed, "its reduce's coordinator, " + peerName(rank) + ", failed"));
+  }
 }
 
 void Node::failTask(uint64_t taskId, const Status& why) {

@@ -61,6 +61,7 @@ struct Node::ReduceCoordination {
   std::string partialPrefix;
   int filled = 0;  // positions given an input by the first pass (in arrival order)
   std::vector<ReducePosition> positions;  // by tree position, once planned
+  bool resultRegistered = false;  // a root task registered the result (its id is this reduce's)
   bool rollCall = false;    // after a failure: asking the participants who is alive
   bool retracting = false;  // after a failure: the result's readers are being sent back
   uint64_t retractRound = 0;  // the latest recovery's, so an older one's answer is ignored

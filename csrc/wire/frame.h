@@ -13,7 +13,7 @@ namespace hoplite {
 namespace wire {
 
 constexpr uint32_t kMagic = 0x544c5048;  // "HPLT" little-endian
-constexpr uint8_t kVersion = 2;  // 2: authenticated handshake
+constexpr uint8_t kVersion = 3;  // 2: authenticated handshake; 3: recovery and rejoin fields
 constexpr size_t kHeaderSize = 16;
 constexpr size_t kDataSubheaderSize = 16;
 

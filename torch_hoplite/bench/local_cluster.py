@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import threading
+import time
 import traceback
 from typing import Any, Callable, Optional
 
@@ -132,6 +134,25 @@ class Cluster:
         self._conns[rank] = parent
         self.procs[rank] = proc
         self.pids[rank] = self._receive(rank, CALL_TIMEOUT, expect="ready")
+
+    def freeze(self, rank: int, timeout: float = 5.0) -> None:
+        """SIGSTOPs a rank and waits until the kernel reports every one of its
+        threads stopped (the signal takes effect thread by thread, asynchronously)."""
+        pid = self.pids[rank]
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = []
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                        states.append(f.read().rsplit(")", 1)[1].split()[0])
+                except FileNotFoundError:
+                    pass  # a thread that just exited
+            if states and all(s == "T" for s in states):
+                return
+            time.sleep(0.001)
+        raise TimeoutError(f"rank {rank} (pid {pid}) did not stop within {timeout} s")
 
     def kill(self, rank: int) -> None:
         self.procs[rank].kill()
