@@ -116,6 +116,36 @@ def allreduce_coalesced(h, g, rank, world):
     _check(a, expect, "all_reduce_coalesced")
 
 
+def gathers_and_scatters_coalesced(h, g, rank, world):
+    size = dist.get_world_size(h)
+    # One dtype (torch's all_gather_coalesced asks for it), several shapes and sizes.
+    xs = [_values(rank, SMALL), _values(rank, 1000, salt=2).view(10, 100), _values(rank, LARGE, salt=3)]
+    a = [[torch.zeros_like(x) for _ in range(size)] for x in xs]
+    dist.all_gather_coalesced(a, xs, group=h)
+    for x, outs in zip(xs, a):
+        b = [torch.zeros_like(x) for _ in range(size)]
+        dist.all_gather(b, x, group=g)
+        _check(outs, b, "all_gather_coalesced")
+    flat = [x.reshape(-1) for x in xs]
+    outs = [torch.zeros(size * x.numel(), dtype=x.dtype) for x in flat]
+    with dist._coalescing_manager(group=h):  # one allgather_into_tensor_coalesced
+        for o, x in zip(outs, flat):
+            dist.all_gather_into_tensor(o, x, group=h)
+    for o, x in zip(outs, flat):
+        b = torch.zeros_like(o)
+        dist.all_gather_into_tensor(b, x, group=g)
+        _check(o, b, "coalesced all_gather_into_tensor")
+    ins = [_values(rank, size * SMALL, salt=4), _values(rank, size * LARGE, salt=5)]
+    outs = [torch.zeros(SMALL), torch.zeros(LARGE)]
+    with dist._coalescing_manager(group=h):  # one reduce_scatter_tensor_coalesced
+        for o, i in zip(outs, ins):
+            dist.reduce_scatter_tensor(o, i, group=h)
+    for o, i in zip(outs, ins):
+        b = torch.zeros_like(o)
+        dist.reduce_scatter_tensor(b, i, group=g)
+        _check(o, b, "coalesced reduce_scatter_tensor")
+
+
 def broadcast(h, g, rank, world):
     for n in (SMALL, LARGE, 0):
         for src_index in (0, dist.get_world_size(h) - 1):
@@ -325,11 +355,11 @@ def ddp(h, g, rank, world):
 
 CASES = [
     allreduce_ops, allreduce_dtypes, allreduce_bitwise, allreduce_avg, allreduce_noncontiguous_async,
-    allreduce_coalesced, broadcast, reduce, allgather, gather_scatter, reduce_scatter, all_to_all,
-    send_recv, recv_any_source, p2p_timeout, barrier, bad_arguments, ddp,
+    allreduce_coalesced, gathers_and_scatters_coalesced, broadcast, reduce, allgather, gather_scatter,
+    reduce_scatter, all_to_all, send_recv, recv_any_source, p2p_timeout, barrier, bad_arguments, ddp,
 ]
-SUBGROUP_CASES = [allreduce_ops, broadcast, reduce, allgather, reduce_scatter, all_to_all, send_recv,
-                  recv_any_source, barrier]
+SUBGROUP_CASES = [allreduce_ops, gathers_and_scatters_coalesced, broadcast, reduce, allgather, reduce_scatter,
+                  all_to_all, send_recv, recv_any_source, barrier]
 
 
 def run_rank(rank: int, world: int, port: int, conn) -> None:

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "c10d/algorithms.h"
 #include "common/hash.h"
@@ -52,12 +53,18 @@ void checkSameDtype(const at::Tensor& output, const at::Tensor& input, const cha
               " differs from input dtype ", input.scalar_type());
 }
 
+// A list of `size` tensors like `like`.
+void checkList(const std::vector<at::Tensor>& list, int size, const at::Tensor& like, const char* op, const char* what) {
+  TORCH_CHECK(static_cast<int>(list.size()) == size, "hoplite ", op, ": expects a list of ", size, " ", what,
+              " tensors, got ", list.size());
+  for (int i = 0; i < size; ++i) checkLike(list[i], like, op, std::string(what) + " " + std::to_string(i));
+}
+
 // The one list of `size` tensors like `like` that list-form collectives take.
 const std::vector<at::Tensor>& checkedList(const std::vector<std::vector<at::Tensor>>& lists, int size,
                                            const at::Tensor& like, const char* op, const char* what) {
-  TORCH_CHECK(lists.size() == 1 && static_cast<int>(lists[0].size()) == size, "hoplite ", op, ": expects one list of ",
-              size, " ", what, " tensors");
-  for (int i = 0; i < size; ++i) checkLike(lists[0][i], like, op, std::string(what) + " " + std::to_string(i));
+  TORCH_CHECK(lists.size() == 1, "hoplite ", op, ": expects one list of ", size, " ", what, " tensors");
+  checkList(lists[0], size, like, op, what);
   return lists[0];
 }
 
@@ -121,6 +128,21 @@ void allreduceInPlace(Channel& ch, const at::Tensor& t, const Reduction& red) {
 }
 
 // `flat` holds every rank's blocks for `out`: reduces them and leaves this rank's in `out`.
+// Allgather of every input's bytes back to back, then place(rank, its block).
+void gatherCoalesced(Channel& ch, const std::vector<at::Tensor>& inputs,
+                     const std::function<void(int, const uint8_t*)>& place) {
+  size_t block = 0;
+  for (const auto& in : inputs) block += nbytes(in);
+  uint8_t* flat = ch.scratch(block * ch.size());
+  uint8_t* mine = flat + block * ch.rank();
+  for (const auto& in : inputs) {
+    copyFrom(mine, in);
+    mine += nbytes(in);
+  }
+  ringAllgather(ch, flat, block);
+  for (int r = 0; r < ch.size(); ++r) place(r, flat + block * r);
+}
+
 void reduceScatterInto(Channel& ch, uint8_t* flat, const at::Tensor& out, const Reduction& red) {
   ringReduceScatter(ch, flat, out.numel(), red.elements);
   uint8_t* mine = flat + nbytes(out) * ch.rank();
@@ -303,6 +325,60 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::_allgather_base(at::Tensor& out
                  });
 }
 
+// Every rank's block is all inputs' bytes back to back: one ring pass gathers
+// them all, then `place(rank, block)` copies rank r's block out.
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::allgather_coalesced(TensorLists& outputs, Tensors& inputs,
+                                                                     const ::c10d::AllgatherOptions& opts) {
+  TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(), "hoplite allgather_coalesced: ", outputs.size(),
+              " output lists for ", inputs.size(), " inputs");
+  Tensors keep;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkTensor(inputs[i], "allgather_coalesced", "input " + std::to_string(i));
+    checkList(outputs[i], getSize(), inputs[i], "allgather_coalesced", "output");
+    keep.insert(keep.end(), outputs[i].begin(), outputs[i].end());
+    keep.push_back(inputs[i]);
+  }
+  Tensors flatOutputs;
+  for (const auto& list : outputs) flatOutputs.insert(flatOutputs.end(), list.begin(), list.end());
+  return enqueue(::c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", keep, flatOutputs, opts.timeout,
+                 [inputs, outputs](Channel& ch) {
+                   gatherCoalesced(ch, inputs, [&](int rank, const uint8_t* block) {
+                     for (size_t i = 0; i < inputs.size(); ++i) {
+                       copyTo(outputs[i][rank], block);
+                       block += nbytes(inputs[i]);
+                     }
+                   });
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::allgather_into_tensor_coalesced(Tensors& outputs, Tensors& inputs,
+                                                                                 const ::c10d::AllgatherOptions& opts) {
+  TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(), "hoplite allgather_into_tensor_coalesced: ",
+              outputs.size(), " outputs for ", inputs.size(), " inputs");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkTensor(inputs[i], "allgather_into_tensor_coalesced", "input " + std::to_string(i));
+    checkTensor(outputs[i], "allgather_into_tensor_coalesced", "output " + std::to_string(i));
+    checkSameDtype(outputs[i], inputs[i], "allgather_into_tensor_coalesced");
+    TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * getSize(), "hoplite allgather_into_tensor_coalesced: output ",
+                i, " has ", outputs[i].numel(), " elements, expected ", inputs[i].numel() * getSize(),
+                " (input × group size)");
+  }
+  Tensors keep = outputs;
+  keep.insert(keep.end(), inputs.begin(), inputs.end());
+  return enqueue(::c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", keep, outputs, opts.timeout,
+                 [inputs, outputs](Channel& ch) {
+                   std::vector<Dense> dense(outputs.begin(), outputs.end());
+                   gatherCoalesced(ch, inputs, [&](int rank, const uint8_t* block) {
+                     for (size_t i = 0; i < inputs.size(); ++i) {
+                       const size_t size = nbytes(inputs[i]);
+                       if (size > 0) std::memcpy(bytesOf(dense[i].work) + size * rank, block, size);
+                       block += size;
+                     }
+                   });
+                   for (const auto& d : dense) d.commit();
+                 });
+}
+
 c10::intrusive_ptr<::c10d::Work> HopliteBackend::gather(TensorLists& outputs, Tensors& inputs,
                                                         const ::c10d::GatherOptions& opts) {
   const at::Tensor& in = single(inputs, "gather");
@@ -385,6 +461,49 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::_reduce_scatter_base(at::Tensor
                    uint8_t* flat = ch.scratch(nbytes(input));
                    copyFrom(flat, input);
                    reduceScatterInto(ch, flat, output, red);
+                 });
+}
+
+// Rank r's block of the joined input is every input's r-th block back to back;
+// one reduce-scatter over it leaves this rank's block, which is split out again.
+c10::intrusive_ptr<::c10d::Work> HopliteBackend::reduce_scatter_tensor_coalesced(
+    Tensors& outputs, Tensors& inputs, const ::c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(), "hoplite reduce_scatter_tensor_coalesced: ",
+              outputs.size(), " outputs for ", inputs.size(), " inputs");
+  int64_t total = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkTensor(inputs[i], "reduce_scatter_tensor_coalesced", "input " + std::to_string(i));
+    checkTensor(outputs[i], "reduce_scatter_tensor_coalesced", "output " + std::to_string(i));
+    checkSameDtype(outputs[i], inputs[0], "reduce_scatter_tensor_coalesced");
+    checkSameDtype(inputs[i], inputs[0], "reduce_scatter_tensor_coalesced");
+    TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * getSize(), "hoplite reduce_scatter_tensor_coalesced: input ",
+                i, " has ", inputs[i].numel(), " elements, expected ", outputs[i].numel() * getSize(),
+                " (output × group size)");
+    total += outputs[i].numel();
+  }
+  Reduction red = reductionFor(opts.reduceOp, outputs[0], "reduce_scatter_tensor_coalesced");
+  at::Tensor joined = at::empty({total}, outputs[0].options());
+  Tensors keep = outputs;
+  keep.insert(keep.end(), inputs.begin(), inputs.end());
+  keep.push_back(joined);
+  return enqueue(::c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced", keep, outputs,
+                 opts.timeout, [inputs, outputs, joined, red](Channel& ch) {
+                   const size_t block = nbytes(joined);
+                   uint8_t* flat = ch.scratch(block * ch.size());
+                   for (int r = 0; r < ch.size(); ++r) {
+                     uint8_t* at = flat + block * r;
+                     for (size_t i = 0; i < inputs.size(); ++i) {
+                       const size_t size = nbytes(outputs[i]);
+                       copyFrom(at, inputs[i].reshape({-1}).narrow(0, outputs[i].numel() * r, outputs[i].numel()));
+                       at += size;
+                     }
+                   }
+                   reduceScatterInto(ch, flat, joined, red);
+                   int64_t offset = 0;
+                   for (const auto& out : outputs) {
+                     out.copy_(joined.narrow(0, offset, out.numel()).view(out.sizes()));
+                     offset += out.numel();
+                   }
                  });
 }
 

@@ -64,6 +64,13 @@ class HopliteBackend : public ::c10d::Backend {
                                              const ::c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                    const ::c10d::AllgatherOptions& opts) override;
+  // The coalesced forms run one ring pass over all their tensors' bytes.
+  c10::intrusive_ptr<::c10d::Work> allgather_coalesced(TensorLists& outputs, Tensors& inputs,
+                                                       const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allgather_into_tensor_coalesced(Tensors& outputs, Tensors& inputs,
+                                                                   const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce_scatter_tensor_coalesced(Tensors& outputs, Tensors& inputs,
+                                                                   const ::c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> gather(TensorLists& outputs, Tensors& inputs,
                                           const ::c10d::GatherOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> scatter(Tensors& outputs, TensorLists& inputs,
