@@ -127,23 +127,21 @@ def gathers_and_scatters_coalesced(h, g, rank, world):
         dist.all_gather(b, x, group=g)
         _check(outs, b, "all_gather_coalesced")
     flat = [x.reshape(-1) for x in xs]
-    outs = [torch.zeros(size * x.numel(), dtype=x.dtype) for x in flat]
-    with dist._coalescing_manager(group=h):  # one allgather_into_tensor_coalesced
-        for o, x in zip(outs, flat):
-            dist.all_gather_into_tensor(o, x, group=h)
-    for o, x in zip(outs, flat):
-        b = torch.zeros_like(o)
-        dist.all_gather_into_tensor(b, x, group=g)
-        _check(o, b, "coalesced all_gather_into_tensor")
+    # One allgather_into_tensor_coalesced, then one reduce_scatter_tensor_coalesced.
+    _coalesced_like_gloo(dist.all_gather_into_tensor, [torch.zeros(size * x.numel()) for x in flat], flat, h, g)
     ins = [_values(rank, size * SMALL, salt=4), _values(rank, size * LARGE, salt=5)]
-    outs = [torch.zeros(SMALL), torch.zeros(LARGE)]
-    with dist._coalescing_manager(group=h):  # one reduce_scatter_tensor_coalesced
+    _coalesced_like_gloo(dist.reduce_scatter_tensor, [torch.zeros(SMALL), torch.zeros(LARGE)], ins, h, g)
+
+
+def _coalesced_like_gloo(op, outs, ins, h, g) -> None:
+    """op(out, in) for every pair under one _coalescing_manager with hoplite, one by one with gloo."""
+    with dist._coalescing_manager(group=h):
         for o, i in zip(outs, ins):
-            dist.reduce_scatter_tensor(o, i, group=h)
+            op(o, i, group=h)
     for o, i in zip(outs, ins):
         b = torch.zeros_like(o)
-        dist.reduce_scatter_tensor(b, i, group=g)
-        _check(o, b, "coalesced reduce_scatter_tensor")
+        op(b, i, group=g)
+        _check(o, b, f"coalesced {op.__name__}")
 
 
 def broadcast(h, g, rank, world):
