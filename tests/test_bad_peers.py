@@ -30,7 +30,8 @@ def string(b: bytes) -> bytes:
 
 
 def hello(rank: int, cluster: bytes, nonce: bytes = b"n" * 16, host: bytes = b"127.0.0.1", port: int = 1) -> bytes:
-    body = struct.pack("<Ii", VERSION, rank) + string(cluster) + string(nonce) + string(host) + struct.pack("<I", port)
+    body = struct.pack("<Ii", VERSION, rank) + string(cluster) + string(nonce) + string(host)
+    body += struct.pack("<IQ", port, 0)  # incarnation 0: a process we have not heard from
     return frame(1, body)
 
 

@@ -32,6 +32,7 @@ Node::Node(NodeConfig config) : config_(std::move(config)) {
   }
   setLogRank(config_.rank);
   reduceNonce_ = std::to_string(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32));
+  while (incarnation_ == 0) incarnation_ = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
   limits_.maxControl = std::max<uint64_t>(config_.inlineThresholdBytes, 1u << 20) + (64u << 10);
   limits_.maxData = kMaxDataFrame;
   TransportOptions options{limits_, config_.socketBufferBytes};
@@ -200,6 +201,7 @@ void Node::connectPeer(int rank) {
   hello.nonce = peer.helloNonce;
   hello.host = config_.host;
   hello.port = static_cast<uint32_t>(port());
+  hello.incarnation = incarnation_;
   peer.conn->sendControl(wire::MsgType::kHello, wire::encode(hello));
 }
 
@@ -319,7 +321,8 @@ void Node::handleHello(Connection& conn, const wire::Hello& msg) {
     conn.close(Status(Code::kProtocol, "peer rank out of range"));
     return;
   }
-  Handshake hs{msg.rank, msg.nonce, randomBytes(wire::kNonceSize), msg.host, static_cast<int>(msg.port)};
+  Handshake hs{msg.rank, msg.nonce, randomBytes(wire::kNonceSize), msg.host, static_cast<int>(msg.port),
+               msg.incarnation};
   wire::Challenge challenge{hs.serverNonce,
                             bytesOf(handshakeProof("server", hs.clientNonce, hs.serverNonce, hs.rank, config_.rank))};
   handshakes_[conn.id()] = std::move(hs);
@@ -338,22 +341,27 @@ void Node::handleAuth(Connection& conn, const wire::Auth& msg) {
   }
   conn.setPeerRank(hs.rank);
   conn.markTrusted();
-  adoptPeer(hs.rank, hs.host, hs.port, conn.id());
+  adoptPeer(hs.rank, hs, conn.id());
   wire::HelloAck ack{config_.rank, {}};
   ack.deadShards.assign(deadShards_.begin(), deadShards_.end());
   conn.sendControl(wire::MsgType::kHelloAck, wire::encode(ack));
 }
 
-// A peer proved who it is: its address is where it listens now. A new address,
-// or a peer we had given up on, is a restarted process (a rank that rejoins):
-// what we knew of the old one is dropped, and we reach the new one from now on.
-void Node::adoptPeer(int rank, const std::string& host, int port, uint64_t connectionId) {
+// A peer proved who it is: its address is where it listens now. A new process
+// (another incarnation, or a new address), or a peer we had given up on, is a
+// restarted process (a rank that rejoins): what we knew of the old one is
+// dropped, and we reach the new one from now on.
+void Node::adoptPeer(int rank, const Handshake& hello, uint64_t connectionId) {
+  const std::string& host = hello.host;
+  const int port = hello.port;
   Peer& peer = peers_[rank];
   const bool moved = peer.port != 0 && (peer.host != host || peer.port != port);
+  const bool reborn = peer.incarnation != 0 && hello.incarnation != 0 && peer.incarnation != hello.incarnation;
   peer.incoming = connectionId;
-  if (!moved && !peer.lost) {
+  if (!moved && !reborn && !peer.lost) {
     peer.host = host;
     peer.port = port;
+    if (hello.incarnation != 0) peer.incarnation = hello.incarnation;
     return;
   }
   // What was on its way to the old process fails (and is asked again where that retries).
@@ -363,6 +371,7 @@ void Node::adoptPeer(int rank, const std::string& host, int port, uint64_t conne
   fresh.host = host;
   fresh.port = port;
   fresh.incoming = connectionId;
+  fresh.incarnation = hello.incarnation;
   peers_[rank] = std::move(fresh);
 }
 

@@ -167,6 +167,7 @@ class Node : public ConnectionObserver {
     std::string helloNonce;  // ours, until the peer's challenge is verified
     bool verified = false;   // the peer proved it knows the secret
     uint64_t incoming = 0;   // id of the latest connection it opened to us
+    uint64_t incarnation = 0;  // of its process, from its hello (0: not heard yet)
 
   };
   // The rank hosting an id's directory entry: its hash's rank, or, once that
@@ -199,8 +200,9 @@ class Node : public ConnectionObserver {
     std::string clientNonce, serverNonce;
     std::string host;  // where the client says it listens
     int port = 0;
+    uint64_t incarnation = 0;
   };
-  void adoptPeer(int rank, const std::string& host, int port, uint64_t connectionId);
+  void adoptPeer(int rank, const Handshake& hello, uint64_t connectionId);
   Digest handshakeProof(const char* role, const std::string& clientNonce, const std::string& serverNonce,
                         int clientRank, int serverRank) const;
   void handleHello(Connection& conn, const wire::Hello& msg);
@@ -398,7 +400,8 @@ class Node : public ConnectionObserver {
   std::unordered_map<std::string, std::vector<ParkedPull>> parkedPulls_;
   bool shuttingDown_ = false;
   uint64_t nextReduce_ = 1;
-  std::string reduceNonce_;  // makes this node's partial-result ids unique across restarts
+  std::string reduceNonce_;
+  uint64_t incarnation_ = 0;  // random, told in every hello  // makes this node's partial-result ids unique across restarts
   std::unordered_map<uint64_t, std::unique_ptr<ReduceCoordination>> reduces_;
   std::unordered_map<uint64_t, std::shared_ptr<ReduceTaskState>> tasks_;
   // How recent reduces coordinated here ended, for reduceOutcome (bounded).

@@ -72,6 +72,7 @@ void Hello::encode(Writer& w) const {
   w.str(nonce);
   w.str(host);
   w.u32(port);
+  w.u64(incarnation);
 }
 Hello Hello::decode(Reader& r) {
   Hello m;
@@ -82,6 +83,7 @@ Hello Hello::decode(Reader& r) {
   m.host = r.str(256, "hello host");
   m.port = r.u32();
   if (m.port > 65535) throw DecodeError("hello port out of range");
+  m.incarnation = r.u64();
   r.expectEnd("hello");
   return m;
 }

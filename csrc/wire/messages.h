@@ -35,6 +35,7 @@ struct Hello {
   // now on (applied only once the client proved it knows the secret).
   std::string host;
   uint32_t port = 0;
+  uint64_t incarnation = 0;  // random per process: a new one from the same address is a restart
   void encode(Writer& w) const;
   static Hello decode(Reader& r);
 };

@@ -137,7 +137,7 @@ static void testMessages() {
   err.status = Status(Code::kDeleted, "gone");
   checkTruncations(err, [&](Reader& r) { LookupReply::decode(r, maxInline); }, "lookup error reply");
 
-  checkTruncations(Hello{kVersion, 2, "cluster", std::string(kNonceSize, 'n'), "10.0.0.1", 4242},
+  checkTruncations(Hello{kVersion, 2, "cluster", std::string(kNonceSize, 'n'), "10.0.0.1", 4242, 77},
                    [](Reader& r) { Hello::decode(r); },
                    "hello");
   CHECK(throwsDecodeError(encode(Hello{kVersion, 2, "cluster", "short"}), [](Reader& r) { Hello::decode(r); }));
