@@ -88,8 +88,8 @@ void Node::moveShardFrom(int rank) {
     if (!obj->failed() && shardOf(obj->id()) == rank) moved.push_back(std::move(obj));
   }
   deadShards_.insert(rank);
-  HLOG(kInfo, "%s failed: its directory shard moves on; re-registering %zu local copies", peerName(rank).c_str(),
-       moved.size());
+  HLOG(kInfo, "%s is gone (failed or left): its directory shard moves on; re-registering %zu local copies",
+       peerName(rank).c_str(), moved.size());
   // Everyone must agree where ids go: tell the others (who pass it on once).
   for (int r = 0; r < config_.worldSize; ++r) {
     if (r != config_.rank && r != rank && !deadShards_.count(r) && !peers_[r].lost) send(r, wire::ShardMoved{rank});
