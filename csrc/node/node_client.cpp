@@ -288,6 +288,12 @@ void Node::onFetchLookup(const std::string& id, const Status& status, const wire
   // holder. A copy may have appeared here meanwhile (another get, or a reduce
   // task's output): use it, and give the assigned sender back.
   const int sender = reply->sender;
+  if (sender >= config_.worldSize) {
+    done(Status(Code::kProtocol, "the directory named rank " + std::to_string(sender) + " as holder of object " +
+                                     printableId(id) + ", which does not exist"),
+         nullptr, -1);
+    return;
+  }
   if (auto obj = store_->find(id)) {
     if (sender >= 0) {
       send(shard, wire::HolderUpdate{id, config_.rank,
@@ -486,7 +492,8 @@ void Node::resumePull(std::shared_ptr<LocalObject> obj, int deadRank, int resume
   requestLookup(obj->id(), config_.connectTimeoutSeconds, /*locate=*/false, deadRank,
                 [this, obj, deadRank, resumes, why](const Status& s, const wire::LookupReply* reply) {
                   if (store_->find(obj->id()) != obj) return;  // dropped meanwhile
-                  if (!s.ok() || reply == nullptr || reply->sender < 0 || reply->sender == config_.rank) {
+                  if (!s.ok() || reply == nullptr || reply->sender < 0 || reply->sender == config_.rank ||
+                      reply->sender >= config_.worldSize) {
                     return dropFailedCopy(obj, -1, why);
                   }
                   counters_.pullResumes++;
