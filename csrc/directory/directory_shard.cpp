@@ -66,11 +66,7 @@ bool DirectoryShard::updateHolder(const wire::HolderUpdate& msg) {
   if (!holders.count(msg.holder)) return true;  // not listed (e.g. dropped by a retract since): nothing to change
   if (msg.state == wire::HolderState::kRemoved) {
     holders.erase(msg.holder);
-    if (lost(it->second)) {
-      // A reduce's result is computed again: its readers wait for it.
-      if (!it->second.recomputable) rememberGone(msg.id, Code::kPeerFailed, -1);
-      entries_.erase(it);
-    }
+    if (lost(it->second)) dropLost(it, -1);
   } else {
     Holder& h = holders[msg.holder];
     h.complete = msg.state == wire::HolderState::kComplete;
@@ -181,8 +177,7 @@ void DirectoryShard::forgetHolder(int rank) {
       }
       entry.holders.erase(it);
       if (lost(entry)) {
-        if (!entry.recomputable) rememberGone(e->first, Code::kPeerFailed, rank);  // else computed again
-        e = entries_.erase(e);
+        e = dropLost(e, rank);
         continue;
       }
     }
@@ -202,6 +197,12 @@ Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<i
   entries_.erase(it);
   if (!retract) rememberGone(id, Code::kDeleted, -1);
   return Status();
+}
+
+DirectoryShard::Entries::iterator DirectoryShard::dropLost(Entries::iterator entry, int lastHolder) {
+  // A reduce's result is computed again: its readers wait for it.
+  if (!entry->second.recomputable) rememberGone(entry->first, Code::kPeerFailed, lastHolder);
+  return entries_.erase(entry);
 }
 
 Status DirectoryShard::goneStatus(const std::string& id, const Gone& gone) {

@@ -79,6 +79,10 @@ class DirectoryShard {
   // Remembers why an id is gone (deleted, or lost with its last holder), so a
   // get of it fails at once instead of waiting. Bounded; forgotten once put again.
   void rememberGone(const std::string& id, Code code, int rank);
+  using Entries = std::unordered_map<std::string, DirectoryEntry>;
+  // An entry with no copy left (see lost()): forgets it, and remembers it as
+  // lost (last holder, or -1) unless its reduce computes it again.
+  Entries::iterator dropLost(Entries::iterator entry, int lastHolder);
   // Whether the entry has no copy left anywhere (inline bytes count as one).
   static bool lost(const DirectoryEntry& entry) { return entry.holders.empty() && !entry.hasInline; }
   // Receiver-driven broadcast: picks who serves `asker` and marks it busy.
@@ -91,7 +95,7 @@ class DirectoryShard {
   }
 
   EventLoop& loop_;
-  std::unordered_map<std::string, DirectoryEntry> entries_;
+  Entries entries_;
   std::unordered_map<std::string, std::vector<Waiter>> waiters_;
   uint64_t nextWaiter_ = 1;
   struct Gone {

@@ -685,7 +685,7 @@ void Node::shutdown() {
     }
     std::vector<uint64_t> reduces;
     for (const auto& entry : reduces_) reduces.push_back(entry.first);
-    for (uint64_t key : reduces) failReduce(key, why);
+    for (uint64_t key : reduces) endReduce(key, why);
     std::vector<uint64_t> tasks;
     for (const auto& entry : tasks_) tasks.push_back(entry.first);
     for (uint64_t task : tasks) failTask(task, why);

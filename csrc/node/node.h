@@ -298,8 +298,7 @@ class Node : public ConnectionObserver {
   void onTaskEnd(uint64_t key, int position, int generation, const Status& status);
   void onTaskFailed(uint64_t key, int position, const Status& status);
   void maybeReturn(uint64_t key);
-  void completeReduce(uint64_t key);
-  void failReduce(uint64_t key, const Status& why);
+  void endReduce(uint64_t key, const Status& outcome);  // complete (ok) or failed
   void rememberReduce(ReduceCoordination& c, const Status& outcome);
   // Recovery: after a task failed because a participant died, ask every
   // participant whether it is alive, then redo the positions that depended on

@@ -89,7 +89,7 @@ void Node::startReduce(uint64_t key) {
   ReduceCoordination& c = *reduces_.at(key);
   counters_.reducesCoordinated++;
   if (shuttingDown_) {
-    failReduce(key, Status(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " is shut down"));
+    endReduce(key, Status(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " is shut down"));
     return;
   }
   armInputTimer(key);
@@ -131,7 +131,7 @@ void Node::armInputTimer(uint64_t key) {
       for (const auto& p : c.positions) {
         if (!p.registered) waiting += (waiting.empty() ? "" : ", ") + peerName(p.holder);
       }
-      return failReduce(key, Status(Code::kTimeout, "reduce into " + printableId(c.request.resultId) + " timed out after " +
+      return endReduce(key, Status(Code::kTimeout, "reduce into " + printableId(c.request.resultId) + " timed out after " +
                                                         printableSeconds(c.request.timeoutSeconds) +
                                                         ": no answer to its tasks from " + waiting));
     }
@@ -141,7 +141,7 @@ void Node::armInputTimer(uint64_t key) {
       if (c.arrived[i] && !c.lost[i]) continue;
       missing += (shown++ ? ", " : "") + printableId(c.request.inputIds[i]) + (c.lost[i] ? " (its holder failed)" : "");
     }
-    failReduce(key, Status(Code::kTimeout, "reduce into " + printableId(c.request.resultId) + " timed out after " +
+    endReduce(key, Status(Code::kTimeout, "reduce into " + printableId(c.request.resultId) + " timed out after " +
                                                printableSeconds(c.request.timeoutSeconds) + ": needed " +
                                                std::to_string(c.request.count) + " of " +
                                                std::to_string(c.arrived.size()) + " inputs, " +
@@ -157,7 +157,7 @@ void Node::onReduceInput(uint64_t key, int index, const Status& status, const wi
   const std::string& id = c.request.inputIds[index];
   if (status.code == Code::kTimeout) return;  // the reduce's own timer reports it
   if (status.ok() && (reply->sender < -1 || reply->sender >= config_.worldSize)) {
-    return failReduce(key, Status(Code::kProtocol, "reduce into " + printableId(c.request.resultId) + ": input " +
+    return endReduce(key, Status(Code::kProtocol, "reduce into " + printableId(c.request.resultId) + ": input " +
                                                        printableId(id) + " located on rank " +
                                                        std::to_string(reply->sender) + ", which does not exist"));
   }
@@ -167,14 +167,14 @@ void Node::onReduceInput(uint64_t key, int index, const Status& status, const wi
     int possible = 0;
     for (bool lost : c.lost) possible += !lost;
     if (status.code == Code::kDeleted && possible < c.request.count) {
-      failReduce(key, Status(Code::kDeleted, "reduce into " + printableId(c.request.resultId) + " cannot get " +
+      endReduce(key, Status(Code::kDeleted, "reduce into " + printableId(c.request.resultId) + " cannot get " +
                                                  std::to_string(c.request.count) + " inputs: object " +
                                                  printableId(id) + " was deleted"));
     }
     return;
   }
   if (!status.ok()) {
-    failReduce(key, Status(status.code, "reduce into " + printableId(c.request.resultId) + ": locating input " +
+    endReduce(key, Status(status.code, "reduce into " + printableId(c.request.resultId) + ": locating input " +
                                             printableId(id) + " failed: " + status.message));
     return;
   }
@@ -270,7 +270,7 @@ bool Node::planInput(uint64_t key, const ReduceInput& ready) {
     ReduceKernel kernel;
     Status s = reduceKernel(c.request.op, meta.dtype, &kernel);
     if (!s.ok()) {
-      failReduce(key, Status(s.code, "reduce into " + resultName + ": input " + printableId(id) + ": " + s.message));
+      endReduce(key, Status(s.code, "reduce into " + resultName + ": input " + printableId(id) + ": " + s.message));
       return false;
     }
     c.meta = meta;
@@ -287,7 +287,7 @@ bool Node::planInput(uint64_t key, const ReduceInput& ready) {
     for (int p = 0; p < k; ++p) c.positions[p].output = partialOutputId(c, p);
     c.planned = true;
   } else if (!sameContents(meta, c.meta)) {
-    failReduce(key, Status(Code::kInvalidArgument, "reduce into " + resultName + ": inputs differ: object " +
+    endReduce(key, Status(Code::kInvalidArgument, "reduce into " + resultName + ": inputs differ: object " +
                                                        printableId(c.metaFrom) + " is " + describeMeta(c.meta) +
                                                        ", object " + printableId(id) + " is " + describeMeta(meta)));
     return false;
@@ -338,7 +338,7 @@ bool Node::sendTask(uint64_t key, int position) {
   task.timeoutMs = static_cast<uint64_t>(c.request.timeoutSeconds * 1000) + 1;
   std::string payload = wire::encode(task);
   if (payload.size() > limits_.maxControl) {
-    failReduce(key, Status(Code::kInvalidArgument, "reduce into " + printableId(c.request.resultId) + ": degree " +
+    endReduce(key, Status(Code::kInvalidArgument, "reduce into " + printableId(c.request.resultId) + ": degree " +
                                                        std::to_string(tree.degree) +
                                                        " makes a tree node's list of children too long to send"));
     return false;
@@ -377,7 +377,7 @@ void Node::onTaskEnd(uint64_t key, int position, int generation, const Status& s
   if (p.generation != generation) return;  // a task since replaced
   if (!status.ok()) return onTaskFailed(key, position, status);
   p.state = ReducePosition::State::kFinished;
-  if (position == c.plan->tree.root) completeReduce(key);
+  if (position == c.plan->tree.root) endReduce(key, Status());
 }
 
 void Node::onTaskFailed(uint64_t key, int position, const Status& status) {
@@ -385,7 +385,7 @@ void Node::onTaskFailed(uint64_t key, int position, const Status& status) {
   c.positions[position].state = ReducePosition::State::kFailed;
   // Only a participant's death is recovered from; anything else is the
   // caller's error or a resource limit, and redoing it would fail again.
-  if (status.code != Code::kPeerFailed) return failReduce(key, status);
+  if (status.code != Code::kPeerFailed) return endReduce(key, status);
   startRollCall(key, status);
 }
 
@@ -409,22 +409,11 @@ void Node::maybeReturn(uint64_t key) {
   returned(Status(), *c.plan);
 }
 
-void Node::completeReduce(uint64_t key) {
-  auto it = reduces_.find(key);
-  auto c = std::move(it->second);
-  reduces_.erase(it);
-  if (c->timer) loop_.cancelTimer(c->timer);
-  for (uint64_t request : c->lookups) pending_.erase(request);
-  // The partial results are consumed; inputs located but not used stay where they are.
-  for (size_t p = 0; p < c->positions.size(); ++p) {
-    if (static_cast<int>(p) != c->plan->tree.root) deleteEverywhere(c->positions[p].output);
-  }
-  rememberReduce(*c, Status());
-  if (c->returned) c->returned(Status(), *c->plan);
-  for (auto& w : c->waiters) w(Status(), *c->plan);
-}
-
-void Node::failReduce(uint64_t key, const Status& why) {
+// The result is complete (ok), or the reduce failed: free what it made and tell
+// whoever waits. After a failure, running tasks are aborted and the result's
+// readers fail at once; an id this reduce never registered (e.g. one that was
+// taken) is someone else's and stays.
+void Node::endReduce(uint64_t key, const Status& outcome) {
   auto it = reduces_.find(key);
   if (it == reduces_.end()) return;
   auto c = std::move(it->second);
@@ -435,19 +424,17 @@ void Node::failReduce(uint64_t key, const Status& why) {
   for (size_t p = 0; p < c->positions.size(); ++p) {
     const ReducePosition& pos = c->positions[p];
     pending_.erase(pos.endRequest);
-    if (pos.state == State::kRunning) send(pos.holder, wire::ReduceAbort{0, pos.output, false});
-    // Partial results, finished or not, are freed here (the tasks leave them
-    // to a live coordinator).
+    if (!outcome.ok() && pos.state == State::kRunning) send(pos.holder, wire::ReduceAbort{0, pos.output, false});
+    // Partial results, consumed or not (tasks leave them to a live coordinator);
+    // inputs located but not used stay where they are.
     if (static_cast<int>(p) != c->plan->tree.root && (pos.state != State::kVacant || pos.generation > 0)) {
       deleteEverywhere(pos.output);
     }
   }
-  // Readers of the result fail at once; an id this reduce never registered
-  // (e.g. one that was taken) is someone else's and stays.
-  if (c->resultRegistered) deleteEverywhere(c->request.resultId);
-  rememberReduce(*c, why);
-  if (c->returned) c->returned(why, *c->plan);
-  for (auto& w : c->waiters) w(why, *c->plan);
+  if (!outcome.ok() && c->resultRegistered) deleteEverywhere(c->request.resultId);
+  rememberReduce(*c, outcome);
+  if (c->returned) c->returned(outcome, *c->plan);
+  for (auto& w : c->waiters) w(outcome, *c->plan);
 }
 
 void Node::rememberReduce(ReduceCoordination& c, const Status& outcome) {

@@ -63,7 +63,7 @@ void Node::startRollCall(uint64_t key, const Status& why) {
 void Node::recoverReduce(uint64_t key, const std::set<int>& dead) {
   ReduceCoordination& c = *reduces_.at(key);
   c.rollCall = false;
-  if (dead.empty() || shuttingDown_) return failReduce(key, c.failure);
+  if (dead.empty() || shuttingDown_) return endReduce(key, c.failure);
   using State = ReducePosition::State;
   const ReduceTree& tree = c.plan->tree;
   const int k = c.request.count;
