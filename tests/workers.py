@@ -102,3 +102,19 @@ def get_value_range(ref, timeout=None):
     """(min, max, numel) of an object, so large results need not cross the pipe."""
     t = hop.get(ref, timeout=timeout, copy=False).wait()
     return float(t.min()), float(t.max()), t.numel()
+
+
+def wait_for_holders(obj_id, complete, timeout):
+    """Subscribes on this rank and waits until exactly `complete` hold whole copies."""
+    with hop.subscribe(obj_id) as sub:
+        return sub.wait_for(lambda loc: loc.complete == tuple(complete), timeout).complete
+
+
+_open_subscriptions = []
+
+
+def subscribe_forever(obj_id):
+    """Leaves a subscription open (for a rank that is killed next)."""
+    _open_subscriptions.append(hop.subscribe(obj_id))
+    return hop.stats()["subscriptions"]
+

@@ -21,6 +21,7 @@ from torch_hoplite.api import (
     put,
     shutdown,
     stats,
+    subscribe,
 )
 from torch_hoplite.collectives import ReduceOp, ReducePlan, allreduce, gather, reduce, wait_reduce
 from torch_hoplite.config import Config
@@ -36,6 +37,7 @@ from torch_hoplite.errors import (
     PeerFailedError,
     ProtocolError,
 )
+from torch_hoplite.locations import Locations, Subscription
 from torch_hoplite.object_ref import ObjectRef
 from torch_hoplite import c10d_backend as _c10d_backend
 
@@ -45,7 +47,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "init", "shutdown", "is_initialized", "put", "get", "delete", "barrier", "stats",
-    "get_rank", "get_world_size", "ObjectRef", "Config",
+    "get_rank", "get_world_size", "ObjectRef", "Config", "subscribe", "Subscription", "Locations",
     "reduce", "wait_reduce", "allreduce", "gather", "ReduceOp", "ReducePlan", "InvalidArgumentError",
     "HopliteError", "HopliteTimeoutError", "ObjectExistsError", "ObjectNotFoundError",
     "ObjectDeletedError", "PeerFailedError", "CapacityError", "ProtocolError", "NotInitializedError",

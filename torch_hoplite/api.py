@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch_hoplite._bootstrap import Rendezvous, resolve_store
 from torch_hoplite.config import Config
 from torch_hoplite.errors import NotInitializedError
+from torch_hoplite.locations import Subscription
 from torch_hoplite.object_ref import ObjectId, ObjectRef, id_of
 from torch_hoplite.runtime import Runtime
 
@@ -127,6 +128,18 @@ def delete(ref: Union[ObjectRef, ObjectId], timeout: Optional[float] = None) -> 
     deleted already.
     """
     _rt().delete(id_of(ref), timeout)
+
+
+def subscribe(ref: Union[ObjectRef, ObjectId]) -> Subscription:
+    """Subscribes to where an object is: which ranks hold it, partly or
+    completely, and whether it exists, was deleted or was lost. Works before
+    the object is put. The directory pushes each change; read them with
+    ``sub.next()`` or ``sub.wait_for(predicate)``::
+
+        with hop.subscribe(ref) as sub:
+            sub.wait_for(lambda loc: len(loc.complete) >= 4)  # copies on 4 ranks
+    """
+    return _rt().subscribe(id_of(ref))
 
 
 def barrier(timeout: Optional[float] = None) -> None:

@@ -13,6 +13,7 @@ from torch_hoplite._bootstrap import Rendezvous, advertise_address
 from torch_hoplite._tensors import dtype_name, prepare_for_put
 from torch_hoplite.config import MAX_TIMEOUT, Config
 from torch_hoplite.errors import error_from_status
+from torch_hoplite.locations import Subscription
 from torch_hoplite.object_ref import ObjectId, ObjectRef, id_bytes
 
 
@@ -82,6 +83,9 @@ class Runtime:
         code, message = self.node.delete(id_bytes(obj_id), self.timeout(timeout))
         if code != 0:
             raise error_from_status(code, message)
+
+    def subscribe(self, obj_id: ObjectId) -> Subscription:
+        return Subscription(self.node, obj_id, id_bytes(obj_id), self.timeout)
 
     def barrier(self, timeout: Optional[float]) -> None:
         self._rendezvous.barrier(self.timeout(timeout))

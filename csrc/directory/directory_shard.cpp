@@ -1,5 +1,6 @@
 #include "directory/directory_shard.h"
 
+#include <algorithm>
 #include <tuple>
 
 namespace hoplite {
@@ -28,6 +29,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
       entry.hasInline = true;
       entry.inlineData = msg.inlineData;
     }
+    tellSubscribers(msg.id);
     return Status();
   }
   auto gone = gone_.find(msg.id);
@@ -52,6 +54,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
       w.reply(Status(), &entry, sender);
     }
   }
+  tellSubscribers(msg.id);
   return Status();
 }
 
@@ -75,6 +78,7 @@ bool DirectoryShard::updateHolder(const wire::HolderUpdate& msg) {
       it->second.recomputable = false;  // a reduce's result is complete: nothing recomputes it any more
     }
   }
+  tellSubscribers(msg.id);
   return true;
 }
 
@@ -138,11 +142,13 @@ void DirectoryShard::lookup(const std::string& id, int asker, bool locate, doubl
     auto self = entry.holders.find(asker);
     if (self != entry.holders.end() && self->second.source == failedHolder) self->second.source = -1;
     reply(Status(), &entry, assignSender(entry, asker, failedHolder));
+    tellSubscribers(id);  // the asker is a partial holder now
     return;
   }
   if (it != entries_.end()) {
     int sender = answerFor(it->second, asker, locate);
     reply(Status(), &it->second, sender);
+    if (!locate) tellSubscribers(id);
     return;
   }
   if (auto gone = gone_.find(id); gone != gone_.end() && !(locate && gone->second.code == Code::kPeerFailed)) {
@@ -183,6 +189,62 @@ void DirectoryShard::forgetHolder(int rank) {
     }
     ++e;
   }
+  for (auto w = watches_.begin(); w != watches_.end();) {
+    auto& subscribers = w->second.subscribers;
+    subscribers.erase(std::remove_if(subscribers.begin(), subscribers.end(), [rank](const auto& s) { return s.first == rank; }),
+                      subscribers.end());
+    w = subscribers.empty() ? watches_.erase(w) : std::next(w);
+  }
+  std::vector<std::string> watched;
+  for (const auto& [id, watch] : watches_) watched.push_back(id);
+  for (const auto& id : watched) tellSubscribers(id);
+}
+
+void DirectoryShard::subscribe(const std::string& id, int rank, uint64_t request) {
+  Watch& watch = watches_[id];
+  const std::pair<int, uint64_t> subscriber(rank, request);
+  if (std::find(watch.subscribers.begin(), watch.subscribers.end(), subscriber) == watch.subscribers.end()) {
+    watch.subscribers.push_back(subscriber);
+  }
+  wire::Locations now = locationsOf(id);
+  watch.told = wire::encode(now);
+  now.request = request;
+  publish_(rank, now);
+}
+
+void DirectoryShard::unsubscribe(const std::string& id, int rank, uint64_t request) {
+  auto w = watches_.find(id);
+  if (w == watches_.end()) return;
+  auto& subscribers = w->second.subscribers;
+  subscribers.erase(std::remove(subscribers.begin(), subscribers.end(), std::make_pair(rank, request)), subscribers.end());
+  if (subscribers.empty()) watches_.erase(w);
+}
+
+wire::Locations DirectoryShard::locationsOf(const std::string& id) const {
+  wire::Locations loc;
+  loc.id = id;
+  if (auto it = entries_.find(id); it != entries_.end()) {
+    loc.state = wire::LocationState::kPresent;
+    for (const auto& [rank, holder] : it->second.holders) (holder.complete ? loc.complete : loc.partial).push_back(rank);
+    loc.inlined = it->second.hasInline;
+  } else if (auto gone = gone_.find(id); gone != gone_.end()) {
+    loc.state = gone->second.code == Code::kDeleted ? wire::LocationState::kDeleted : wire::LocationState::kLost;
+    loc.lastHolder = gone->second.rank;
+  }
+  return loc;
+}
+
+void DirectoryShard::tellSubscribers(const std::string& id) {
+  auto w = watches_.find(id);
+  if (w == watches_.end()) return;
+  wire::Locations now = locationsOf(id);
+  std::string encoded = wire::encode(now);
+  if (encoded == w->second.told) return;
+  w->second.told = std::move(encoded);
+  for (const auto& [rank, request] : w->second.subscribers) {
+    now.request = request;
+    publish_(rank, now);
+  }
 }
 
 Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<int>* holders) {
@@ -196,6 +258,7 @@ Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<i
   for (const auto& holder : it->second.holders) holders->push_back(holder.first);
   entries_.erase(it);
   if (!retract) rememberGone(id, Code::kDeleted, -1);
+  tellSubscribers(id);
   return Status();
 }
 

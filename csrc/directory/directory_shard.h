@@ -1,6 +1,7 @@
 // This node's share of the object directory (ids hash to shards). Per object:
 // metadata, the nodes holding a copy (partial or complete) and, for small
-// objects, the bytes themselves so a get is one round trip. Loop thread only.
+// objects, the bytes themselves so a get is one round trip; and who subscribed
+// to its locations. Loop thread only.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +40,10 @@ class DirectoryShard {
   // inline objects or when no copy is left), or with an error (kDeleted, kTimeout).
   using LookupCallback = std::function<void(const Status&, const DirectoryEntry*, int sender)>;
 
-  explicit DirectoryShard(EventLoop& loop) : loop_(loop) {}
+  // Sends a subscriber (`rank`) an object's locations.
+  using Publish = std::function<void(int rank, const wire::Locations&)>;
+
+  DirectoryShard(EventLoop& loop, Publish publish) : loop_(loop), publish_(std::move(publish)) {}
   ~DirectoryShard();
 
   // A new object (kAlreadyExists if the id is taken), or, with `reannounce`,
@@ -58,10 +62,15 @@ class DirectoryShard {
   // as if the object did not exist (it may be put again, e.g. by a rejoined rank).
   void lookup(const std::string& id, int asker, bool locate, double timeoutSeconds, LookupCallback reply,
               int failedHolder = -1);
-  // A node is gone (failed or shut down): it holds no copies any more, and
-  // whoever it was pulling from is free again. Objects it held the last copy
-  // of are lost: gets of them fail, a reduce's locate waits for them, and they
-  // may be put again.
+  // `rank`'s subscription `request`: it is sent the object's locations now and
+  // after every change (whether the object exists yet or not) until it
+  // unsubscribes or is forgotten.
+  void subscribe(const std::string& id, int rank, uint64_t request);
+  void unsubscribe(const std::string& id, int rank, uint64_t request);
+  // A node is gone (failed or shut down): it holds no copies and subscribes to
+  // nothing any more, and whoever it was pulling from is free again. Objects it
+  // held the last copy of are lost: gets of them fail, a reduce's locate waits
+  // for them, and they may be put again.
   void forgetHolder(int rank);
   // Forgets the object and returns who held copies. A deleted id is remembered
   // (gets of it fail at once); a retracted one is not (gets of it wait for it
@@ -93,9 +102,18 @@ class DirectoryShard {
   static int answerFor(DirectoryEntry& entry, int asker, bool locate) {
     return locate ? anyHolder(entry) : assignSender(entry, asker);
   }
+  wire::Locations locationsOf(const std::string& id) const;
+  // Tells the object's subscribers where it is, if that changed since they were last told.
+  void tellSubscribers(const std::string& id);
 
   EventLoop& loop_;
+  Publish publish_;
   Entries entries_;
+  struct Watch {
+    std::vector<std::pair<int, uint64_t>> subscribers;  // (rank, request)
+    std::string told;  // the locations they were last sent, encoded with request 0
+  };
+  std::unordered_map<std::string, Watch> watches_;
   std::unordered_map<std::string, std::vector<Waiter>> waiters_;
   uint64_t nextWaiter_ = 1;
   struct Gone {

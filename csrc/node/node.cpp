@@ -44,7 +44,7 @@ Node::Node(NodeConfig config) : config_(std::move(config)) {
       send(shardOf(id), wire::HolderUpdate{id, config_.rank, wire::HolderState::kRemoved, -1});
     });
   });
-  directory_ = std::make_unique<DirectoryShard>(loop_);
+  directory_ = std::make_unique<DirectoryShard>(loop_, [this](int rank, const wire::Locations& msg) { send(rank, msg); });
   workers_ = std::make_unique<WorkerPool>(config_.copyThreads);
   self_ = std::make_shared<LocalConnection>(loop_, this, config_.rank);
   listener_ = transport_->listen(config_.host, config_.port, this, [this](std::shared_ptr<Connection> conn) {
@@ -88,6 +88,7 @@ void Node::moveShardFrom(int rank) {
     if (!obj->failed() && shardOf(obj->id()) == rank) moved.push_back(std::move(obj));
   }
   deadShards_.insert(rank);
+  resubscribeFrom(rank);
   HLOG(kInfo, "%s is gone (failed or left): its directory shard moves on; re-registering %zu local copies",
        peerName(rank).c_str(), moved.size());
   // Everyone must agree where ids go: tell the others (who pass it on once).
@@ -562,6 +563,12 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
       if (msg.rank >= 0 && msg.rank < config_.worldSize) moveShardFrom(msg.rank);
       return;
     }
+    case wire::MsgType::kSubscribe:
+      handleSubscribe(conn, wire::Subscribe::decode(reader));
+      return;
+    case wire::MsgType::kLocations:
+      onLocations(conn, wire::Locations::decode(reader));
+      return;
     case wire::MsgType::kProbe: {
       auto msg = wire::Probe::decode(reader, limits_.maxControl);
       conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, Status()}));
@@ -632,6 +639,11 @@ Status Node::announce(double timeoutSeconds) {
 }
 
 std::map<std::string, uint64_t> Node::stats() {
+  uint64_t subscriptions;
+  {
+    std::lock_guard<std::mutex> lock(subscriptionMutex_);
+    subscriptions = subscriptions_.size();
+  }
   return {
       {"bytes_sent", counters_.bytesSent.load()},
       {"bytes_received", counters_.bytesReceived.load()},
@@ -652,6 +664,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"local_gets", counters_.localGets.load()},
       {"remote_gets", counters_.remoteGets.load()},
       {"evictions", counters_.evictions.load()},
+      {"subscriptions", subscriptions},
       {"store_used_bytes", store_->usedBytes()},
       {"store_capacity_bytes", store_->capacityBytes()},
       {"store_objects", store_->count()},
@@ -700,6 +713,8 @@ void Node::shutdown() {
     closed_ = true;
   }
   completionCv_.notify_all();
+  { std::lock_guard<std::mutex> lock(subscriptionMutex_); }  // a waiter between its check and its wait sees stopped()
+  subscriptionCv_.notify_all();
 }
 
 }  // namespace hoplite

@@ -122,6 +122,16 @@ class Node : public ConnectionObserver {
   // Waits until a reduce this node coordinates (or recently did) into
   // `resultId` has completed its result, and gives the plan it ended with.
   Status reduceOutcome(const std::string& resultId, double timeoutSeconds, ReducePlan* plan);
+  // Subscribes to where an object is (node_subscribe.cpp): its directory shard
+  // sends the locations at once (whether the object exists yet or not) and
+  // after every change; a shard that fails hands the subscription on with its
+  // share of the directory. Returns a handle for nextLocations/unsubscribe.
+  uint64_t subscribe(const std::string& id);
+  // Waits up to the timeout for locations newer than version `seen` (0: the
+  // first), and gives the latest (changes close together arrive merged).
+  Status nextLocations(uint64_t handle, uint64_t seen, double timeoutSeconds, wire::Locations* out,
+                       uint64_t* version);
+  void unsubscribe(uint64_t handle);
   // Tagged messages between ranks, the transport of the c10d backend
   // (node_mailbox.cpp). A message is matched with the receive posted at its
   // destination for the same (context, tag) and source, in send order; one that
@@ -323,6 +333,12 @@ class Node : public ConnectionObserver {
   // (refreshed when older than a minute); `then` runs once they are known (node_link.cpp).
   void withLinkEstimate(std::function<void()> then);
 
+  // --- subscriptions to locations (node_subscribe.cpp) ---
+  void handleSubscribe(Connection& conn, const wire::Subscribe& msg);
+  void onLocations(Connection& conn, const wire::Locations& msg);
+  // The shard on `rank` failed: its subscriptions go to the successor.
+  void resubscribeFrom(int rank);
+
   // --- tagged messages (node_mailbox.cpp) ---
   using MessageKey = std::pair<uint64_t, uint64_t>;  // (context, tag)
   struct PostedReceive {
@@ -415,6 +431,17 @@ class Node : public ConnectionObserver {
   bool linkMeasured_ = false;
   double linkMeasuredAt_ = -1;
   std::vector<std::function<void()>> linkWaiters_;  // non-empty while probing
+
+  struct Subscription {
+    std::string id;
+    int shard = -1;          // the rank it was sent to, whose news count
+    uint64_t version = 0;    // news received so far
+    wire::Locations latest;
+  };
+  std::mutex subscriptionMutex_;  // subscriptions are read by callers, written by the loop
+  std::condition_variable subscriptionCv_;
+  std::unordered_map<uint64_t, Subscription> subscriptions_;
+  uint64_t nextSubscription_ = 1;
 
   std::mutex completionMutex_;
   std::condition_variable completionCv_;

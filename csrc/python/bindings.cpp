@@ -90,6 +90,19 @@ py::tuple reduceOutcome(NodeHandle& h, const py::bytes& resultId, double timeout
   return py::make_tuple(0, std::string(), planDict(plan));
 }
 
+// Returns (code, message, version, state, complete, partial, inlined, last_holder).
+py::tuple nextLocations(NodeHandle& h, uint64_t handle, uint64_t seen, double timeout) {
+  hoplite::wire::Locations loc;
+  uint64_t version = 0;
+  Status s;
+  {
+    py::gil_scoped_release release;
+    s = h.node().nextLocations(handle, seen, timeout, &loc, &version);
+  }
+  return py::make_tuple(static_cast<int>(s.code), s.message, version, static_cast<int>(loc.state), loc.complete,
+                        loc.partial, loc.inlined, loc.lastHolder);
+}
+
 }  // namespace
 
 namespace hoplite {
@@ -136,6 +149,11 @@ PYBIND11_MODULE(_C, m) {
             return py::make_tuple(static_cast<int>(s.code), s.message);
           },
           py::arg("timeout"))
+      .def(
+          "subscribe", [](NodeHandle& h, const py::bytes& id) { return h.node().subscribe(id); }, py::arg("id"))
+      .def("next_locations", &nextLocations, py::arg("handle"), py::arg("seen"), py::arg("timeout"))
+      .def(
+          "unsubscribe", [](NodeHandle& h, uint64_t handle) { h.node().unsubscribe(handle); }, py::arg("handle"))
       .def("stats", [](NodeHandle& h) { return h.node().stats(); })
       .def("shutdown", &NodeHandle::shutdown);
   m.def(

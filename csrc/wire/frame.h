@@ -13,7 +13,7 @@ namespace hoplite {
 namespace wire {
 
 constexpr uint32_t kMagic = 0x544c5048;  // "HPLT" little-endian
-constexpr uint8_t kVersion = 3;  // 2: authenticated handshake; 3: recovery and rejoin fields
+constexpr uint8_t kVersion = 4;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions
 constexpr size_t kHeaderSize = 16;
 constexpr size_t kDataSubheaderSize = 16;
 
@@ -37,8 +37,10 @@ enum class MsgType : uint8_t {
   kChallenge = 17,
   kAuth = 18,
   kShardMoved = 19,
+  kSubscribe = 20,
+  kLocations = 21,
 };
-constexpr uint8_t kMaxMsgType = 19;
+constexpr uint8_t kMaxMsgType = 21;
 
 struct FrameHeader {
   uint8_t type = 0;

@@ -35,6 +35,19 @@ void encodeStatus(Writer& w, const Status& s) {
   w.str(s.message);
 }
 
+void encodeRanks(Writer& w, const std::vector<int32_t>& ranks) {
+  w.u32(static_cast<uint32_t>(ranks.size()));
+  for (int32_t rank : ranks) w.i32(rank);
+}
+
+std::vector<int32_t> decodeRanks(Reader& r, const char* what) {
+  uint32_t n = r.u32();
+  if (n > r.remaining() / 4) throw DecodeError(std::string(what) + " lists more ranks than it holds");
+  std::vector<int32_t> ranks(n);
+  for (auto& rank : ranks) rank = r.i32();
+  return ranks;
+}
+
 Status decodeStatus(Reader& r) {
   uint8_t code = r.u8();
   if (code > kMaxCode) throw DecodeError("unknown status code");
@@ -110,16 +123,12 @@ Auth Auth::decode(Reader& r) {
 
 void HelloAck::encode(Writer& w) const {
   w.i32(rank);
-  w.u32(static_cast<uint32_t>(deadShards.size()));
-  for (int32_t d : deadShards) w.i32(d);
+  encodeRanks(w, deadShards);
 }
 HelloAck HelloAck::decode(Reader& r) {
   HelloAck m;
   m.rank = r.i32();
-  uint32_t n = r.u32();
-  if (n > r.remaining() / 4) throw DecodeError("hello ack lists more ranks than it holds");
-  m.deadShards.resize(n);
-  for (auto& d : m.deadShards) d = r.i32();
+  m.deadShards = decodeRanks(r, "hello ack");
   r.expectEnd("hello ack");
   return m;
 }
@@ -236,6 +245,44 @@ LookupReply LookupReply::decode(Reader& r, uint64_t maxInline) {
     m.recomputable = decodeBool(r);
   }
   r.expectEnd("lookup reply");
+  return m;
+}
+
+void Subscribe::encode(Writer& w) const {
+  w.u64(request);
+  encodeId(w, id);
+  w.u8(cancel);
+}
+Subscribe Subscribe::decode(Reader& r) {
+  Subscribe m;
+  m.request = r.u64();
+  m.id = decodeId(r);
+  m.cancel = decodeBool(r);
+  r.expectEnd("subscribe");
+  return m;
+}
+
+void Locations::encode(Writer& w) const {
+  w.u64(request);
+  encodeId(w, id);
+  w.u8(static_cast<uint8_t>(state));
+  encodeRanks(w, complete);
+  encodeRanks(w, partial);
+  w.u8(inlined);
+  w.i32(lastHolder);
+}
+Locations Locations::decode(Reader& r) {
+  Locations m;
+  m.request = r.u64();
+  m.id = decodeId(r);
+  uint8_t state = r.u8();
+  if (state > kMaxLocationState) throw DecodeError("unknown location state");
+  m.state = static_cast<LocationState>(state);
+  m.complete = decodeRanks(r, "locations");
+  m.partial = decodeRanks(r, "locations");
+  m.inlined = decodeBool(r);
+  m.lastHolder = r.i32();
+  r.expectEnd("locations");
   return m;
 }
 

@@ -177,6 +177,38 @@ struct IdRequest {
 using Delete = IdRequest<MsgType::kDelete>;
 using DropCopy = IdRequest<MsgType::kDropCopy>;
 
+// Subscriber → shard: report where the object is, now and after every change,
+// until a Subscribe with `cancel`. `request` names the subscription at the
+// subscriber (answered by Locations frames carrying it, never by a StatusReply).
+struct Subscribe {
+  static constexpr MsgType kType = MsgType::kSubscribe;
+  uint64_t request = 0;
+  std::string id;
+  bool cancel = false;
+  void encode(Writer& w) const;
+  static Subscribe decode(Reader& r);
+};
+
+enum class LocationState : uint8_t { kAbsent = 0, kPresent = 1, kDeleted = 2, kLost = 3 };
+constexpr uint8_t kMaxLocationState = 3;
+
+// Shard → subscriber: where the object is now. Sent when a subscription starts
+// and after each change; changes close together may arrive as one.
+// kAbsent: not put yet (or being recomputed by its reduce); kLost: its last
+// holder died (`lastHolder`, -1 if unknown).
+struct Locations {
+  static constexpr MsgType kType = MsgType::kLocations;
+  uint64_t request = 0;
+  std::string id;
+  LocationState state = LocationState::kAbsent;
+  std::vector<int32_t> complete;  // holders of every byte
+  std::vector<int32_t> partial;   // holders still receiving (they relay what they have)
+  bool inlined = false;           // the shard keeps the bytes too (a small object)
+  int32_t lastHolder = -1;
+  void encode(Writer& w) const;
+  static Locations decode(Reader& r);
+};
+
 // Receiver → holder: stream the object from `offset`. Answered by data frames
 // until the end of the object, or by a StatusReply carrying the error.
 struct Pull {

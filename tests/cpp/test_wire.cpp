@@ -155,6 +155,18 @@ static void testMessages() {
                             [](Reader& r) { Hello::decode(r); }));
   }
   checkTruncations(ShardMoved{3}, [](Reader& r) { ShardMoved::decode(r); }, "shard moved");
+  checkTruncations(Subscribe{7, "id", true}, [](Reader& r) { Subscribe::decode(r); }, "subscribe");
+  {
+    Locations loc{7, "id", LocationState::kPresent, {0, 3}, {2}, true, -1};
+    checkTruncations(loc, [](Reader& r) { Locations::decode(r); }, "locations");
+    std::string bytes = encode(loc);
+    Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    Locations back = Locations::decode(r);
+    CHECK(back.request == 7 && back.state == LocationState::kPresent && back.inlined && back.lastHolder == -1);
+    CHECK(back.complete == std::vector<int32_t>({0, 3}) && back.partial == std::vector<int32_t>({2}));
+    bytes[8 + 4 + 2] = 4;  // state after request, id length and id: out of range
+    CHECK(throwsDecodeError(bytes, [](Reader& r) { Locations::decode(r); }));
+  }
   checkTruncations(StatusReply{1, Status(Code::kTimeout, "late")}, [](Reader& r) { StatusReply::decode(r); },
                    "status reply");
   checkTruncations(HolderUpdate{"id", 1, HolderState::kRemoved, 3}, [](Reader& r) { HolderUpdate::decode(r); },

@@ -39,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t which = data[0];
   ++data;
   --size;
-  switch (which % 20) {
+  switch (which % 22) {
     case 0: {
       FrameHeader h;
       if (size >= kHeaderSize) (void)decodeHeader(data, FrameLimits{1 << 20, 4 << 20}, &h);
@@ -63,6 +63,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 16: roundTrip<Challenge>(data, size, [](Reader& r) { return Challenge::decode(r); }); return 0;
     case 17: roundTrip<Auth>(data, size, [](Reader& r) { return Auth::decode(r); }); return 0;
     case 18: roundTrip<ShardMoved>(data, size, [](Reader& r) { return ShardMoved::decode(r); }); return 0;
+    case 19: roundTrip<Subscribe>(data, size, [](Reader& r) { return Subscribe::decode(r); }); return 0;
+    case 20: roundTrip<Locations>(data, size, [](Reader& r) { return Locations::decode(r); }); return 0;
     default: {
       if (size >= kDataSubheaderSize) {
         uint64_t request, offset;
