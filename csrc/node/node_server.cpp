@@ -3,6 +3,9 @@
 #include "node/node.h"
 
 namespace hoplite {
+namespace {
+constexpr uint64_t kMinRelayFrame = 256u << 10;
+}
 
 void Node::handleRegister(Connection& conn, const wire::Register& msg) {
   Status s = directory_->registerObject(msg);
@@ -171,6 +174,9 @@ void Node::pump(const StreamKey& key) {
   const uint64_t chunk = chunkFor(object->size());
   const uint64_t ready = object->watermark();
   uint64_t next = stream.next;
+  // A copy still arriving advances a few KB at a time: relay it in frames of
+  // at least kMinRelayFrame (or the rest), not one small frame per advance.
+  if (ready < object->size() && ready - next < std::min(chunk, kMinRelayFrame)) return;
   while (next < ready && conn->isOpen()) {
     uint64_t n = std::min(chunk, ready - next);
     conn->sendData(request, next, object->data() + next, n, object->buffer());

@@ -16,6 +16,12 @@ namespace {
 std::atomic<uint64_t> gNextConnectionId{1};
 constexpr size_t kReadBudget = 16u << 20;  // bytes per readiness event, for fairness
 constexpr int kMaxIov = 64;
+// While a large payload arrives, wake only once this much of it is queued:
+// on a shaped link bytes trickle in a few packets at a time, and reading each
+// trickle cost a wakeup and three syscalls per few KB (measured: ~7.5 KB per
+// recv in an 8-node broadcast at 1 Gbit/s).
+constexpr size_t kPayloadLowWater = 256u << 10;
+constexpr size_t kMinLowWaterPayload = 64u << 10;  // smaller payloads are read as they come
 
 Status errnoStatus(const char* what, int err) {
   return Status(Code::kPeerFailed, std::string(what) + ": " + std::strerror(err));
@@ -197,6 +203,21 @@ void TcpConnection::onHeader() {
   }
 }
 
+void TcpConnection::setLowWater(size_t bytes) {
+  int value = static_cast<int>(bytes);
+  // Best effort: without it, reads are merely smaller.
+  if (setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &value, sizeof(value)) == 0) lowWater_ = bytes;
+}
+
+size_t TcpConnection::lowWaterFor(size_t payloadLeft) const {
+  if (payloadLeft < kMinLowWaterPayload) return 1;
+  size_t bytes = std::min(payloadLeft, kPayloadLowWater);
+  // A fixed receive buffer must hold it with room to spare, or the sender
+  // could stall on a closed window while we wait for more.
+  if (options_.socketBufferBytes > 0) bytes = std::min(bytes, static_cast<size_t>(options_.socketBufferBytes) / 4);
+  return std::max<size_t>(bytes, 1);
+}
+
 void TcpConnection::readSome() {
   size_t budget = kReadBudget;
   while (!closed_ && budget > 0) {
@@ -226,6 +247,7 @@ void TcpConnection::readSome() {
         }
         break;
     }
+    bool drained = false;
     if (want > 0) {
       ssize_t got = ::recv(fd_, dst, want, 0);
       if (got == 0) {
@@ -248,6 +270,7 @@ void TcpConnection::readSome() {
           if (dataDest_ != nullptr) observer_->onDataReceived(*this, dataRequest_, dataOffset_ + dataGot_);
           break;
       }
+      drained = static_cast<size_t>(got) < want;
     }
     // Advance the state machine on completed pieces.
     switch (readState_) {
@@ -280,6 +303,15 @@ void TcpConnection::readSome() {
         }
         break;
     }
+    if (closed_) return;
+    // Never above what is left of the frame, whenever we go back to epoll.
+    const bool inPayload = readState_ == ReadState::kDataPayload;
+    // Raised once per frame, lowered only when what is left falls below it.
+    const size_t lowWater = inPayload ? lowWaterFor(dataSize_ - dataGot_) : 1;
+    if (lowWater < lowWater_ || (lowWater > lowWater_ && dataGot_ == 0)) setLowWater(lowWater);
+    // A short read in a payload drained the socket: epoll says when the low
+    // water mark is reached again (no recv just to hear EAGAIN).
+    if (drained && inPayload) return;
   }
 }
 

@@ -51,6 +51,9 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
 
   void finishConnect();
   void readSome();
+  // SO_RCVLOWAT: how many bytes must be queued before the socket reads as ready.
+  void setLowWater(size_t bytes);
+  size_t lowWaterFor(size_t payloadLeft) const;
   void flush();
   void updateInterest();
   void onHeader();
@@ -79,6 +82,7 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
   uint8_t* dataDest_ = nullptr;
   std::shared_ptr<const void> dataKeep_;  // holds dataDest_'s memory for the frame
   std::vector<uint8_t> discard_;
+  size_t lowWater_ = 1;  // the kernel's default
 };
 
 }  // namespace hoplite
