@@ -72,3 +72,10 @@ def test_staggered_arrivals_time_from_the_last_arrival(tmp_path):
         assert r["arrival_interval_s"] == 0.2 and r["ratio_to_ideal"] is None
         # From the last arrival, not from the start: well under the 0.2 s the second rank slept.
         assert 0 < r["median_s"] < 0.15, r
+
+
+def test_a_point_too_big_for_the_machine_is_refused_before_anything_starts():
+    cmd = [sys.executable, "-m", "torch_hoplite.bench", "--nodes", "64", "--sizes", "1MB,1GB", "--ops", "allgather"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "allgather of 1073741824 bytes on 64 nodes needs about 8192.0 GiB" in proc.stderr

@@ -321,6 +321,16 @@ def summarize(per_rank: dict, world: int, path: str, rate_bps: float, arrival: f
     return records
 
 
+def peak_bytes(op: str, world: int, size: int) -> int:
+    """Roughly the memory all ranks together hold at once for one point: the
+    store's copies plus the tensors handed out (gloo needs less)."""
+    if op == "allgather":
+        return 2 * world * world * size  # every rank: every tensor, in its store and returned
+    if op == "gather":
+        return 3 * world * size  # every rank its own; rank 0 all of them, stored and returned
+    return 4 * world * size  # input, store copy, received copy, result
+
+
 def _rate_bps(rate: str) -> float:
     """'1gbit' -> 1e9, '500mbit' -> 5e8 (tc's decimal units)."""
     units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
@@ -392,6 +402,13 @@ def main() -> None:
     if not ops or set(ops) - set(OPS):
         parser.error(f"--ops: choose from {OPS}")
     sizes = common.parse_sizes(args.sizes)
+    memory = common.memory_bytes()
+    for op in ops:
+        for world in (int(n) for n in args.nodes.split(",")):
+            need = peak_bytes(op, world, max(sizes))
+            if memory and need > 0.8 * memory:
+                parser.error(f"{op} of {max(sizes)} bytes on {world} nodes needs about {need / 2**30:.1f} GiB, more "
+                             f"than this machine's {memory / 2**30:.1f} GiB allow: leave it out (--ops) or use smaller --sizes")
     if args.worker is not None:  # one rank inside an emulated node
         import json
 

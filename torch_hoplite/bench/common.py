@@ -69,6 +69,15 @@ def human_size(n: int) -> str:
     return f"{n}B"
 
 
+def memory_bytes() -> int:
+    """This machine's memory (MemTotal), 0 if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            return int(f.readline().split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
     cpu = platform.processor()
@@ -78,12 +87,6 @@ def machine() -> dict[str, Any]:
                 if line.startswith("model name"):
                     cpu = line.split(":", 1)[1].strip()
                     break
-    except OSError:
-        pass
-    mem = 0
-    try:
-        with open("/proc/meminfo") as f:
-            mem = int(f.readline().split()[1]) * 1024
     except OSError:
         pass
     try:
@@ -98,7 +101,7 @@ def machine() -> dict[str, Any]:
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
-        "memory_bytes": mem,
+        "memory_bytes": memory_bytes(),
         "kernel": platform.release(),
         "python": platform.python_version(),
         "torch": torch.__version__,
