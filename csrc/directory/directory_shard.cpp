@@ -195,9 +195,7 @@ void DirectoryShard::forgetHolder(int rank) {
                       subscribers.end());
     w = subscribers.empty() ? watches_.erase(w) : std::next(w);
   }
-  std::vector<std::string> watched;
-  for (const auto& [id, watch] : watches_) watched.push_back(id);
-  for (const auto& id : watched) tellSubscribers(id);
+  for (const auto& watch : watches_) tellSubscribers(watch.first);  // changes no watch list
 }
 
 void DirectoryShard::subscribe(const std::string& id, int rank, uint64_t request) {

@@ -46,17 +46,19 @@ Status Node::nextLocations(uint64_t handle, uint64_t seen, double timeoutSeconds
 }
 
 void Node::unsubscribe(uint64_t handle) {
-  Subscription sub;
+  int shard;
+  wire::Subscribe cancel{handle, {}, true};
   {
     std::lock_guard<std::mutex> lock(subscriptionMutex_);
     auto it = subscriptions_.find(handle);
     if (it == subscriptions_.end()) return;
-    sub = std::move(it->second);
+    shard = it->second.shard;
+    cancel.id = std::move(it->second.id);
     subscriptions_.erase(it);
   }
   subscriptionCv_.notify_all();
-  if (sub.shard < 0) return;  // not sent yet: subscribe()'s post finds it gone and sends nothing
-  loop_.post([this, handle, sub] { send(sub.shard, wire::Subscribe{handle, sub.id, true}); });
+  if (shard < 0) return;  // not sent yet: subscribe()'s post finds it gone and sends nothing
+  loop_.post([this, shard, cancel] { send(shard, cancel); });
 }
 
 void Node::handleSubscribe(Connection& conn, const wire::Subscribe& msg) {
@@ -80,16 +82,16 @@ void Node::onLocations(Connection& conn, const wire::Locations& msg) {
 }
 
 void Node::resubscribeFrom(int rank) {
-  std::vector<std::pair<uint64_t, std::string>> moved;
+  std::vector<std::pair<int, wire::Subscribe>> moved;
   {
     std::lock_guard<std::mutex> lock(subscriptionMutex_);
     for (auto& [handle, sub] : subscriptions_) {
       if (sub.shard != rank) continue;
       sub.shard = shardOf(sub.id);
-      moved.emplace_back(handle, sub.id);
+      moved.emplace_back(sub.shard, wire::Subscribe{handle, sub.id, false});
     }
   }
-  for (const auto& [handle, id] : moved) send(shardOf(id), wire::Subscribe{handle, id, false});
+  for (const auto& [shard, msg] : moved) send(shard, msg);
 }
 
 }  // namespace hoplite

@@ -402,9 +402,10 @@ def main() -> None:
     if not ops or set(ops) - set(OPS):
         parser.error(f"--ops: choose from {OPS}")
     sizes = common.parse_sizes(args.sizes)
+    worlds = [int(n) for n in args.nodes.split(",")]
     memory = common.memory_bytes()
     for op in ops:
-        for world in (int(n) for n in args.nodes.split(",")):
+        for world in worlds:
             need = peak_bytes(op, world, max(sizes))
             if memory and need > 0.8 * memory:
                 parser.error(f"{op} of {max(sizes)} bytes on {world} nodes needs about {need / 2**30:.1f} GiB, more "
@@ -428,7 +429,7 @@ def main() -> None:
                   "measuring on loopback instead, without ratios to the ideal", flush=True)
             rate = None
     records, link_checks = [], {}
-    for world in (int(n) for n in args.nodes.split(",")):
+    for world in worlds:
         if rate:
             print(f"measuring {','.join(ops)} with {world} nodes at {rate} ...", flush=True)
             per_rank = run_emulated(world, ops, sizes, args.trials, args.warmup, systems, rate, link_checks,
