@@ -31,7 +31,6 @@ Node::Node(NodeConfig config) : config_(std::move(config)) {
     throw std::invalid_argument("heartbeat interval must be positive and shorter than the heartbeat timeout");
   }
   setLogRank(config_.rank);
-  reduceNonce_ = std::to_string(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32));
   while (incarnation_ == 0) incarnation_ = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
   limits_.maxControl = std::max<uint64_t>(config_.inlineThresholdBytes, 1u << 20) + (64u << 10);
   limits_.maxData = kMaxDataFrame;

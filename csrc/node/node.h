@@ -415,8 +415,9 @@ class Node : public ConnectionObserver {
   std::unordered_map<std::string, std::vector<ParkedPull>> parkedPulls_;
   bool shuttingDown_ = false;
   uint64_t nextReduce_ = 1;
-  std::string reduceNonce_;
-  uint64_t incarnation_ = 0;  // random, told in every hello  // makes this node's partial-result ids unique across restarts
+  // Random per process: told in every hello, and part of this node's
+  // partial-result ids (unique across restarts).
+  uint64_t incarnation_ = 0;
   std::unordered_map<uint64_t, std::unique_ptr<ReduceCoordination>> reduces_;
   std::unordered_map<uint64_t, std::shared_ptr<ReduceTaskState>> tasks_;
   // How recent reduces coordinated here ended, for reduceOutcome (bounded).

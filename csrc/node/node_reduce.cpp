@@ -49,7 +49,7 @@ Status Node::reduce(const ReduceRequest& request, ReducePlan* plan) {
     c->started = now();
     c->arrived.assign(request.inputIds.size(), false);
     c->lost.assign(request.inputIds.size(), false);
-    c->partialPrefix = std::string("\x01reduce/") + std::to_string(config_.rank) + "." + reduceNonce_ + "." +
+    c->partialPrefix = kPartialResultPrefix + std::to_string(config_.rank) + "." + std::to_string(incarnation_) + "." +
                        std::to_string(key) + "/";
     reduces_[key] = std::move(c);
     startReduce(key);
@@ -163,7 +163,7 @@ void Node::onReduceInput(uint64_t key, int index, const Status& status, const wi
   }
   if (status.code == Code::kDeleted || status.code == Code::kPeerFailed) {
     // Deleted, or its directory shard died: this input will not come.
-    if (!c.lost[index]) c.lost[index] = true;
+    c.lost[index] = true;
     int possible = 0;
     for (bool lost : c.lost) possible += !lost;
     if (status.code == Code::kDeleted && possible < c.request.count) {

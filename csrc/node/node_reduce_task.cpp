@@ -205,7 +205,7 @@ void Node::finishTask(uint64_t taskId) {
 
 // A coordinator that failed frees none of its partial results: their holders do.
 void Node::dropPartialResultsOf(int rank) {
-  const std::string prefix = std::string("\x01reduce/") + std::to_string(rank) + ".";
+  const std::string prefix = kPartialResultPrefix + std::to_string(rank) + ".";
   for (const auto& obj : store_->snapshot()) {
     if (obj->id().rfind(prefix, 0) != 0) continue;
     dropLocalCopy(obj->id(), Status(Code::kPeerFailed, "its reduce's coordinator, " + peerName(rank) + ", failed"));

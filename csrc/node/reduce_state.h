@@ -15,6 +15,10 @@
 
 namespace hoplite {
 
+// Ids of a reduce's partial results start with this, then the coordinator's
+// rank and "." (so the results of a dead coordinator can be found and dropped).
+inline const std::string kPartialResultPrefix = std::string("\x01reduce/");
+
 // An input the directory located: its index in the request, and where it is.
 struct Node::ReduceInput {
   int index;
