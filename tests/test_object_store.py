@@ -230,3 +230,48 @@ def test_zero_copy_put_shares_the_tensor_memory(cluster4):
     assert hop.stats()["store_objects"] == objects - 2
     # The store let go of the tensor's memory.
     assert torch._C._storage_Use_Count(t.untyped_storage()._cdata) < uses
+
+
+def test_get_into_out_fills_the_callers_tensor(cluster4):
+    t = torch.arange(300_000, dtype=torch.float32)
+    remote = cluster4.call(2, workers.put, t, "out-remote")
+    buf = torch.full((600, 500), -1.0)  # same elements, another shape: kept
+    got = hop.get(remote, out=buf).wait()
+    assert got is buf and got.shape == (600, 500)
+    assert torch.equal(buf.view(-1), t)
+    local = hop.put(t * 2, "out-local")  # a complete local copy: served at once
+    assert torch.equal(hop.get(local, out=buf).wait().view(-1), t * 2)
+    small = cluster4.call(1, workers.put, torch.arange(6, dtype=torch.int16), "out-inline")
+    into = torch.zeros(2, 3, dtype=torch.int16)
+    assert torch.equal(hop.get(small, out=into).wait(), torch.arange(6, dtype=torch.int16).view(2, 3))
+    # started before the put: filled as the bytes arrive
+    later = torch.empty(300_000)
+    fut = hop.get("out-later", timeout=30, out=later)
+    cluster4.call(3, workers.put, t + 1, "out-later")
+    assert fut.wait() is later and torch.equal(later, t + 1)
+    empty = cluster4.call(1, workers.put, torch.empty(0, 4), "out-empty")
+    assert hop.get(empty, out=torch.empty(0)).wait().numel() == 0
+
+
+def test_get_into_a_tensor_that_does_not_fit_raises_and_leaves_it_alone(cluster4):
+    t = torch.arange(300_000, dtype=torch.float32)
+    remote = cluster4.call(2, workers.put, t, "out-misfit")
+    local = hop.put(t, "out-misfit-local")
+    for ref in (remote, local):
+        for wrong in (torch.full((300_000,), 7, dtype=torch.int32),  # same bytes, other dtype
+                      torch.full((299_999,), 7.0)):  # fewer elements
+            with pytest.raises(hop.InvalidArgumentError, match=f"{ref.id}.*out=.*float32"):
+                hop.get(ref, timeout=30, out=wrong).wait()
+            assert bool((wrong == 7).all())
+    untouched = torch.full((10,), 7.0)
+    with pytest.raises(TimeoutError, match="out-never"):
+        hop.get("out-never", timeout=0.3, out=untouched).wait()
+    assert bool((untouched == 7).all())
+    with pytest.raises(TypeError, match="out-misfit.*torch.Tensor"):
+        hop.get(remote, out=[0.0])
+    with pytest.raises(ValueError, match="contiguous"):
+        hop.get(remote, out=torch.empty(600, 1000)[:, ::2])
+    with pytest.raises(ValueError, match="copy=False"):
+        hop.get(remote, copy=False, out=torch.empty(300_000))
+    with pytest.raises(ValueError, match="requires grad"):
+        hop.get(remote, out=torch.empty(300_000, requires_grad=True))

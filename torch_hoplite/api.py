@@ -104,6 +104,7 @@ def get(
     timeout: Optional[float] = None,
     *,
     copy: bool = True,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.futures.Future:
     """Fetches an object; the future's ``wait()`` gives the tensor with its
     original dtype and shape.
@@ -111,14 +112,34 @@ def get(
     Waits for the object to be put if it does not exist yet, up to `timeout`
     seconds (default ``HOPLITE_TIMEOUT``). ``copy=False`` returns the store's own
     copy without copying it: the tensor must then be treated as read-only.
+    ``out=`` receives into the caller's tensor instead (as ``dist.recv`` does):
+    a contiguous CPU tensor with the object's dtype and number of elements, which
+    keeps its own shape and is what ``wait()`` gives. It is written while the
+    bytes arrive and not touched after the future completes, also when it fails.
 
     The future fails with HopliteTimeoutError (a TimeoutError),
-    ObjectDeletedError, PeerFailedError or CapacityError; messages name the
-    object and the peer involved.
+    ObjectDeletedError, PeerFailedError, CapacityError or InvalidArgumentError
+    (`out` does not fit the object); messages name the object and the peer involved.
     """
     if device is not None and torch.device(device).type != "cpu":
         raise NotImplementedError(f"get to device {device}: only CPU is supported so far")
-    return _rt().get(id_of(ref), timeout, copy)
+    if out is not None:
+        _check_out(out, ref, copy)
+    return _rt().get(id_of(ref), timeout, copy, out)
+
+
+def _check_out(out: torch.Tensor, ref: Union[ObjectRef, ObjectId], copy: bool) -> None:
+    what = f"get of object {id_of(ref)!r}: out"
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(out).__name__}")
+    if not copy:
+        raise ValueError(f"{what} and copy=False exclude each other (copy=False hands out the store's copy)")
+    if out.device.type != "cpu":
+        raise NotImplementedError(f"{what} is on {out.device}: only CPU is supported so far")
+    if not out.is_contiguous():
+        raise ValueError(f"{what} must be contiguous")
+    if out.requires_grad:
+        raise ValueError(f"{what} requires grad; pass out.detach()")
 
 
 def delete(ref: Union[ObjectRef, ObjectId], timeout: Optional[float] = None) -> None:

@@ -74,9 +74,11 @@ class Runtime:
         nbytes = tensor.numel() * tensor.element_size()
         return ObjectRef(obj_id, nbytes, tensor.dtype, tuple(tensor.shape), torch.device("cpu"))
 
-    def get(self, obj_id: ObjectId, timeout: Optional[float], copy: bool) -> torch.futures.Future:
+    def get(self, obj_id: ObjectId, timeout: Optional[float], copy: bool,
+            out: Optional[torch.Tensor] = None) -> torch.futures.Future:
         fut: torch.futures.Future = torch.futures.Future()
-        self.node.get(id_bytes(obj_id), self.timeout(timeout), copy, fut)
+        out_dtype = "" if out is None else dtype_name(out.dtype)
+        self.node.get(id_bytes(obj_id), self.timeout(timeout), copy, fut, out, out_dtype)
         return fut
 
     def delete(self, obj_id: ObjectId, timeout: Optional[float]) -> None:

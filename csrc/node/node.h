@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -79,6 +80,13 @@ struct ReducePlan {
 };
 
 // Delivered to the caller through waitCompletions().
+// The caller's own memory for a get to fill (get(out=...)); the object must
+// have exactly this dtype and byte size.
+struct GetTarget {
+  std::shared_ptr<Buffer> buffer;
+  std::string dtype;
+};
+
 struct Completion {
   enum class Kind : uint8_t { kGet = 0, kPutCopied = 1 };
   uint64_t token = 0;
@@ -110,8 +118,10 @@ class Node : public ConnectionObserver {
              double timeoutSeconds, std::shared_ptr<Buffer> borrowed = nullptr);
   // Starts a get; the outcome arrives as a kGet completion with `token`, except
   // when a complete local copy exists: then it is served at once into *now and
-  // true is returned. copy=false hands out the store's own buffer (read-only by contract).
-  bool get(const std::string& id, double timeoutSeconds, bool copy, uint64_t token, Completion* now);
+  // true is returned. copy=false hands out the store's own buffer (read-only by
+  // contract); a `target` receives the copy instead of a buffer from the pool.
+  bool get(const std::string& id, double timeoutSeconds, bool copy, uint64_t token, Completion* now,
+           const GetTarget* target = nullptr);
   Status remove(const std::string& id, double timeoutSeconds);
   // Starts a streaming reduce (node_reduce.cpp) and returns once its inputs are
   // chosen and every tree position has registered its output: the result
@@ -251,6 +261,10 @@ class Node : public ConnectionObserver {
     std::string stage;                    // for timeout messages
     // copy=true: the caller's own buffer, filled behind the object's watermark.
     std::shared_ptr<Buffer> result;
+    GetTarget target;  // where `result` must be, when the caller chose it
+    // How the get ended while a worker still wrote into the caller's target:
+    // delivered once that copy is over, so no write follows the completion.
+    std::optional<Status> ending;
     uint64_t copied = 0;
     bool copyInFlight = false;
     int lookups = 0;  // a holder may have evicted its copy since the lookup: ask again

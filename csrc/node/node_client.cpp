@@ -20,6 +20,15 @@ constexpr int kMaxResumes = 3;
 // doubled each time up to kMaxRetryDelay (its own timeout still applies).
 constexpr double kRetryDelay = 0.01;
 constexpr double kMaxRetryDelay = 1.0;
+
+// Why the caller's `target` cannot receive object `id` (ok if it can).
+Status checkTarget(const std::string& id, const ObjectMeta& meta, const GetTarget& target) {
+  if (target.dtype == meta.dtype && target.buffer->size() == meta.nbytes) return Status();
+  return Status(Code::kInvalidArgument, "get of object " + printableId(id) + " into out=: the object is " +
+                                            describeMeta(meta) + " (" + std::to_string(meta.nbytes) +
+                                            " bytes), out= is " + target.dtype + " with " +
+                                            std::to_string(target.buffer->size()) + " bytes");
+}
 }  // namespace
 
 uint64_t Node::chunkFor(uint64_t size) const {
@@ -181,7 +190,8 @@ Status Node::remove(const std::string& id, double timeoutSeconds) {
 
 // ---------------------------------------------------------------- get
 
-bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t token, Completion* now) {
+bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t token, Completion* now,
+               const GetTarget* target) {
   Status s = validateId(id);
   if (s.ok() && stopped()) s = Status(Code::kShutdown, "get of object " + printableId(id) + ": node is shut down");
   if (!s.ok()) {
@@ -192,7 +202,11 @@ bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t
   if (auto obj = store_->find(id); obj && obj->complete()) {
     counters_.localGets++;
     *now = Completion{token, Completion::Kind::kGet, Status(), obj->buffer(), obj->meta()};
-    if (copy && obj->size() > 0) {
+    if (target) {
+      now->status = checkTarget(id, obj->meta(), *target);
+      now->buffer = now->status.ok() ? target->buffer : nullptr;
+      if (now->status.ok() && obj->size() > 0) std::memcpy(target->buffer->data(), obj->data(), obj->size());
+    } else if (copy && obj->size() > 0) {
       try {
         now->buffer = pool_->allocate(obj->size());
         std::memcpy(now->buffer->data(), obj->data(), obj->size());
@@ -203,14 +217,15 @@ bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t
     }
     return true;
   }
-  bool posted = loop_.post([this, id, timeoutSeconds, copy, token] {
+  bool posted = loop_.post([this, id, timeoutSeconds, copy, token, target = target ? *target : GetTarget{}] {
     if (shuttingDown_) {
       pushCompletion(Completion{token, Completion::Kind::kGet, Status(Code::kShutdown, "node is shut down"), nullptr, {}});
       return;
     }
     GetOp& op = gets_[token];
     op.id = id;
-    op.copy = copy;
+    op.copy = copy || target.buffer;
+    op.target = target;
     op.timeoutSeconds = timeoutSeconds;
     op.timer = loop_.addTimer(timeoutSeconds, [this, token] {
       auto it = gets_.find(token);
@@ -325,7 +340,11 @@ void Node::waitForLocal(uint64_t token, std::shared_ptr<LocalObject> obj) {
   GetOp& op = gets_.at(token);
   op.object = obj;
   op.meta = obj->meta();
-  if (op.copy && obj->size() > 0) {
+  if (op.target.buffer) {
+    Status s = checkTarget(op.id, op.meta, op.target);
+    if (!s.ok()) return finishGet(token, s);
+    op.result = op.target.buffer;
+  } else if (op.copy && obj->size() > 0) {
     try {
       op.result = pool_->allocate(obj->size());
     } catch (const std::bad_alloc&) {
@@ -396,6 +415,7 @@ void Node::progressGet(uint64_t token) {
         if (it == gets_.end()) return;  // timed out or failed meanwhile
         it->second.copied = to;
         it->second.copyInFlight = false;
+        if (it->second.ending) return finishGet(token, *it->second.ending);
         progressGet(token);
       });
     });
@@ -405,6 +425,15 @@ void Node::progressGet(uint64_t token) {
 void Node::finishGet(uint64_t token, const Status& status, std::shared_ptr<Buffer> result) {
   auto it = gets_.find(token);
   if (it == gets_.end()) return;
+  if (it->second.copyInFlight && it->second.target.buffer) {
+    GetOp& op = it->second;
+    if (op.timer) loop_.cancelTimer(op.timer);
+    if (op.listener) op.object->removeListener(op.listener);
+    op.timer = 0;
+    op.listener = 0;
+    if (!op.ending) op.ending = status;
+    return;
+  }
   GetOp op = std::move(it->second);
   gets_.erase(it);
   if (op.timer) loop_.cancelTimer(op.timer);

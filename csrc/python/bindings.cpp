@@ -122,7 +122,8 @@ PYBIND11_MODULE(_C, m) {
           py::arg("rank"), py::arg("host"), py::arg("port"))
       .def("put", &NodeHandle::put, py::arg("id"), py::arg("dtype"), py::arg("tensor"), py::arg("timeout"),
            py::arg("blocking"), py::arg("copy"))
-      .def("get", &NodeHandle::get, py::arg("id"), py::arg("timeout"), py::arg("copy"), py::arg("future"))
+      .def("get", &NodeHandle::get, py::arg("id"), py::arg("timeout"), py::arg("copy"), py::arg("future"),
+           py::arg("out") = py::none(), py::arg("out_dtype") = "")
       .def(
           "delete",
           [](NodeHandle& h, const py::bytes& id, double timeout) {

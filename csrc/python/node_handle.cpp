@@ -35,12 +35,20 @@ at::Tensor tensorOf(const Completion& c) {
       keep->data(), c.meta.shape, [keep](void*) mutable { keep.reset(); }, options);
 }
 
+// A get waiting for its completion: its future, and the tensor it fills if
+// the caller passed one (get(out=...)).
+struct PendingGet {
+  c10::intrusive_ptr<c10::ivalue::Future> fut;
+  at::Tensor out;
+};
+
 // Sets a get's future: the tensor, or the matching torch_hoplite exception
 // (created with `errorFromStatus`), which waiting on the future re-raises.
-void complete(const c10::intrusive_ptr<c10::ivalue::Future>& fut, Completion c, const py::object& errorFromStatus) {
+void complete(const PendingGet& get, Completion c, const py::object& errorFromStatus) {
+  const auto& fut = get.fut;
   if (c.status.ok()) {
     try {
-      at::Tensor tensor = tensorOf(c);
+      at::Tensor tensor = get.out.defined() ? get.out : tensorOf(c);
       if (fut->completed()) return;  // completed by the user meanwhile
       fut->markCompleted(c10::IValue(std::move(tensor)));
       return;
@@ -78,7 +86,7 @@ struct NodeHandle::State {
   std::mutex mutex;
   std::condition_variable putDone;
   uint64_t nextToken = 1;
-  std::unordered_map<uint64_t, c10::intrusive_ptr<c10::ivalue::Future>> gets;
+  std::unordered_map<uint64_t, PendingGet> gets;
   std::unordered_map<uint64_t, Put> puts;
   std::thread completer;
   std::once_flag stopped;
@@ -157,19 +165,34 @@ py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const p
   return py::make_tuple(static_cast<int>(s.code), s.message);
 }
 
-void NodeHandle::get(const py::bytes& id, double timeout, bool copy, const py::object& future) {
+void NodeHandle::get(const py::bytes& id, double timeout, bool copy, const py::object& future, const py::object& out,
+                     const std::string& outDtype) {
   auto wrapper = future.cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>();
   std::string key = id;
+  PendingGet pending{wrapper->fut, at::Tensor()};
+  GetTarget target;
+  if (!out.is_none()) {
+    if (!THPVariable_Check(out.ptr())) throw py::type_error("get: out must be a tensor");
+    pending.out = THPVariable_Unpack(out.ptr());
+    if (!pending.out.device().is_cpu() || !pending.out.is_contiguous()) {
+      throw py::value_error("get expects out to be a contiguous CPU tensor (torch_hoplite.get checks it)");
+    }
+    // The target keeps `out` alive while a worker may still write into it.
+    target.buffer = std::make_shared<Buffer>(static_cast<uint8_t*>(pending.out.data_ptr()),
+                                             pending.out.numel() * pending.out.element_size(),
+                                             [keep = pending.out]() mutable { keep = at::Tensor(); });
+    target.dtype = outDtype;
+  }
   py::gil_scoped_release release;
   uint64_t token;
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     token = state_->nextToken++;
-    state_->gets.emplace(token, wrapper->fut);
+    state_->gets.emplace(token, std::move(pending));
   }
   Completion now;
   try {
-    if (!node_->get(key, timeout, copy, token, &now)) return;
+    if (!node_->get(key, timeout, copy, token, &now, target.buffer ? &target : nullptr)) return;
   } catch (const std::exception& e) {
     now = Completion{token, Completion::Kind::kGet, Status(Code::kInternal, e.what()), nullptr, {}};
   }
@@ -202,10 +225,10 @@ void deliver(NodeHandle::State& state, Completion c) {
   }
   auto it = state.gets.find(c.token);
   if (it == state.gets.end()) return;
-  auto fut = std::move(it->second);
+  PendingGet get = std::move(it->second);
   state.gets.erase(it);
   lock.unlock();
-  complete(fut, std::move(c), state.errorFromStatus);
+  complete(get, std::move(c), state.errorFromStatus);
 }
 
 void NodeHandle::shutdown() {
@@ -226,7 +249,7 @@ void NodeHandle::shutdown() {
   {
     // The node failed its pending gets before stopping; anything left could
     // never complete, so fail it here rather than leave a waiter hanging.
-    std::unordered_map<uint64_t, c10::intrusive_ptr<c10::ivalue::Future>> left;
+    std::unordered_map<uint64_t, PendingGet> left;
     {
       std::lock_guard<std::mutex> lock(state_->mutex);
       left.swap(state_->gets);
@@ -242,8 +265,8 @@ void NodeHandle::shutdown() {
       }
     }
     state_->putDone.notify_all();
-    for (auto& [token, fut] : left) {
-      complete(fut, Completion{token, Completion::Kind::kGet, Status(Code::kShutdown, "node shut down"), nullptr, {}},
+    for (auto& [token, get] : left) {
+      complete(get, Completion{token, Completion::Kind::kGet, Status(Code::kShutdown, "node shut down"), nullptr, {}},
                state_->errorFromStatus);
     }
   }

@@ -25,7 +25,10 @@ class NodeHandle {
   pybind11::tuple put(const pybind11::bytes& id, const std::string& dtype, const pybind11::object& tensor,
                       double timeout, bool blocking, bool copy);
   // Completes `future` (a torch.futures.Future) with the tensor or a typed error.
-  void get(const pybind11::bytes& id, double timeout, bool copy, const pybind11::object& future);
+  // With `out` (a contiguous CPU tensor of dtype `outDtype`, or None) the bytes
+  // land in `out`, which the future then gives back.
+  void get(const pybind11::bytes& id, double timeout, bool copy, const pybind11::object& future,
+           const pybind11::object& out, const std::string& outDtype);
   void shutdown();
 
   struct State;  // internal: what the completer thread shares with the handle
