@@ -415,3 +415,78 @@ def run_killed_peer(rank: int, world: int, port: int, conn) -> None:
     conn.send((outcome, time.monotonic() - start))
     torch_hoplite.shutdown()
     os._exit(0)  # the process group cannot be destroyed cleanly with a dead member
+
+
+def run_mismatched(rank: int, world: int, port: int, conn) -> None:
+    """Rank 0 calls all_reduce while the others call all_gather_into_tensor
+    (both rings, so their messages meet); each reports how its call ended."""
+    dist.init_process_group(
+        "hoplite", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=20),
+    )
+    dist.barrier()
+    t = torch.ones(2 * 300_000)
+    start = time.monotonic()
+    outcome = "completed"
+    try:
+        if rank == 0:
+            dist.all_reduce(t)
+        else:
+            dist.all_gather_into_tensor(t, torch.ones(300_000))
+    except Exception as e:  # noqa: BLE001  (reported to the test)
+        outcome = f"{type(e).__name__}: {e}"
+    conn.send((outcome, time.monotonic() - start))
+    time.sleep(2)  # leaving at once could fail the other rank's receive before it sees the mismatch itself
+    torch_hoplite.shutdown()
+    os._exit(0)  # the group's ranks disagree on what ran: no clean teardown
+
+
+def run_flood(rank: int, world: int, port: int, conn) -> None:
+    """Rank 0 sends 32 messages of 1 MiB and one of 16 MiB before rank 1 posts
+    any receive; rank 1 then receives them in reverse order. With an 8 MiB
+    mailbox, rank 1 may hold at most 8 MiB of them before its receives."""
+    os.environ["HOPLITE_MAILBOX_BYTES"] = "8MiB"
+    dist.init_process_group(
+        "hoplite", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TIMEOUT
+    )
+    small, tags = 1 << 18, list(range(32))  # float32 elements: 1 MiB
+    report: dict = {}
+    if rank == 0:
+        works = [dist.isend(torch.full((small,), float(t)), dst=1, tag=t) for t in tags]
+        works.append(dist.isend(torch.full((4 * small * 4,), 100.0), dst=1, tag=100))
+        for w in works:
+            w.wait()
+        report["deferred"] = torch_hoplite.stats()["messages_deferred"]
+    else:
+        time.sleep(2.0)  # everything rank 0 may send unasked has arrived by now
+        report["mailbox_bytes"] = torch_hoplite.stats()["mailbox_bytes"]
+        big = torch.empty(4 * small * 4)
+        dist.recv(big, src=0, tag=100)
+        report["big_ok"] = bool((big == 100.0).all())
+        got = torch.empty(small)
+        report["small_ok"] = True
+        for t in reversed(tags):
+            dist.recv(got, src=0, tag=t)
+            report["small_ok"] &= bool((got == float(t)).all())
+        report["mailbox_after"] = torch_hoplite.stats()["mailbox_bytes"]
+    dist.barrier()
+    conn.send(report)
+    dist.destroy_process_group()
+    torch_hoplite.shutdown()
+
+
+def run_shape_mismatch(rank: int, world: int, port: int, conn) -> None:
+    """Ranks allreduce tensors of different shapes; reports how it ended
+    (the test runs it with TORCH_DISTRIBUTED_DEBUG=DETAIL)."""
+    dist.init_process_group(
+        "hoplite", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=20),
+    )
+    outcome = "completed"
+    try:
+        dist.all_reduce(torch.ones(10 + 2 * rank))
+    except Exception as e:  # noqa: BLE001  (reported to the test)
+        outcome = f"{type(e).__name__}: {e}"
+    conn.send(outcome)
+    torch_hoplite.shutdown()
+    os._exit(0)  # the ranks disagree on what ran: no clean teardown

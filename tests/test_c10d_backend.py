@@ -85,3 +85,31 @@ def test_killed_rank_makes_the_others_raise_within_the_timeout():
         assert "DistBackendError" in outcome and "hoplite allreduce" in outcome, f"rank {rank}: {outcome}"
         assert "closed" in outcome or "failed" in outcome or "timed out" in outcome, outcome
         assert seconds < 10 + 5, f"rank {rank} took {seconds:.1f} s (timeout 10 s)"
+
+
+def test_ranks_calling_different_collectives_raise_instead_of_mixing_data():
+    results = _spawn(c10d_cases.run_mismatched, 2, timeout=60)
+    for rank, (mine, theirs) in enumerate([("allreduce", "all_gather_into_tensor"),
+                                          ("all_gather_into_tensor", "allreduce")]):
+        assert results[rank] is not None, f"rank {rank} did not report (hung?)"
+        outcome, seconds = results[rank]
+        assert "DistBackendError" in outcome and "different collectives" in outcome, f"rank {rank}: {outcome}"
+        assert f"its {theirs}, this rank receives it in its {mine}" in outcome, outcome
+        assert seconds < 10, f"rank {rank} took {seconds:.1f} s: the mismatch should be seen at the first message"
+
+
+def test_messages_sent_ahead_of_their_receives_are_bounded_and_all_arrive():
+    sender, receiver = _spawn(c10d_cases.run_flood, 2, timeout=120)
+    assert sender is not None and receiver is not None, (sender, receiver)
+    assert receiver["big_ok"] and receiver["small_ok"], receiver
+    # 8 of the 1 MiB messages fit the mailbox; the rest, and the 16 MiB one, waited at the sender.
+    assert 0 < receiver["mailbox_bytes"] <= 8 << 20, receiver
+    assert sender["deferred"] >= 32 - 8 + 1, sender
+    assert receiver["mailbox_after"] == 0, receiver
+
+
+def test_torch_debug_detail_wraps_the_backend_with_its_fingerprint_check(monkeypatch):
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")  # read when the spawned ranks import torch
+    outcomes = _spawn(c10d_cases.run_shape_mismatch, 2, timeout=60)
+    for rank, outcome in enumerate(outcomes):
+        assert outcome is not None and "Detected mismatch between collectives" in outcome, f"rank {rank}: {outcome}"

@@ -28,6 +28,9 @@ HOPLITE_COPY_THREADS           threads for memory copies and reduce steps  2
                      copy_threads
 HOPLITE_SOCKET_BUFFER          SO_SNDBUF/SO_RCVBUF bytes (0: autotune)     0
                      socket_buffer_bytes
+HOPLITE_MAILBOX_BYTES          backend messages sent to one peer ahead     64MiB
+                     mailbox   of their receives; later ones (and any
+                     _bytes    over 1 MiB) wait for the receive
 HOPLITE_SECRET       secret    cluster secret: peers prove they know it    generated
                                (HMAC challenge-response) before anything
                                else is accepted; unset: rank 0 generates
@@ -100,6 +103,7 @@ class Config:
     heartbeat_timeout: float = 10.0
     copy_threads: int = 2
     socket_buffer_bytes: int = 0
+    mailbox_bytes: int = 64 << 20
     secret: Optional[str] = dataclasses.field(default=None, repr=False)
     rejoin: bool = False
 
@@ -117,6 +121,7 @@ class Config:
         "heartbeat_timeout": ("HOPLITE_HEARTBEAT_TIMEOUT", float),
         "copy_threads": ("HOPLITE_COPY_THREADS", int),
         "socket_buffer_bytes": ("HOPLITE_SOCKET_BUFFER", parse_size),
+        "mailbox_bytes": ("HOPLITE_MAILBOX_BYTES", parse_size),
         "secret": ("HOPLITE_SECRET", str),
         "rejoin": ("HOPLITE_REJOIN", parse_bool),
     }

@@ -43,6 +43,7 @@ class Runtime:
                 "heartbeat_timeout": config.heartbeat_timeout,
                 "copy_threads": config.copy_threads,
                 "socket_buffer_bytes": config.socket_buffer_bytes,
+                "mailbox_bytes": config.mailbox_bytes,
             }
         )
         self.address = (self.node.host, self.node.port)

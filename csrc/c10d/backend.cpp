@@ -21,6 +21,8 @@ constexpr size_t kRingAllreduceBytes = 128u << 10;
 // Tags: a collective's are (seq << 40 | sub-tag), send/recv's (1 << 62 | tag).
 constexpr int kSeqShift = 40;
 constexpr uint64_t kSeqMask = (1ull << 22) - 1;
+// The kind of send/recv messages (collectives use their own name).
+const std::string kPointToPoint = "send/recv";
 constexpr uint64_t kPointToPointBit = 1ull << 62;
 
 void checkTensor(const at::Tensor& t, const char* op, const std::string& what) {
@@ -217,10 +219,10 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::enqueue(::c10d::OpType type, co
   const double seconds = timeoutSeconds(timeout);
   auto owner = std::make_shared<Tensors>(std::move(keep));
   std::string label = std::string("hoplite ") + name + " #" + std::to_string(seq);
-  worker_.submit([this, work, seq, seconds, owner, label, body = std::move(body)] {
+  worker_.submit([this, work, seq, seconds, owner, label, kind = std::string(name), body = std::move(body)] {
     std::exception_ptr error;
     try {
-      channel_.begin(label, (seq & kSeqMask) << kSeqShift, seconds, owner);
+      channel_.begin(label, kind, (seq & kSeqMask) << kSeqShift, seconds, owner);
       body(channel_);
     } catch (const CommError& e) {
       error = asBackendError(e.what());
@@ -639,9 +641,11 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::pointToPoint(Tensors& tensors, 
   };
   const double seconds = timeoutSeconds(::c10d::kUnsetTimeout);
   if (isSend) {
-    channel_.node().sendMessage(global, channel_.context(), tagValue, bytesOf(d.work), nbytes(d.work), keep, done, seconds);
+    channel_.node().sendMessage(global, channel_.context(), tagValue, kPointToPoint, bytesOf(d.work), nbytes(d.work), keep,
+                                done, seconds);
   } else {
-    channel_.node().recvMessage(global, channel_.context(), tagValue, bytesOf(d.work), nbytes(d.work), keep, done, seconds);
+    channel_.node().recvMessage(global, channel_.context(), tagValue, kPointToPoint, bytesOf(d.work), nbytes(d.work), keep,
+                                done, seconds);
   }
   return work;
 }

@@ -60,9 +60,10 @@ int groupRankOf(const std::vector<int>& globalRanks, int global) {
   return -1;
 }
 
-void Channel::begin(const std::string& name, uint64_t tagBase, double timeoutSeconds,
+void Channel::begin(const std::string& name, const std::string& kind, uint64_t tagBase, double timeoutSeconds,
                     std::shared_ptr<const void> owner) {
   name_ = name;
+  kind_ = kind;
   tagBase_ = tagBase;
   timeoutSeconds_ = timeoutSeconds;
   deadline_ = std::chrono::steady_clock::now() +
@@ -113,14 +114,14 @@ Node::MessageCallback completer(const Channel::Pending& op) {
 
 Channel::Pending Channel::send(int peer, uint64_t subTag, const void* data, size_t bytes) {
   auto op = start(peer, subTag, true);
-  node_->sendMessage(globalRank(peer), context_, tagBase_ | subTag, static_cast<const uint8_t*>(data), bytes,
+  node_->sendMessage(globalRank(peer), context_, tagBase_ | subTag, kind_, static_cast<const uint8_t*>(data), bytes,
                      memory_, completer(op));
   return op;
 }
 
 Channel::Pending Channel::recv(int peer, uint64_t subTag, void* data, size_t bytes) {
   auto op = start(peer, subTag, false);
-  op->handle = node_->recvMessage(globalRank(peer), context_, tagBase_ | subTag, static_cast<uint8_t*>(data), bytes,
+  op->handle = node_->recvMessage(globalRank(peer), context_, tagBase_ | subTag, kind_, static_cast<uint8_t*>(data), bytes,
                                   memory_, completer(op));
   receives_.push_back(op);
   return op;

@@ -46,9 +46,12 @@ class Channel {
   Node& node() { return *node_; }
   uint64_t context() const { return context_; }
 
-  // Starts a collective: its tags, its deadline, and `owner`, which keeps the
-  // memory it touches alive until the node has finished with every message.
-  void begin(const std::string& name, uint64_t tagBase, double timeoutSeconds, std::shared_ptr<const void> owner);
+  // Starts a collective: its name for errors, its kind (which the peers'
+  // messages must match: see Node::sendMessage), its tags, its deadline, and
+  // `owner`, which keeps the memory it touches alive until the node has
+  // finished with every message.
+  void begin(const std::string& name, const std::string& kind, uint64_t tagBase, double timeoutSeconds,
+             std::shared_ptr<const void> owner);
   // Uninitialised scratch memory that lives as long as the collective's
   // messages. Reused across collectives: fresh pages cost a fault each, which
   // on a chain reduce of 256 MB was a large share of the CPU time.
@@ -76,6 +79,7 @@ class Channel {
 
   // The collective in progress.
   std::string name_;
+  std::string kind_;
   uint64_t tagBase_ = 0;
   std::chrono::steady_clock::time_point deadline_;
   double timeoutSeconds_ = 0;

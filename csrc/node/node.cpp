@@ -577,6 +577,10 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
       if (!isIncoming) break;  // a sender uses the connection it dialed
       handleMessage(conn, wire::Message::decode(reader));
       return;
+    case wire::MsgType::kMessageReply:
+      if (isIncoming) break;  // answers come back on the sender's connection
+      onMessageReply(conn, wire::MessageReply::decode(reader));
+      return;
     case wire::MsgType::kChallenge:
       if (isIncoming) break;
       handleChallenge(conn, wire::Challenge::decode(reader));
@@ -658,6 +662,8 @@ std::map<std::string, uint64_t> Node::stats() {
       {"messages_sent", counters_.messagesSent.load()},
       {"messages_received", counters_.messagesReceived.load()},
       {"messages_unexpected", counters_.messagesUnexpected.load()},
+      {"messages_deferred", counters_.messagesDeferred.load()},
+      {"mailbox_bytes", mailboxBytes_.load()},
       {"handshakes_refused", counters_.handshakesRefused.load()},
       {"inline_gets", counters_.inlineGets.load()},
       {"local_gets", counters_.localGets.load()},

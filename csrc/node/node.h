@@ -54,6 +54,9 @@ struct NodeConfig {
   double heartbeatTimeoutSeconds = 10;
   int copyThreads = 2;
   int socketBufferBytes = 0;
+  // Bytes of tagged messages this node sends to one peer ahead of their
+  // receives; messages beyond (and any over 1 MiB) wait for their receive.
+  uint64_t mailboxBytes = 64ull << 20;
 };
 
 // A streaming reduce as the caller asks for it.
@@ -145,16 +148,19 @@ class Node : public ConnectionObserver {
   // Tagged messages between ranks, the transport of the c10d backend
   // (node_mailbox.cpp). A message is matched with the receive posted at its
   // destination for the same (context, tag) and source, in send order; one that
-  // arrives before its receive waits in a mailbox. `done` runs exactly once, on
+  // arrives before its receive waits in a mailbox. Both ends name the `kind` of
+  // work they do (e.g. "allreduce"): a match of different kinds fails the
+  // receive, so ranks that called different collectives get an error, not
+  // each other's bytes. `done` runs exactly once, on
   // the loop thread: for a send once its bytes are handed to the kernel.
   // `keepalive` holds the memory until then.
   using MessageCallback = std::function<void(const Status&, int sourceRank)>;
   // timeoutSeconds > 0: `done` reports a timeout if the message has not
   // completed by then (a receive is cancelled).
-  void sendMessage(int rank, uint64_t context, uint64_t tag, const uint8_t* data, uint64_t size,
+  void sendMessage(int rank, uint64_t context, uint64_t tag, const std::string& kind, const uint8_t* data, uint64_t size,
                    std::shared_ptr<const void> keepalive, MessageCallback done, double timeoutSeconds = 0);
   // rank -1: from any source. Returns a handle for cancelReceive.
-  uint64_t recvMessage(int rank, uint64_t context, uint64_t tag, uint8_t* dest, uint64_t size,
+  uint64_t recvMessage(int rank, uint64_t context, uint64_t tag, const std::string& kind, uint8_t* dest, uint64_t size,
                        std::shared_ptr<const void> keepalive, MessageCallback done, double timeoutSeconds = 0);
   // Fails a receive that has not completed with `why` (its caller gave up). No
   // later data frame is written to its memory; one already being read finishes
@@ -360,11 +366,18 @@ class Node : public ConnectionObserver {
     int rank = -1;
     uint8_t* dest = nullptr;
     uint64_t size = 0;
+    std::string kind;
     std::shared_ptr<const void> keepalive;
     MessageCallback done;
   };
-  struct Inbound;  // a message arriving, or waiting in the mailbox
+  struct Inbound;   // a message arriving, or waiting in the mailbox
+  struct Outbound;  // a message sent, until its receiver took it (eager) or let it come (deferred)
   void handleMessage(Connection& conn, const wire::Message& msg);
+  void onMessageReply(Connection& conn, const wire::MessageReply& msg);
+  // Tells an inbound message's sender what became of it.
+  void answerMessage(const Inbound& inbound, wire::MessageAnswer answer, const std::string& reason = "");
+  // A deferred message's sender gave up (timeout): its memory is let go.
+  void dropOutbound(uint64_t request, const Status& why);
   void matchReceive(PostedReceive receive, MessageKey key);
   void completeInbound(const std::shared_ptr<Inbound>& inbound);
   // `done`, called at most once, with a timeout reported after `timeoutSeconds` (> 0).
@@ -441,6 +454,9 @@ class Node : public ConnectionObserver {
   std::map<StreamKey, std::shared_ptr<Inbound>> inbound_;  // arriving, by (connection id, request)
   std::map<MessageKey, std::deque<std::shared_ptr<Inbound>>> mailbox_;  // unmatched, arrival order
   std::map<MessageKey, std::deque<PostedReceive>> receives_;           // unmatched, post order
+  std::atomic<uint64_t> mailboxBytes_{0};  // eager bytes in mailbox_ (read by stats())
+  std::unordered_map<uint64_t, std::shared_ptr<Outbound>> outbound_;  // by request
+  std::unordered_map<int, uint64_t> eagerBytes_;  // per peer: sent eagerly, not yet taken
   double lastHeartbeatCheck_ = 0;
   LinkEstimate link_;
   bool linkMeasured_ = false;
@@ -474,6 +490,7 @@ class Node : public ConnectionObserver {
     std::atomic<uint64_t> reduceRecoveries{0};  // reduces that redid positions after a participant died
     std::atomic<uint64_t> pullResumes{0};  // transfers continued from another holder after a failure
     std::atomic<uint64_t> messagesSent{0}, messagesReceived{0}, messagesUnexpected{0};
+    std::atomic<uint64_t> messagesDeferred{0};  // sent only once their receive was there
     std::atomic<uint64_t> handshakesRefused{0};  // peers that could not prove they know the secret
   } counters_;
 };

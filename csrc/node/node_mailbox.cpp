@@ -1,6 +1,10 @@
 // Tagged messages between ranks: an announce (control frame) followed by the
 // bytes as data frames, read straight into the posted receive's memory, or into
-// a mailbox buffer when the message arrives before its receive.
+// a mailbox buffer when the message arrives before its receive. Only eager
+// messages can wait in a mailbox: up to 1 MiB each, and at most
+// NodeConfig::mailboxBytes of them per sender not yet taken by a receive. The
+// rest are deferred: announced at once, their bytes sent when the receiver
+// answers that a receive took them, so nothing large waits in memory twice.
 #include <cstring>
 #include <new>
 #include <optional>
@@ -14,6 +18,11 @@ struct Node::Inbound {
   int source = -1;
   MessageKey key;
   uint64_t size = 0;
+  std::string kind;
+  uint64_t request = 0;             // the sender's, for answers
+  std::weak_ptr<Connection> conn;   // where it came in, and answers go back
+  bool eager = true;                // its bytes follow the announce unasked
+  bool cleared = false;             // deferred: told to send its bytes
   uint64_t expected = 0;  // next offset a data frame must carry
   bool discard = false;  // its receive was cancelled or of another size: bytes are dropped
   // Where bytes go: the receive's memory when it was matched before the first
@@ -26,14 +35,27 @@ struct Node::Inbound {
 
 namespace {
 
+// Larger messages are always deferred. The pipelined collectives send pieces of
+// at most 1 MiB, so they stay eager while their receivers keep up.
+constexpr uint64_t kEagerMessageBytes = 1u << 20;
+
 std::string describeMessage(uint64_t context, uint64_t tag) {
   return "message (context " + std::to_string(context) + ", tag " + std::to_string(tag) + ")";
 }
 
-Status sizeMismatch(const std::pair<uint64_t, uint64_t>& key, int source, uint64_t sent, uint64_t expected) {
-  return Status(Code::kInvalidArgument, describeMessage(key.first, key.second) + ": rank " + std::to_string(source) +
-                                            " sent " + std::to_string(sent) + " bytes, the receive expects " +
-                                            std::to_string(expected));
+// Why a receive cannot take a message (ok if it can).
+Status mismatch(const std::pair<uint64_t, uint64_t>& key, int source, const std::string& sentKind, uint64_t sent,
+                const std::string& kind, uint64_t expected) {
+  const std::string what = describeMessage(key.first, key.second) + ": rank " + std::to_string(source);
+  if (sentKind != kind) {
+    return Status(Code::kInvalidArgument, what + " sent it in its " + sentKind + ", this rank receives it in its " +
+                                              kind + ": the ranks called different collectives");
+  }
+  if (sent != expected) {
+    return Status(Code::kInvalidArgument,
+                  what + " sent " + std::to_string(sent) + " bytes, the receive expects " + std::to_string(expected));
+  }
+  return Status();
 }
 
 // Removes and returns the first entry of queues[key] that `matches`; std::nullopt if none.
@@ -61,10 +83,14 @@ class SendGuard {
             std::string what)
       : loop_(loop), keepalive_(std::move(keepalive)), done_(std::move(done)), rank_(rank), what_(std::move(what)) {}
   void started(const std::shared_ptr<Connection>& conn) { conn_ = conn; }
+  // Reports `why` instead of the connection's fate (a deferred message refused or given up).
+  void fail(const Status& why) { failure_ = why; }
   ~SendGuard() {
     auto conn = conn_.lock();
     Status status;
-    if (!conn || !conn->isOpen()) {
+    if (failure_) {
+      status = *failure_;
+    } else if (!conn || !conn->isOpen()) {
       status = Status(Code::kPeerFailed, what_ + " to rank " + std::to_string(rank_) + " was not sent: the connection closed");
     }
     // Later turn: the transport may be inside its write loop.
@@ -82,9 +108,25 @@ class SendGuard {
   std::weak_ptr<Connection> conn_;
   int rank_;
   std::string what_;
+  std::optional<Status> failure_;
 };
 
+void sendFrames(Connection& c, uint64_t request, const uint8_t* data, uint64_t size, uint64_t chunk,
+                const std::shared_ptr<SendGuard>& frames) {
+  for (uint64_t off = 0; off < size; off += chunk) c.sendData(request, off, data + off, std::min(chunk, size - off), frames);
+}
+
 }  // namespace
+
+struct Node::Outbound {
+  int rank = -1;
+  uint64_t size = 0;
+  bool eager = true;
+  const uint8_t* data = nullptr;
+  std::shared_ptr<SendGuard> frames;  // a deferred message's, until its receiver answers
+  std::weak_ptr<Connection> conn;     // the connection its announce went on
+  std::string what;
+};
 
 Node::MessageCallback Node::withDeadline(MessageCallback done, double timeoutSeconds, const std::string& what,
                                          std::function<void(const Status&)> onTimeout) {
@@ -115,11 +157,13 @@ Node::MessageCallback Node::withDeadline(MessageCallback done, double timeoutSec
   return wrapped;
 }
 
-void Node::sendMessage(int rank, uint64_t context, uint64_t tag, const uint8_t* data, uint64_t size,
+void Node::sendMessage(int rank, uint64_t context, uint64_t tag, const std::string& kind, const uint8_t* data,
+                       uint64_t size,
                        std::shared_ptr<const void> keepalive, MessageCallback done, double timeoutSeconds) {
   const uint64_t request = wire::kMessageRequestBit | nextMessage_++;
   const std::string what = describeMessage(context, tag);
-  done = withDeadline(std::move(done), timeoutSeconds, what + " to rank " + std::to_string(rank), nullptr);
+  done = withDeadline(std::move(done), timeoutSeconds, what + " to rank " + std::to_string(rank),
+                      [this, request](const Status& why) { dropOutbound(request, why); });
   auto posted = loop_.post([=, this, keepalive = std::move(keepalive)]() mutable {
     if (rank < 0 || rank >= config_.worldSize || rank == config_.rank) {
       done(Status(Code::kInvalidArgument, what + ": no peer rank " + std::to_string(rank) + " to send to"), rank);
@@ -134,30 +178,39 @@ void Node::sendMessage(int rank, uint64_t context, uint64_t tag, const uint8_t* 
       return;
     }
     auto guard = std::make_shared<SendGuard>(loop_, std::move(keepalive), std::move(done), rank, what);
-    whenConnected(rank, [this, guard, request, context, tag, data, size](Connection& c) mutable {
-      // From here on only the frames hold the guard: it reports when the last is written.
+    whenConnected(rank, [this, guard, rank, request, context, tag, kind, data, size, what](Connection& c) mutable {
+      // From here on only the frames (or the deferred message) hold the guard:
+      // it reports when the last frame is written.
       auto frames = std::move(guard);
-      frames->started(sharedConnection(c));
-      c.sendControl(wire::MsgType::kMessage, wire::encode(wire::Message{request, context, tag, size}));
-      const uint64_t chunk = chunkFor(size);
-      for (uint64_t off = 0; off < size; off += chunk) {
-        c.sendData(request, off, data + off, std::min(chunk, size - off), frames);
-      }
+      auto conn = sharedConnection(c);
+      frames->started(conn);
+      uint64_t& window = eagerBytes_[rank];
+      const bool eager = size <= kEagerMessageBytes && window + size <= config_.mailboxBytes;
+      c.sendControl(wire::MsgType::kMessage, wire::encode(wire::Message{request, context, tag, size, kind, eager}));
+      outbound_[request] = std::make_shared<Outbound>(
+          Outbound{rank, size, eager, data, eager ? nullptr : frames, conn, what + " to rank " + std::to_string(rank)});
       counters_.messagesSent++;
-      counters_.bytesSent += size;
+      if (eager) {
+        window += size;
+        sendFrames(c, request, data, size, chunkFor(size), frames);
+        counters_.bytesSent += size;
+      } else {
+        counters_.messagesDeferred++;
+      }
     });
   });
   if (!posted) done(Status(Code::kShutdown, what + " not sent: the node is shut down"), rank);
 }
 
-uint64_t Node::recvMessage(int rank, uint64_t context, uint64_t tag, uint8_t* dest, uint64_t size,
+uint64_t Node::recvMessage(int rank, uint64_t context, uint64_t tag, const std::string& kind, uint8_t* dest,
+                           uint64_t size,
                            std::shared_ptr<const void> keepalive, MessageCallback done, double timeoutSeconds) {
   const uint64_t handle = nextMessage_++;
   const std::string what = describeMessage(context, tag) + " from rank " + (rank < 0 ? "any" : std::to_string(rank));
   done = withDeadline(std::move(done), timeoutSeconds, what,
                       [this, handle](const Status& why) { cancelReceive(handle, why); });
   auto shared = std::make_shared<PostedReceive>(
-      PostedReceive{handle, rank, dest, size, std::move(keepalive), std::move(done)});
+      PostedReceive{handle, rank, dest, size, kind, std::move(keepalive), std::move(done)});
   if (!loop_.post([this, shared, context, tag] { matchReceive(std::move(*shared), {context, tag}); })) {
     shared->done(Status(Code::kShutdown, what + " not received: the node is shut down"), -1);
   }
@@ -176,13 +229,18 @@ void Node::matchReceive(PostedReceive receive, MessageKey key) {
   });
   if (arrived) {
     auto inbound = *arrived;
-    if (inbound->size != receive.size) {
-      receive.done(sizeMismatch(key, inbound->source, inbound->size, receive.size), receive.rank);
+    if (inbound->eager) mailboxBytes_ -= inbound->size;
+    if (Status s = mismatch(key, inbound->source, inbound->kind, inbound->size, receive.kind, receive.size); !s.ok()) {
+      receive.done(s, receive.rank);
       inbound->discard = true;
       inbound->parked.reset();
+      answerMessage(*inbound, wire::MessageAnswer::kRefused, s.message);
+      if (auto conn = inbound->conn.lock(); conn && !inbound->eager) inbound_.erase({conn->id(), inbound->request});
       return;
     }
     inbound->receive = std::move(receive);
+    inbound->cleared = true;
+    answerMessage(*inbound, inbound->eager ? wire::MessageAnswer::kTaken : wire::MessageAnswer::kSend);
     if (inbound->complete) completeInbound(inbound);  // else when its last byte arrives
     return;
   }
@@ -231,19 +289,30 @@ void Node::handleMessage(Connection& conn, const wire::Message& msg) {
   inbound->source = conn.peerRank();
   inbound->key = {msg.context, msg.tag};
   inbound->size = msg.size;
+  inbound->kind = msg.kind;
+  inbound->request = msg.request;
+  inbound->conn = sharedConnection(conn);
+  inbound->eager = msg.eager;
   counters_.messagesReceived++;
   auto posted = takeFirst(receives_, inbound->key, [&](const PostedReceive& r) {
     return r.rank == -1 || r.rank == inbound->source;
   });
-  if (posted && posted->size != msg.size) {
+  Status refused = posted ? mismatch(inbound->key, inbound->source, msg.kind, msg.size, posted->kind, posted->size)
+                          : Status();
+  if (!refused.ok()) {
     inbound->discard = true;  // consumed by the receive it failed
-    posted->done(sizeMismatch(inbound->key, inbound->source, msg.size, posted->size), inbound->source);
+    posted->done(refused, inbound->source);
+    answerMessage(*inbound, wire::MessageAnswer::kRefused, refused.message);
+    if (!msg.eager) return;  // no bytes follow
   } else if (posted) {
     inbound->receive = std::move(*posted);
+    inbound->cleared = true;
+    answerMessage(*inbound, msg.eager ? wire::MessageAnswer::kTaken : wire::MessageAnswer::kSend);
   }
   if (!inbound->receive && !inbound->discard) {
     counters_.messagesUnexpected++;
     mailbox_[inbound->key].push_back(inbound);
+    if (msg.eager) mailboxBytes_ += msg.size;
   }
   if (msg.size == 0) {
     completeInbound(inbound);
@@ -259,6 +328,10 @@ uint8_t* Node::messageDestination(Connection& conn, uint64_t request, uint64_t o
   Inbound& inbound = *it->second;
   if (offset != inbound.expected || size > inbound.size - offset) {
     conn.close(Status(Code::kProtocol, "message data frame out of order"));
+    return nullptr;
+  }
+  if (!inbound.eager && !inbound.cleared) {
+    conn.close(Status(Code::kProtocol, "message bytes sent before the receiver asked for them"));
     return nullptr;
   }
   const bool first = inbound.expected == 0;
@@ -315,7 +388,7 @@ void Node::failMessagesFrom(int rank, uint64_t connectionId, const Status& why) 
     if (inbound->receive) failed.push_back(std::move(*inbound->receive));
     auto box = mailbox_.find(inbound->key);
     if (box != mailbox_.end()) {
-      std::erase(box->second, inbound);
+      if (std::erase(box->second, inbound) > 0 && inbound->eager) mailboxBytes_ -= inbound->size;
       if (box->second.empty()) mailbox_.erase(box);
     }
     it = inbound_.erase(it);
@@ -334,6 +407,61 @@ void Node::failMessagesFrom(int rank, uint64_t connectionId, const Status& why) 
     it = queue.empty() ? receives_.erase(it) : std::next(it);
   }
   for (auto& receive : failed) receive.done(why, receive.rank);
+  if (connectionId != 0) return;  // one connection from the peer closed; what this node sends goes on its own
+  for (auto it = outbound_.begin(); it != outbound_.end();) {
+    if (rank >= 0 && it->second->rank != rank) {
+      ++it;
+      continue;
+    }
+    if (it->second->frames) it->second->frames->fail(why);
+    it = outbound_.erase(it);
+  }
+  if (rank < 0) {
+    eagerBytes_.clear();
+  } else {
+    eagerBytes_.erase(rank);
+  }
+}
+
+void Node::answerMessage(const Inbound& inbound, wire::MessageAnswer answer, const std::string& reason) {
+  if (auto conn = inbound.conn.lock()) {
+    conn->sendControl(wire::MsgType::kMessageReply,
+                      wire::encode(wire::MessageReply{inbound.request, answer, reason.substr(0, wire::kMaxMessageReason)}));
+  }
+}
+
+void Node::onMessageReply(Connection& conn, const wire::MessageReply& msg) {
+  auto it = outbound_.find(msg.request);
+  if (it == outbound_.end()) return;  // its sender gave up, or the peer failed, meanwhile
+  std::shared_ptr<Outbound> out = it->second;
+  if (out->conn.lock().get() != &conn) {
+    conn.close(Status(Code::kProtocol, "answer to a message sent on another connection"));
+    return;
+  }
+  outbound_.erase(it);
+  if (out->eager) {  // taken, or refused and dropped: it left the receiver's mailbox either way
+    eagerBytes_[out->rank] -= out->size;
+    return;
+  }
+  switch (msg.answer) {
+    case wire::MessageAnswer::kSend:
+      sendFrames(conn, msg.request, out->data, out->size, chunkFor(out->size), out->frames);
+      counters_.bytesSent += out->size;
+      return;
+    case wire::MessageAnswer::kRefused:
+      out->frames->fail(Status(Code::kInvalidArgument, out->what + " was refused: " + msg.reason));
+      return;
+    case wire::MessageAnswer::kTaken:
+      conn.close(Status(Code::kProtocol, "a deferred message answered as if it had been sent"));
+      return;
+  }
+}
+
+void Node::dropOutbound(uint64_t request, const Status& why) {
+  auto it = outbound_.find(request);
+  if (it == outbound_.end() || it->second->eager) return;  // an eager message's bytes are on their way
+  it->second->frames->fail(why);
+  outbound_.erase(it);
 }
 
 }  // namespace hoplite

@@ -13,7 +13,8 @@ namespace hoplite {
 namespace wire {
 
 constexpr uint32_t kMagic = 0x544c5048;  // "HPLT" little-endian
-constexpr uint8_t kVersion = 4;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions
+constexpr uint8_t kVersion = 5;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
+                                 // 5: message kinds
 constexpr size_t kHeaderSize = 16;
 constexpr size_t kDataSubheaderSize = 16;
 
@@ -39,8 +40,9 @@ enum class MsgType : uint8_t {
   kShardMoved = 19,
   kSubscribe = 20,
   kLocations = 21,
+  kMessageReply = 22,
 };
-constexpr uint8_t kMaxMsgType = 21;
+constexpr uint8_t kMaxMsgType = 22;
 
 struct FrameHeader {
   uint8_t type = 0;

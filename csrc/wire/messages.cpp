@@ -363,6 +363,8 @@ void Message::encode(Writer& w) const {
   w.u64(context);
   w.u64(tag);
   w.u64(size);
+  w.str(kind);
+  w.u8(eager ? 1 : 0);
 }
 Message Message::decode(Reader& r) {
   Message m;
@@ -371,7 +373,28 @@ Message Message::decode(Reader& r) {
   m.context = r.u64();
   m.tag = r.u64();
   m.size = r.u64();
+  m.kind = r.str(kMaxMessageKind, "message kind");
+  const uint8_t eager = r.u8();
+  if (eager > 1) throw DecodeError("bad message eager flag");
+  m.eager = eager == 1;
   r.expectEnd("message");
+  return m;
+}
+
+void MessageReply::encode(Writer& w) const {
+  w.u64(request);
+  w.u8(static_cast<uint8_t>(answer));
+  w.str(reason);
+}
+MessageReply MessageReply::decode(Reader& r) {
+  MessageReply m;
+  m.request = r.u64();
+  if (!(m.request & kMessageRequestBit)) throw DecodeError("message reply without the request's marker bit");
+  const uint8_t answer = r.u8();
+  if (answer > static_cast<uint8_t>(MessageAnswer::kRefused)) throw DecodeError("bad message answer");
+  m.answer = static_cast<MessageAnswer>(answer);
+  m.reason = r.str(kMaxMessageReason, "message refusal reason");
+  r.expectEnd("message reply");
   return m;
 }
 

@@ -266,16 +266,37 @@ struct Probe {
 
 // Announces a tagged message (the c10d backend's point-to-point unit); its
 // bytes follow as data frames for `request`, a number the sender chose with
-// kMessageRequestBit set so it never collides with the receiver's own pulls.
+// kMessageRequestBit set so it never collides with the receiver's own pulls:
+// at once when `eager`, else once the receiver answers kSend.
 constexpr uint64_t kMessageRequestBit = 1ull << 63;
+constexpr size_t kMaxMessageKind = 64;
+constexpr size_t kMaxMessageReason = 1024;
 struct Message {
   static constexpr MsgType kType = MsgType::kMessage;
   uint64_t request = 0;
   uint64_t context = 0;  // the process group
   uint64_t tag = 0;
   uint64_t size = 0;
+  // What the sender is doing (e.g. "allreduce"); a receive of another kind
+  // refuses the message: the ranks called different collectives.
+  std::string kind;
+  bool eager = true;
   void encode(Writer& w) const;
   static Message decode(Reader& r);
+};
+
+// The receiver's answer to a Message, on the connection it came in on: an
+// eager message was taken by a receive (its bytes no longer count against the
+// sender's eager window), a deferred one may send its bytes, or a receive
+// refused it (another size or kind; `reason` says which).
+enum class MessageAnswer : uint8_t { kTaken = 0, kSend = 1, kRefused = 2 };
+struct MessageReply {
+  static constexpr MsgType kType = MsgType::kMessageReply;
+  uint64_t request = 0;
+  MessageAnswer answer = MessageAnswer::kTaken;
+  std::string reason;
+  void encode(Writer& w) const;
+  static MessageReply decode(Reader& r);
 };
 
 template <typename M>

@@ -206,8 +206,23 @@ static void testMessages() {
   }
   checkTruncations(ReduceAbort{0, "sum"}, [](Reader& r) { ReduceAbort::decode(r); }, "reduce abort");
   checkTruncations(Probe{1, std::string(100, 'x')}, [](Reader& r) { Probe::decode(r, 1000); }, "probe");
-  checkTruncations(Message{kMessageRequestBit | 7, 3, 5, 1 << 20}, [](Reader& r) { Message::decode(r); }, "message");
+  checkTruncations(Message{kMessageRequestBit | 7, 3, 5, 1 << 20, "allreduce"}, [](Reader& r) { Message::decode(r); }, "message");
   CHECK(throwsDecodeError(encode(Message{7, 3, 5, 0}), [](Reader& r) { Message::decode(r); }));
+  {
+    Message deferred{kMessageRequestBit | 9, 3, 5, 64 << 20, "send/recv", false};
+    std::string bytes = encode(deferred);
+    Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    Message back = Message::decode(r);
+    CHECK(back.kind == "send/recv" && !back.eager && back.size == (64u << 20));
+  }
+  checkTruncations(MessageReply{kMessageRequestBit | 7, MessageAnswer::kRefused, "another size"},
+                   [](Reader& r) { MessageReply::decode(r); }, "message reply");
+  CHECK(throwsDecodeError(encode(MessageReply{7, MessageAnswer::kSend, ""}), [](Reader& r) { MessageReply::decode(r); }));
+  {
+    std::string bad = encode(MessageReply{kMessageRequestBit | 7, MessageAnswer::kSend, ""});
+    bad[8] = 3;  // no such answer
+    CHECK(throwsDecodeError(bad, [](Reader& r) { MessageReply::decode(r); }));
+  }
   // A child count that the payload cannot hold is refused before allocating.
   {
     Writer w;

@@ -39,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t which = data[0];
   ++data;
   --size;
-  switch (which % 22) {
+  switch (which % 23) {
     case 0: {
       FrameHeader h;
       if (size >= kHeaderSize) (void)decodeHeader(data, FrameLimits{1 << 20, 4 << 20}, &h);
@@ -65,6 +65,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 18: roundTrip<ShardMoved>(data, size, [](Reader& r) { return ShardMoved::decode(r); }); return 0;
     case 19: roundTrip<Subscribe>(data, size, [](Reader& r) { return Subscribe::decode(r); }); return 0;
     case 20: roundTrip<Locations>(data, size, [](Reader& r) { return Locations::decode(r); }); return 0;
+    case 21: roundTrip<MessageReply>(data, size, [](Reader& r) { return MessageReply::decode(r); }); return 0;
     default: {
       if (size >= kDataSubheaderSize) {
         uint64_t request, offset;
