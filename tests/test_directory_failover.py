@@ -8,14 +8,14 @@ import torch
 
 import torch_hoplite as hop
 import workers
-from cluster import Cluster, shard_of
+from cluster import Cluster, ids_with_shard
 
 WORLD = 4
 DEAD = 2  # hosts the shard of every id below
 
 
 def ids_on(prefix: str, count: int, shard: int = DEAD) -> list[str]:
-    return [f"{prefix}-{i}" for i in range(200) if shard_of(f"{prefix}-{i}", WORLD) == shard][:count]
+    return ids_with_shard(prefix, count, WORLD, lambda s: s == shard)
 
 
 def test_gets_puts_and_deletes_go_on_after_a_shard_host_dies():

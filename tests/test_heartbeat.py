@@ -12,7 +12,7 @@ import torch
 
 import torch_hoplite as hop
 import workers
-from cluster import Cluster, shard_of
+from cluster import Cluster, ids_with_shard
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def test_a_stopped_peer_is_declared_failed_within_the_heartbeat_timeout(cluster3
     ref = cluster3.call(1, workers.put, torch.arange(1 << 18, dtype=torch.float32), "hb-first")
     assert torch.equal(hop.get(ref).wait(), torch.arange(1 << 18, dtype=torch.float32))
     # Only rank 1 holds this one (its directory entry is on rank 2).
-    held = next(f"hb-held-{i}" for i in range(1000) if shard_of(f"hb-held-{i}", 3) == 2)
+    (held,) = ids_with_shard("hb-held", 1, 3, lambda s: s == 2)
     cluster3.call(1, workers.put, torch.ones(1 << 20), held)
     cluster3.freeze(1)
     try:
@@ -37,7 +37,7 @@ def test_a_stopped_peer_is_declared_failed_within_the_heartbeat_timeout(cluster3
         elapsed = time.monotonic() - start
         assert elapsed < 6, elapsed  # heartbeat timeout 1.5 s, not the get's 60 s
         # Rank 2 (alive, idle) is not affected.
-        kept = next(f"hb-{i}" for i in range(1000) if shard_of(f"hb-{i}", 3) != 1)
+        (kept,) = ids_with_shard("hb", 1, 3, lambda s: s != 1)
         two = cluster3.call(2, workers.put, torch.full((1 << 18,), 2.0), kept)
         assert torch.equal(hop.get(two, timeout=10).wait(), torch.full((1 << 18,), 2.0))
     finally:

@@ -9,7 +9,7 @@ import torch
 
 import torch_hoplite as hop
 import workers
-from cluster import Cluster, in_thread, shard_of
+from cluster import Cluster, ids_with_shard, in_thread
 
 WORLD = 8
 VICTIMS = (1, 2)
@@ -17,7 +17,7 @@ VICTIMS = (1, 2)
 
 def ids_avoiding(prefix: str, count: int, avoid) -> list[str]:
     """Ids whose directory shard is not on a rank that will be killed."""
-    return [f"{prefix}-{i}" for i in range(10 * count + 100) if shard_of(f"{prefix}-{i}", WORLD) not in avoid][:count]
+    return ids_with_shard(prefix, count, WORLD, lambda s: s not in avoid)
 
 
 @pytest.fixture(scope="module")

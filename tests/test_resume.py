@@ -7,12 +7,12 @@ import torch
 
 import torch_hoplite as hop
 import workers
-from cluster import Cluster, shard_of
+from cluster import Cluster, ids_with_shard
 
 
 def test_killed_relay_is_replaced_and_the_receiver_resumes_at_its_offset():
     world = 4
-    obj_id = next(f"resume-{i}" for i in range(100) if shard_of(f"resume-{i}", world) == 0)  # shard stays alive
+    (obj_id,) = ids_with_shard("resume", 1, world, lambda s: s == 0)  # shard stays alive
     n = (256 << 20) // 4
     data = torch.arange(n, dtype=torch.int32)
     c = Cluster(world)
@@ -46,7 +46,7 @@ def test_killed_relay_is_replaced_and_the_receiver_resumes_at_its_offset():
 
 def test_the_directory_forgets_a_dead_holder():
     world = 3
-    obj_id = next(f"forget-{i}" for i in range(100) if shard_of(f"forget-{i}", world) == 0)
+    (obj_id,) = ids_with_shard("forget", 1, world, lambda s: s == 0)
     data = torch.arange((8 << 20) // 4, dtype=torch.int32)
     c = Cluster(world)
     try:
@@ -68,7 +68,7 @@ def test_relay_killed_mid_broadcast_to_seven_receivers():
     had: the bytes moved again are at most one chunk per survivor (the frames in
     flight), not the object."""
     world = 8
-    obj_id = next(f"bcast7-{i}" for i in range(200) if shard_of(f"bcast7-{i}", world) == 0)
+    (obj_id,) = ids_with_shard("bcast7", 1, world, lambda s: s == 0)
     n = (64 << 20) // 4
     data = torch.arange(n, dtype=torch.int32)
     c = Cluster(world)

@@ -6,11 +6,11 @@ import torch
 
 import torch_hoplite as hop
 import workers
-from cluster import Cluster, shard_of
+from cluster import Cluster, ids_with_shard
 
 
 def id_on(prefix: str, shard: int, world: int) -> str:
-    return next(f"{prefix}-{i}" for i in range(1000) if shard_of(f"{prefix}-{i}", world) == shard)
+    return ids_with_shard(prefix, 1, world, lambda s: s == shard)[0]
 
 
 @pytest.mark.parametrize("shard", [0, 2], ids=["local-shard", "remote-shard"])

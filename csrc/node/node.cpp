@@ -619,24 +619,12 @@ bool Node::waitCompletions(std::vector<Completion>* out, double timeoutSeconds) 
 Status Node::announce(double timeoutSeconds) {
   if (stopped()) return Status(Code::kShutdown, "node is shut down");
   auto done = startOnLoop([this, timeoutSeconds](std::function<void(Status)> done) {
-    // Answered once, by the last probe's answer or by the timer (peers that
-    // are dead too, or slow, need not hold the rejoining rank up).
-    auto left = std::make_shared<int>(config_.worldSize - 1);
-    auto finish = std::make_shared<std::function<void(Status)>>(std::move(done));
-    auto timer = loop_.addTimer(timeoutSeconds, [finish] {
-      if (*finish) std::exchange(*finish, nullptr)(Status());
-    });
-    if (*left == 0) return std::exchange(*finish, nullptr)(Status());
+    // Peers that are dead too, or slow, need not hold the rejoining rank up.
+    std::set<int> others;
     for (int r = 0; r < config_.worldSize; ++r) {
-      if (r == config_.rank) continue;
-      uint64_t request = newRequest();
-      requestStatus(r, wire::MsgType::kProbe, wire::encode(wire::Probe{request, std::string()}), request,
-                    [this, left, finish, timer](const Status&) {
-                      if (--*left > 0 || !*finish) return;
-                      loop_.cancelTimer(timer);
-                      std::exchange(*finish, nullptr)(Status());
-                    });
+      if (r != config_.rank) others.insert(r);
     }
+    probeRanks(others, timeoutSeconds, [done = std::move(done)](std::set<int>) { done(Status()); });
   });
   return awaitStatus(done, timeoutSeconds + 5, "introducing this node to its peers");
 }

@@ -334,6 +334,9 @@ class Node : public ConnectionObserver {
   // participant whether it is alive, then redo the positions that depended on
   // the dead (node_reduce_recovery.cpp).
   void startRollCall(uint64_t key, const Status& why);
+  // Probes `ranks`; `done` runs once, with those that failed to answer or had
+  // not answered after `timeoutSeconds`.
+  void probeRanks(const std::set<int>& ranks, double timeoutSeconds, std::function<void(std::set<int> silent)> done);
   void recoverReduce(uint64_t key, const std::set<int>& dead);
   // --- streaming reduce: tasks (node_reduce_task.cpp) ---
   void handleReduceTask(Connection& conn, const wire::ReduceTask& msg);

@@ -15,13 +15,7 @@ void Node::startRollCall(uint64_t key, const Status& why) {
   if (c.rollCall) return;
   c.rollCall = true;
   c.failure = why;
-  struct RollCall {
-    std::set<int> waiting, dead;
-    EventLoop::TimerId timer = 0;
-    bool settled = false;
-  };
-  auto call = std::make_shared<RollCall>();
-  std::set<int> ranks;
+  std::set<int> ranks, waiting, dead;
   for (const auto& p : c.positions) {
     if (p.state != ReducePosition::State::kVacant) ranks.insert(p.holder);
   }
@@ -29,35 +23,13 @@ void Node::startRollCall(uint64_t key, const Status& why) {
   for (int r : ranks) {
     if (r == config_.rank) continue;
     auto peer = peers_.find(r);
-    if (peer != peers_.end() && peer->second.lost) {
-      call->dead.insert(r);
-    } else {
-      call->waiting.insert(r);
-    }
+    (peer != peers_.end() && peer->second.lost ? dead : waiting).insert(r);
   }
   // Who has not answered when the heartbeat timeout passes counts as dead.
-  auto settle = [this, key, call] {
-    if (call->settled) return;
-    call->settled = true;
-    if (call->timer) loop_.cancelTimer(call->timer);
-    call->dead.insert(call->waiting.begin(), call->waiting.end());
-    if (reduces_.count(key)) recoverReduce(key, call->dead);
-  };
-  if (call->waiting.empty()) return settle();
-  call->timer = loop_.addTimer(config_.heartbeatTimeoutSeconds, [call, settle] {
-    call->timer = 0;
-    settle();
+  probeRanks(waiting, config_.heartbeatTimeoutSeconds, [this, key, dead](std::set<int> silent) mutable {
+    dead.insert(silent.begin(), silent.end());
+    if (reduces_.count(key)) recoverReduce(key, dead);
   });
-  for (int r : std::set<int>(call->waiting)) {
-    uint64_t request = newRequest();
-    requestStatus(r, wire::MsgType::kProbe, wire::encode(wire::Probe{request, std::string()}), request,
-                  [call, r, settle](const Status& s) {
-                    if (call->settled) return;
-                    if (!s.ok()) call->dead.insert(r);
-                    call->waiting.erase(r);
-                    if (call->waiting.empty()) settle();
-                  });
-  }
 }
 
 void Node::recoverReduce(uint64_t key, const std::set<int>& dead) {
