@@ -385,7 +385,7 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "collectives"),
                         help="path prefix of the results: OUT.json and OUT.png")
     parser.add_argument("--json", default=None, help="results file (default: OUT.json)")
-    parser.add_argument("--plot", default=None, help="plot file (default: OUT.png)")
+    parser.add_argument("--plot", default=None, help="plot file (default: OUT.png, or the --json file's name with .png)")
     parser.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"from {','.join(SYSTEMS)}")
     parser.add_argument("--rate", default=None,
                         help="run on an emulated cluster with this per-node rate (e.g. 1gbit); default: loopback")
@@ -418,7 +418,9 @@ def main() -> None:
         with open(args.out + ".json", "w") as f:
             json.dump({"/".join(map(str, key)): v for key, v in results.items()}, f)
         return
-    json_path, plot_path = args.json or args.out + ".json", args.plot or args.out + ".png"
+    json_path = args.json or args.out + ".json"
+    # A plot follows its results file, never overwriting the default one's.
+    plot_path = args.plot or (os.path.splitext(args.json)[0] if args.json else args.out) + ".png"
     rate = args.rate
     if rate:
         _rate_bps(rate)  # refuse a malformed rate before setting anything up
