@@ -24,8 +24,8 @@ HOPLITE_HEARTBEAT_INTERVAL     ping a peer that said nothing for this, s   1
                      heartbeat_interval
 HOPLITE_HEARTBEAT_TIMEOUT      a peer that answers nothing for this long   10
                      heartbeat_timeout  has failed, s
-HOPLITE_COPY_THREADS           threads for memory copies and reduce steps  2
-                     copy_threads
+HOPLITE_COPY_THREADS           threads for a get's copies and reduce       2
+                     copy_threads  steps (puts copy on their own thread)
 HOPLITE_SOCKET_BUFFER          SO_SNDBUF/SO_RCVBUF bytes (0: autotune)     0
                      socket_buffer_bytes
 HOPLITE_MAILBOX_BYTES          backend messages sent to one peer ahead     64MiB

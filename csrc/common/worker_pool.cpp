@@ -1,5 +1,9 @@
 #include "common/worker_pool.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -27,9 +31,14 @@ struct WorkerPool::State {
   }
 };
 
-WorkerPool::WorkerPool(int threads) : state_(std::make_shared<State>()) {
+WorkerPool::WorkerPool(int threads, int nice) : state_(std::make_shared<State>()) {
   if (threads < 1) threads = 1;
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([state = state_] { state->run(); });
+  for (int i = 0; i < threads; ++i) {
+    threads_.emplace_back([state = state_, nice] {
+      if (nice > 0) ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), nice);
+      state->run();
+    });
+  }
 }
 
 WorkerPool::~WorkerPool() { stop(); }

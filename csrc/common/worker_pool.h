@@ -11,7 +11,8 @@ namespace hoplite {
 
 class WorkerPool {
  public:
-  explicit WorkerPool(int threads);
+  // `nice` > 0 lowers the threads' scheduling priority (Linux per-thread nice).
+  explicit WorkerPool(int threads, int nice = 0);
   ~WorkerPool();
   // After stop() the task runs on the caller's thread instead of never.
   void submit(std::function<void()> task);

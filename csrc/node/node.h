@@ -425,6 +425,9 @@ class Node : public ConnectionObserver {
   std::unique_ptr<ObjectStore> store_;
   std::unique_ptr<DirectoryShard> directory_;
   std::unique_ptr<WorkerPool> workers_;
+  // Copies of puts into the store, at a lower priority than the transfers
+  // they feed (a put's copy on every rank at once otherwise starves them).
+  std::unique_ptr<WorkerPool> putCopies_;
 
   // Loop-thread state.
   std::shared_ptr<LocalConnection> self_;

@@ -150,7 +150,7 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
     }
     pushCompletion(Completion{token, Completion::Kind::kPutCopied, Status(), nullptr, {}});
   } else {
-    workers_->submit([this, obj, src, token] { copyIn(obj, src, token); });
+    putCopies_->submit([this, obj, src, token] { copyIn(obj, src, token); });
   }
   return Status();
 }
