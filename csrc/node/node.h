@@ -377,6 +377,9 @@ class Node : public ConnectionObserver {
   struct Outbound;  // a message sent, until its receiver took it (eager) or let it come (deferred)
   void handleMessage(Connection& conn, const wire::Message& msg);
   void onMessageReply(Connection& conn, const wire::MessageReply& msg);
+  // Gives an inbound message to `receive`, or fails the receive when the
+  // message is of another kind or size; tells the sender either way.
+  bool claim(Inbound& inbound, PostedReceive& receive);
   // Tells an inbound message's sender what became of it.
   void answerMessage(const Inbound& inbound, wire::MessageAnswer answer, const std::string& reason = "");
   // A deferred message's sender gave up (timeout): its memory is let go.

@@ -22,7 +22,6 @@ struct Node::Inbound {
   uint64_t request = 0;             // the sender's, for answers
   std::weak_ptr<Connection> conn;   // where it came in, and answers go back
   bool eager = true;                // its bytes follow the announce unasked
-  bool cleared = false;             // deferred: told to send its bytes
   uint64_t expected = 0;  // next offset a data frame must carry
   bool discard = false;  // its receive was cancelled or of another size: bytes are dropped
   // Where bytes go: the receive's memory when it was matched before the first
@@ -230,17 +229,10 @@ void Node::matchReceive(PostedReceive receive, MessageKey key) {
   if (arrived) {
     auto inbound = *arrived;
     if (inbound->eager) mailboxBytes_ -= inbound->size;
-    if (Status s = mismatch(key, inbound->source, inbound->kind, inbound->size, receive.kind, receive.size); !s.ok()) {
-      receive.done(s, receive.rank);
-      inbound->discard = true;
-      inbound->parked.reset();
-      answerMessage(*inbound, wire::MessageAnswer::kRefused, s.message);
+    if (!claim(*inbound, receive)) {
       if (auto conn = inbound->conn.lock(); conn && !inbound->eager) inbound_.erase({conn->id(), inbound->request});
       return;
     }
-    inbound->receive = std::move(receive);
-    inbound->cleared = true;
-    answerMessage(*inbound, inbound->eager ? wire::MessageAnswer::kTaken : wire::MessageAnswer::kSend);
     if (inbound->complete) completeInbound(inbound);  // else when its last byte arrives
     return;
   }
@@ -297,18 +289,7 @@ void Node::handleMessage(Connection& conn, const wire::Message& msg) {
   auto posted = takeFirst(receives_, inbound->key, [&](const PostedReceive& r) {
     return r.rank == -1 || r.rank == inbound->source;
   });
-  Status refused = posted ? mismatch(inbound->key, inbound->source, msg.kind, msg.size, posted->kind, posted->size)
-                          : Status();
-  if (!refused.ok()) {
-    inbound->discard = true;  // consumed by the receive it failed
-    posted->done(refused, inbound->source);
-    answerMessage(*inbound, wire::MessageAnswer::kRefused, refused.message);
-    if (!msg.eager) return;  // no bytes follow
-  } else if (posted) {
-    inbound->receive = std::move(*posted);
-    inbound->cleared = true;
-    answerMessage(*inbound, msg.eager ? wire::MessageAnswer::kTaken : wire::MessageAnswer::kSend);
-  }
+  if (posted && !claim(*inbound, *posted) && !msg.eager) return;  // refused: no bytes follow
   if (!inbound->receive && !inbound->discard) {
     counters_.messagesUnexpected++;
     mailbox_[inbound->key].push_back(inbound);
@@ -330,7 +311,7 @@ uint8_t* Node::messageDestination(Connection& conn, uint64_t request, uint64_t o
     conn.close(Status(Code::kProtocol, "message data frame out of order"));
     return nullptr;
   }
-  if (!inbound.eager && !inbound.cleared) {
+  if (!inbound.eager && !inbound.receive && !inbound.discard) {  // not asked for yet
     conn.close(Status(Code::kProtocol, "message bytes sent before the receiver asked for them"));
     return nullptr;
   }
@@ -421,6 +402,20 @@ void Node::failMessagesFrom(int rank, uint64_t connectionId, const Status& why) 
   } else {
     eagerBytes_.erase(rank);
   }
+}
+
+bool Node::claim(Inbound& inbound, PostedReceive& receive) {
+  Status refused = mismatch(inbound.key, inbound.source, inbound.kind, inbound.size, receive.kind, receive.size);
+  if (!refused.ok()) {
+    inbound.discard = true;  // consumed by the receive it failed: its bytes are dropped
+    inbound.parked.reset();
+    receive.done(refused, inbound.source);
+    answerMessage(inbound, wire::MessageAnswer::kRefused, refused.message);
+    return false;
+  }
+  inbound.receive = std::move(receive);
+  answerMessage(inbound, inbound.eager ? wire::MessageAnswer::kTaken : wire::MessageAnswer::kSend);
+  return true;
 }
 
 void Node::answerMessage(const Inbound& inbound, wire::MessageAnswer answer, const std::string& reason) {

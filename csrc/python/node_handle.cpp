@@ -35,6 +35,12 @@ at::Tensor tensorOf(const Completion& c) {
       keep->data(), c.meta.shape, [keep](void*) mutable { keep.reset(); }, options);
 }
 
+// A contiguous tensor's memory as a Buffer that keeps the tensor alive.
+std::shared_ptr<Buffer> borrow(const at::Tensor& tensor) {
+  return std::make_shared<Buffer>(static_cast<uint8_t*>(tensor.data_ptr()), tensor.numel() * tensor.element_size(),
+                                  [keep = tensor]() mutable { keep = at::Tensor(); });
+}
+
 // A get waiting for its completion: its future, and the tensor it fills if
 // the caller passed one (get(out=...)).
 struct PendingGet {
@@ -135,7 +141,7 @@ py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const p
     try {
       auto* data = static_cast<uint8_t*>(tensor.data_ptr());
       std::shared_ptr<Buffer> borrowed;
-      if (!copy) borrowed = std::make_shared<Buffer>(data, meta.nbytes, [tensor]() mutable { tensor = at::Tensor(); });
+      if (!copy) borrowed = borrow(tensor);
       s = node_->put(key, meta, data, token, timeout, std::move(borrowed));
     } catch (const std::exception& e) {
       s = Status(Code::kInternal, e.what());
@@ -178,9 +184,7 @@ void NodeHandle::get(const py::bytes& id, double timeout, bool copy, const py::o
       throw py::value_error("get expects out to be a contiguous CPU tensor (torch_hoplite.get checks it)");
     }
     // The target keeps `out` alive while a worker may still write into it.
-    target.buffer = std::make_shared<Buffer>(static_cast<uint8_t*>(pending.out.data_ptr()),
-                                             pending.out.numel() * pending.out.element_size(),
-                                             [keep = pending.out]() mutable { keep = at::Tensor(); });
+    target.buffer = borrow(pending.out);
     target.dtype = outDtype;
   }
   py::gil_scoped_release release;
