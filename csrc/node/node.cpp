@@ -563,7 +563,14 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
       return;
     case wire::MsgType::kShardMoved: {
       auto msg = wire::ShardMoved::decode(reader);
-      if (msg.rank >= 0 && msg.rank < config_.worldSize) moveShardFrom(msg.rank);
+      if (msg.rank < 0 || msg.rank >= config_.worldSize) return;
+      // Another member saw it go: a connect to it that is being refused now is
+      // final, not a peer still starting up (requests queued for it fail at the
+      // next refusal and move on to the new shard, instead of waiting out the
+      // connect timeout).
+      auto peer = peers_.find(msg.rank);
+      if (peer != peers_.end()) peer->second.connectDeadline = 0;
+      moveShardFrom(msg.rank);
       return;
     }
     case wire::MsgType::kSubscribe:
