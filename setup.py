@@ -2,6 +2,8 @@
 
 CPU build by default on a CPU torch. A CUDA build (adding the kernels in cuda/)
 happens when torch has CUDA and nvcc is found; HOPLITE_BUILD_CUDA=0/1 forces either.
+GPU architectures: TORCH_CUDA_ARCH_LIST, else the visible GPUs', else (no GPU)
+those torch was built for (see default_cuda_archs).
 Compile flags: -O2 -g0 (HOPLITE_DEBUG_BUILD=1 gives -O0 -g).
 """
 import glob
@@ -26,6 +28,31 @@ def want_cuda() -> bool:
     return torch.version.cuda is not None and has_nvcc
 
 
+def default_cuda_archs() -> None:
+    """Picks the GPU architectures to build for when nothing tells torch which.
+
+    With no GPU visible (a build host, a CI runner) and no TORCH_CUDA_ARCH_LIST,
+    torch's extension builder has no device to ask and fails. Build then for the
+    architectures this torch was built for that the local nvcc knows, with PTX
+    for the newest so later GPUs can still run the kernels.
+    """
+    import subprocess
+
+    import torch
+
+    if os.environ.get("TORCH_CUDA_ARCH_LIST") or torch.cuda.device_count() > 0:
+        return
+    nvcc = shutil.which("nvcc") or os.path.join(cpp_extension.CUDA_HOME or "", "bin", "nvcc")
+    known = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True).stdout.split()
+    archs = [a[3:] for a in torch.cuda.get_arch_list() if a.startswith("sm_") and "compute_" + a[3:] in known]
+    if not archs:
+        raise RuntimeError(
+            f"no GPU architecture that both torch ({torch.cuda.get_arch_list()}) and nvcc know; "
+            "set TORCH_CUDA_ARCH_LIST (e.g. 9.0) or HOPLITE_BUILD_CUDA=0"
+        )
+    os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(f"{a[:-1]}.{a[-1]}" for a in archs) + "+PTX"
+
+
 def sources(pattern: str) -> list[str]:
     return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern), recursive=True))
 
@@ -36,6 +63,7 @@ core = sources("csrc/**/*.cpp")
 include_dirs = [os.path.join(ROOT, "csrc")]
 
 if want_cuda():
+    default_cuda_archs()
     ext = cpp_extension.CUDAExtension(
         "torch_hoplite._C",
         core + sources("cuda/**/*.cu"),
