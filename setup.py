@@ -44,10 +44,12 @@ def default_cuda_archs() -> None:
         return
     nvcc = shutil.which("nvcc") or os.path.join(cpp_extension.CUDA_HOME or "", "bin", "nvcc")
     known = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True).stdout.split()
-    archs = [a[3:] for a in torch.cuda.get_arch_list() if a.startswith("sm_") and "compute_" + a[3:] in known]
+    # torch < 2.15 lists its archs only when a driver is present: ask its build flags.
+    built = torch.cuda.get_arch_list() or torch._C._cuda_getArchFlags().split()
+    archs = [a[3:] for a in built if a.startswith("sm_") and "compute_" + a[3:] in known]
     if not archs:
         raise RuntimeError(
-            f"no GPU architecture that both torch ({torch.cuda.get_arch_list()}) and nvcc know; "
+            f"no GPU architecture that both torch ({built}) and nvcc know; "
             "set TORCH_CUDA_ARCH_LIST (e.g. 9.0) or HOPLITE_BUILD_CUDA=0"
         )
     os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(f"{a[:-1]}.{a[-1]}" for a in archs) + "+PTX"

@@ -4,6 +4,10 @@
 #include <cstring>
 #include <functional>
 
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <torch/version.h>
+
 #include "c10d/algorithms.h"
 #include "common/hash.h"
 #include "common/object_meta.h"
@@ -24,6 +28,12 @@ constexpr uint64_t kSeqMask = (1ull << 22) - 1;
 // The kind of send/recv messages (collectives use their own name).
 const std::string kPointToPoint = "send/recv";
 constexpr uint64_t kPointToPointBit = 1ull << 62;
+// torch 2.11 has no op type of its own for it (2.12 added one).
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 12
+constexpr auto kReduceScatterTensorCoalesced = ::c10d::OpType::COALESCED;
+#else
+constexpr auto kReduceScatterTensorCoalesced = ::c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED;
+#endif
 
 void checkTensor(const at::Tensor& t, const char* op, const std::string& what) {
   TORCH_CHECK(t.defined(), "hoplite ", op, ": ", what, " is undefined");
@@ -488,7 +498,7 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::reduce_scatter_tensor_coalesced
   Tensors keep = outputs;
   keep.insert(keep.end(), inputs.begin(), inputs.end());
   keep.push_back(joined);
-  return enqueue(::c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced", keep, outputs,
+  return enqueue(kReduceScatterTensorCoalesced, "reduce_scatter_tensor_coalesced", keep, outputs,
                  opts.timeout, [inputs, outputs, joined, red](Channel& ch) {
                    const size_t block = nbytes(joined);
                    uint8_t* flat = ch.scratch(block * ch.size());

@@ -2,6 +2,8 @@
 
 #include "common/scalar_types.h"
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
