@@ -92,6 +92,12 @@ void TcpConnection::close(const Status& why) {
   if (closed_) return;
   closed_ = true;
   loop_.removeFd(fd_);
+  // Closing with unread bytes makes the kernel reset the connection and drop
+  // what it has not yet transmitted (e.g. a rank's last message before it shuts
+  // down): read what is there first, so the peer gets the bytes, then the FIN.
+  char sink[64 << 10];
+  while (::recv(fd_, sink, sizeof sink, MSG_DONTWAIT) > 0) {
+  }
   ::close(fd_);
   fd_ = -1;
   outq_.clear();
