@@ -183,14 +183,16 @@ void Node::sendMessage(int rank, uint64_t context, uint64_t tag, const std::stri
       auto frames = std::move(guard);
       auto conn = sharedConnection(c);
       frames->started(conn);
-      uint64_t& window = eagerBytes_[rank];
-      const bool eager = size <= kEagerMessageBytes && window + size <= config_.mailboxBytes;
+      const bool eager = size <= kEagerMessageBytes && eagerBytes_[rank] + size <= config_.mailboxBytes;
       c.sendControl(wire::MsgType::kMessage, wire::encode(wire::Message{request, context, tag, size, kind, eager}));
+      // A failed write closes the connection at once, and the peer's failure
+      // has then already cleaned up its messages and window: nothing to record.
+      if (!c.isOpen()) return;
       outbound_[request] = std::make_shared<Outbound>(
           Outbound{rank, size, eager, data, eager ? nullptr : frames, conn, what + " to rank " + std::to_string(rank)});
       counters_.messagesSent++;
       if (eager) {
-        window += size;
+        eagerBytes_[rank] += size;
         sendFrames(c, request, data, size, chunkFor(size), frames);
         counters_.bytesSent += size;
       } else {
