@@ -16,16 +16,18 @@ from torch.utils import cpp_extension
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
+def nvcc_path() -> str | None:
+    in_cuda_home = os.path.join(cpp_extension.CUDA_HOME or "", "bin", "nvcc")
+    return shutil.which("nvcc") or (in_cuda_home if os.path.exists(in_cuda_home) else None)
+
+
 def want_cuda() -> bool:
     forced = os.environ.get("HOPLITE_BUILD_CUDA")
     if forced is not None:
         return forced == "1"
     import torch
 
-    has_nvcc = shutil.which("nvcc") is not None or os.path.exists(
-        os.path.join(cpp_extension.CUDA_HOME or "", "bin", "nvcc")
-    )
-    return torch.version.cuda is not None and has_nvcc
+    return torch.version.cuda is not None and nvcc_path() is not None
 
 
 def default_cuda_archs() -> None:
@@ -42,8 +44,7 @@ def default_cuda_archs() -> None:
 
     if os.environ.get("TORCH_CUDA_ARCH_LIST") or torch.cuda.device_count() > 0:
         return
-    nvcc = shutil.which("nvcc") or os.path.join(cpp_extension.CUDA_HOME or "", "bin", "nvcc")
-    known = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True).stdout.split()
+    known = subprocess.run([nvcc_path() or "nvcc", "--list-gpu-arch"], capture_output=True, text=True).stdout.split()
     # torch < 2.15 lists its archs only when a driver is present: ask its build flags.
     built = torch.cuda.get_arch_list() or torch._C._cuda_getArchFlags().split()
     archs = [a[3:] for a in built if a.startswith("sm_") and "compute_" + a[3:] in known]

@@ -95,8 +95,9 @@ void TcpConnection::close(const Status& why) {
   // Closing with unread bytes makes the kernel reset the connection and drop
   // what it has not yet transmitted (e.g. a rank's last message before it shuts
   // down): read what is there first, so the peer gets the bytes, then the FIN.
+  // Bounded: a peer still sending must not hold the loop here.
   char sink[64 << 10];
-  while (::recv(fd_, sink, sizeof sink, MSG_DONTWAIT) > 0) {
+  for (int i = 0; i < 64 && ::recv(fd_, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
   }
   ::close(fd_);
   fd_ = -1;
