@@ -474,6 +474,41 @@ def run_flood(rank: int, world: int, port: int, conn) -> None:
     torch_hoplite.shutdown()
 
 
+def run_withdrawn_send(rank: int, world: int, port: int, conn) -> None:
+    """Rank 0's send of 4 MiB (deferred: its bytes wait for a receive) times out
+    before rank 1 posts a receive; rank 1 then receives on that tag and must get
+    rank 0's next message, not wait for the abandoned one's bytes."""
+    dist.init_process_group(
+        "hoplite", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TIMEOUT
+    )
+    quick = dist.new_group(backend="hoplite", timeout=datetime.timedelta(seconds=2))
+    n = 1 << 20  # float32 elements: 4 MiB
+    report: dict = {}
+    if rank == 0:
+        try:
+            dist.isend(torch.full((n,), 1.0), dst=1, group=quick, tag=7).wait()
+            report["first"] = "completed"
+        except Exception as e:  # noqa: BLE001  (reported to the test)
+            report["first"] = f"{type(e).__name__}: {e}"
+        dist.barrier()  # rank 1 posts its receive after this ...
+        dist.barrier()  # ... and before this
+        dist.send(torch.full((n,), 2.0), dst=1, group=quick, tag=7)
+    else:
+        dist.barrier()
+        got = torch.zeros(n)
+        work = dist.irecv(got, src=0, group=quick, tag=7)
+        dist.barrier()
+        try:
+            work.wait()
+            report["received"] = sorted(set(got.tolist()))
+        except Exception as e:  # noqa: BLE001  (reported to the test)
+            report["received"] = f"{type(e).__name__}: {e}"
+    dist.barrier()
+    conn.send(report)
+    dist.destroy_process_group()
+    torch_hoplite.shutdown()
+
+
 def run_shape_mismatch(rank: int, world: int, port: int, conn) -> None:
     """Ranks allreduce tensors of different shapes; reports how it ended
     (the test runs it with TORCH_DISTRIBUTED_DEBUG=DETAIL)."""

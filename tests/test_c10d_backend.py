@@ -108,6 +108,13 @@ def test_messages_sent_ahead_of_their_receives_are_bounded_and_all_arrive():
     assert receiver["mailbox_after"] == 0, receiver
 
 
+def test_a_send_that_timed_out_is_withdrawn_and_the_next_one_received():
+    sender, receiver = _spawn(c10d_cases.run_withdrawn_send, 2, timeout=120)
+    assert sender is not None and receiver is not None, (sender, receiver)
+    assert "DistBackendError" in sender["first"] and "timed out" in sender["first"], sender
+    assert receiver["received"] == [2.0], receiver
+
+
 def test_torch_debug_detail_wraps_the_backend_with_its_fingerprint_check(monkeypatch):
     monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")  # read when the spawned ranks import torch
     outcomes = _spawn(c10d_cases.run_shape_mismatch, 2, timeout=60)

@@ -45,6 +45,23 @@ def test_a_stopped_peer_is_declared_failed_within_the_heartbeat_timeout(cluster3
         cluster3.kill(1)
 
 
+def test_a_peer_stopped_before_it_was_ever_dialled_fails_within_the_connect_timeout():
+    """Its kernel still accepts the connection, but no handshake comes back: what
+    waits for it fails after the connect timeout, not the request's own."""
+    c = Cluster(3, options={"connect_timeout": 1.5})
+    try:
+        # Rank 0 has not talked to rank 1 yet; this object's directory entry is there.
+        (obj,) = ids_with_shard("hs-stopped", 1, 3, lambda s: s == 1)
+        c.freeze(1)
+        start = time.monotonic()
+        with pytest.raises(hop.PeerFailedError, match="rank 1.*no handshake"):
+            hop.get(obj, timeout=60).wait()
+        assert time.monotonic() - start < 10  # connect timeout 1.5 s, not the get's 60 s
+    finally:
+        os.kill(c.pids[1], signal.SIGCONT)
+        c.close()
+
+
 def test_heartbeat_settings_are_checked():
     from torch_hoplite.config import Config
 

@@ -6,6 +6,7 @@ namespace {
 using Block = std::pair<std::unique_ptr<uint8_t[]>, size_t>;  // memory, size
 constexpr size_t kPoolBlocks = 4;
 constexpr size_t kPoolBytes = 2ull << 30;
+constexpr std::chrono::seconds kCancelGrace{5};
 }  // namespace
 
 // Blocks come back when the last message of their collective lets go of them,
@@ -79,12 +80,18 @@ uint8_t* Channel::scratch(size_t bytes) {
 }
 
 void Channel::end() {
-  for (auto& op : receives_) {
-    std::lock_guard<std::mutex> lock(op->mutex);
-    if (!op->done) node_->cancelReceive(op->handle, Status(Code::kInternal, name_ + " was abandoned after a failure"));
-  }
+  for (auto& op : receives_) cancel(op, Status(Code::kInternal, name_ + " was abandoned after a failure"));
   receives_.clear();
   memory_.reset();
+}
+
+void Channel::cancel(const Pending& op, const Status& why) {
+  std::unique_lock<std::mutex> lock(op->mutex);
+  if (op->done) return;
+  node_->cancelReceive(op->handle, why);
+  // Done once the loop thread has run the cancel, which stops every write to
+  // the receive's memory (a loop turn; bounded in case the loop is stuck).
+  op->cv.wait_for(lock, kCancelGrace, [&] { return op->done; });
 }
 
 Channel::Pending Channel::start(int peer, uint64_t subTag, bool isSend) {
@@ -138,7 +145,7 @@ void Channel::wait(const Pending& op) {
   if (!op->cv.wait_until(lock, deadline_, [&] { return op->done; })) {
     lock.unlock();
     Status why(Code::kTimeout, where(*op) + " timed out after " + printableSeconds(timeoutSeconds_));
-    if (!op->isSend) node_->cancelReceive(op->handle, why);
+    if (!op->isSend) cancel(op, why);
     throw CommError(why.code, why.message);
   }
   if (!op->status.ok()) throw CommError(op->status.code, where(*op) + " failed: " + op->status.message);

@@ -70,6 +70,8 @@ class Channel {
   struct Memory;
   class ScratchPool;
   Pending start(int peer, uint64_t subTag, bool isSend);
+  // Cancels a receive that has not completed; returns once its memory is no longer written.
+  void cancel(const Pending& op, const Status& why);
   std::string where(const Op& op) const;
 
   std::shared_ptr<Node> node_;

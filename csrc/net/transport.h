@@ -38,6 +38,10 @@ class Connection {
   // Sends [data, data+size) as one data frame; `keepalive` holds the memory until written.
   virtual void sendData(uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
                         std::shared_ptr<const void> keepalive) = 0;
+  // The rest of the data frame being read for `request`, if one is, is
+  // dropped instead of written to its destination: the memory's owner gave
+  // up on it and may reuse it as soon as this returns.
+  virtual void abandonData(uint64_t request) { (void)request; }
   virtual void close(const Status& why) = 0;
   virtual bool isOpen() const = 0;
   // Whether the connection was ever set up (TCP: the connect completed), so a

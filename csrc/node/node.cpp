@@ -207,6 +207,16 @@ void Node::connectPeer(int rank) {
   hello.port = static_cast<uint32_t>(port());
   hello.incarnation = incarnation_;
   peer.conn->sendControl(wire::MsgType::kHello, wire::encode(hello));
+  // A peer that accepts but never answers (stopped, or not a node) would
+  // otherwise hold what is queued for it forever.
+  std::weak_ptr<Connection> weak = peer.conn;
+  loop_.addTimer(config_.connectTimeoutSeconds, [this, rank, weak] {
+    auto conn = weak.lock();
+    auto it = peers_.find(rank);
+    if (!conn || !conn->isOpen() || it == peers_.end() || it->second.conn != conn || it->second.ready) return;
+    conn->close(Status(Code::kTimeout, "no handshake with " + peerName(rank) + " within " +
+                                           printableSeconds(config_.connectTimeoutSeconds)));
+  });
 }
 
 void Node::failPeer(int rank, const Status& why, bool gone) {
@@ -591,6 +601,10 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
     case wire::MsgType::kMessageReply:
       if (isIncoming) break;  // answers come back on the sender's connection
       onMessageReply(conn, wire::MessageReply::decode(reader));
+      return;
+    case wire::MsgType::kMessageWithdrawn:
+      if (!isIncoming) break;
+      onMessageWithdrawn(conn, wire::MessageWithdrawn::decode(reader));
       return;
     case wire::MsgType::kChallenge:
       if (isIncoming) break;

@@ -377,13 +377,17 @@ class Node : public ConnectionObserver {
   struct Outbound;  // a message sent, until its receiver took it (eager) or let it come (deferred)
   void handleMessage(Connection& conn, const wire::Message& msg);
   void onMessageReply(Connection& conn, const wire::MessageReply& msg);
+  void onMessageWithdrawn(Connection& conn, const wire::MessageWithdrawn& msg);
   // Gives an inbound message to `receive`, or fails the receive when the
   // message is of another kind or size; tells the sender either way.
   bool claim(Inbound& inbound, PostedReceive& receive);
   // Tells an inbound message's sender what became of it.
   void answerMessage(const Inbound& inbound, wire::MessageAnswer answer, const std::string& reason = "");
-  // A deferred message's sender gave up (timeout): its memory is let go.
+  // A deferred message's sender gave up (timeout): its memory is let go, and
+  // the receiver told to forget it.
   void dropOutbound(uint64_t request, const Status& why);
+  // cancelReceive, on the loop thread: the receive's memory is not written once it returns.
+  void cancelReceiveNow(uint64_t handle, const Status& why);
   void matchReceive(PostedReceive receive, MessageKey key);
   void completeInbound(const std::shared_ptr<Inbound>& inbound);
   // `done`, called at most once, with a timeout reported after `timeoutSeconds` (> 0).

@@ -149,7 +149,7 @@ Node::MessageCallback Node::withDeadline(MessageCallback done, double timeoutSec
   loop_.post([this, once, wrapped, late, timeoutSeconds, onTimeout] {
     if (once->called) return;
     once->timer = loop_.addTimer(std::min(timeoutSeconds, kMaxTimeoutSeconds), [wrapped, late, onTimeout] {
-      if (onTimeout) onTimeout(late);  // a receive: stop writing to its memory first
+      if (onTimeout) onTimeout(late);  // a receive: stops writing to its memory first
       wrapped(late, -1);
     });
   });
@@ -166,6 +166,12 @@ void Node::sendMessage(int rank, uint64_t context, uint64_t tag, const std::stri
   auto posted = loop_.post([=, this, keepalive = std::move(keepalive)]() mutable {
     if (rank < 0 || rank >= config_.worldSize || rank == config_.rank) {
       done(Status(Code::kInvalidArgument, what + ": no peer rank " + std::to_string(rank) + " to send to"), rank);
+      return;
+    }
+    if (kind.size() > wire::kMaxMessageKind) {
+      done(Status(Code::kInvalidArgument, what + ": kind \"" + kind + "\" is longer than " +
+                                              std::to_string(wire::kMaxMessageKind) + " bytes"),
+           rank);
       return;
     }
     if (shuttingDown_) {
@@ -209,7 +215,7 @@ uint64_t Node::recvMessage(int rank, uint64_t context, uint64_t tag, const std::
   const uint64_t handle = nextMessage_++;
   const std::string what = describeMessage(context, tag) + " from rank " + (rank < 0 ? "any" : std::to_string(rank));
   done = withDeadline(std::move(done), timeoutSeconds, what,
-                      [this, handle](const Status& why) { cancelReceive(handle, why); });
+                      [this, handle](const Status& why) { cancelReceiveNow(handle, why); });
   auto shared = std::make_shared<PostedReceive>(
       PostedReceive{handle, rank, dest, size, kind, std::move(keepalive), std::move(done)});
   if (!loop_.post([this, shared, context, tag] { matchReceive(std::move(*shared), {context, tag}); })) {
@@ -250,27 +256,34 @@ void Node::matchReceive(PostedReceive receive, MessageKey key) {
 }
 
 void Node::cancelReceive(uint64_t handle, const Status& why) {
-  loop_.post([this, handle, why] {
-    for (auto it = receives_.begin(); it != receives_.end(); ++it) {
-      auto& queue = it->second;
-      for (auto r = queue.begin(); r != queue.end(); ++r) {
-        if (r->handle != handle) continue;
-        PostedReceive receive = std::move(*r);
-        queue.erase(r);
-        if (queue.empty()) receives_.erase(it);
-        receive.done(why, receive.rank);
-        return;
-      }
-    }
-    for (auto& [key, inbound] : inbound_) {
-      if (!inbound->receive || inbound->receive->handle != handle) continue;
-      PostedReceive receive = std::move(*inbound->receive);
-      inbound->receive.reset();
-      inbound->discard = true;  // frames already started hold the memory's keep-alive
+  loop_.post([this, handle, why] { cancelReceiveNow(handle, why); });
+}
+
+void Node::cancelReceiveNow(uint64_t handle, const Status& why) {
+  for (auto it = receives_.begin(); it != receives_.end(); ++it) {
+    auto& queue = it->second;
+    for (auto r = queue.begin(); r != queue.end(); ++r) {
+      if (r->handle != handle) continue;
+      PostedReceive receive = std::move(*r);
+      queue.erase(r);
+      if (queue.empty()) receives_.erase(it);
       receive.done(why, receive.rank);
       return;
     }
-  });
+  }
+  for (auto it = inbound_.begin(); it != inbound_.end(); ++it) {
+    auto inbound = it->second;
+    if (!inbound->receive || inbound->receive->handle != handle) continue;
+    PostedReceive receive = std::move(*inbound->receive);
+    inbound->receive.reset();
+    inbound->discard = true;
+    // Its caller may reuse the memory once told: not one more byte goes there.
+    if (auto conn = inbound->conn.lock()) conn->abandonData(inbound->request);
+    // Every frame has started: no later one will come to forget the message.
+    if (inbound->expected == inbound->size) inbound_.erase(it);
+    receive.done(why, receive.rank);
+    return;
+  }
 }
 
 void Node::handleMessage(Connection& conn, const wire::Message& msg) {
@@ -299,8 +312,16 @@ void Node::handleMessage(Connection& conn, const wire::Message& msg) {
   }
   if (msg.size == 0) {
     completeInbound(inbound);
-  } else {
+  } else if (conn.isOpen()) {
     inbound_[{conn.id(), msg.request}] = inbound;
+  } else if (inbound->receive) {
+    // Writing the answer closed the connection, whose failure did not know of
+    // this message yet: none of its bytes will come.
+    PostedReceive receive = std::move(*inbound->receive);
+    inbound->receive.reset();
+    receive.done(Status(Code::kPeerFailed, describeMessage(msg.context, msg.tag) + ": the connection from " +
+                                               peerName(inbound->source) + " closed"),
+                 inbound->source);
   }
 }
 
@@ -368,7 +389,10 @@ void Node::failMessagesFrom(int rank, uint64_t connectionId, const Status& why) 
       ++it;
       continue;
     }
-    if (inbound->receive) failed.push_back(std::move(*inbound->receive));
+    if (inbound->receive) {
+      failed.push_back(std::move(*inbound->receive));
+      inbound->receive.reset();
+    }
     auto box = mailbox_.find(inbound->key);
     if (box != mailbox_.end()) {
       if (std::erase(box->second, inbound) > 0 && inbound->eager) mailboxBytes_ -= inbound->size;
@@ -376,7 +400,12 @@ void Node::failMessagesFrom(int rank, uint64_t connectionId, const Status& why) 
     }
     it = inbound_.erase(it);
   }
-  for (auto it = receives_.begin(); it != receives_.end();) {
+  // Receives not yet matched wait for the peer, not for a connection: only the
+  // peer's failure, or the close of the connection it opened last, fails them
+  // (an older one closing late is its previous process's, and the rank may
+  // have rejoined since).
+  const bool peerGone = connectionId == 0 || (rank >= 0 && peers_[rank].incoming == connectionId);
+  for (auto it = receives_.begin(); peerGone && it != receives_.end();) {
     auto& queue = it->second;
     for (auto r = queue.begin(); r != queue.end();) {
       // A receive from any source may still be served by someone else.
@@ -457,8 +486,38 @@ void Node::onMessageReply(Connection& conn, const wire::MessageReply& msg) {
 void Node::dropOutbound(uint64_t request, const Status& why) {
   auto it = outbound_.find(request);
   if (it == outbound_.end() || it->second->eager) return;  // an eager message's bytes are on their way
-  it->second->frames->fail(why);
+  std::shared_ptr<Outbound> out = it->second;
   outbound_.erase(it);
+  out->frames->fail(why);
+  // Else a receive could take it later and wait for bytes that never come.
+  // Written last: a failed write closes the connection, failing what was on it.
+  if (auto conn = out->conn.lock(); conn && conn->isOpen()) {
+    conn->sendControl(wire::MsgType::kMessageWithdrawn,
+                      wire::encode(wire::MessageWithdrawn{request, why.message.substr(0, wire::kMaxMessageReason)}));
+  }
+}
+
+void Node::onMessageWithdrawn(Connection& conn, const wire::MessageWithdrawn& msg) {
+  auto it = inbound_.find({conn.id(), msg.request});
+  if (it == inbound_.end()) return;  // refused meanwhile
+  std::shared_ptr<Inbound> inbound = it->second;
+  if (inbound->eager || inbound->expected > 0) {
+    conn.close(Status(Code::kProtocol, "withdrew a message whose bytes it had sent"));
+    return;
+  }
+  inbound_.erase(it);
+  auto box = mailbox_.find(inbound->key);
+  if (box != mailbox_.end()) {
+    std::erase(box->second, inbound);
+    if (box->second.empty()) mailbox_.erase(box);
+  }
+  if (!inbound->receive) return;  // as if never sent
+  // A receive took it while the withdrawal was on its way.
+  PostedReceive receive = std::move(*inbound->receive);
+  inbound->receive.reset();
+  receive.done(Status(Code::kPeerFailed, describeMessage(inbound->key.first, inbound->key.second) + ": " +
+                                             peerName(inbound->source) + " withdrew it: " + msg.reason),
+               inbound->source);
 }
 
 }  // namespace hoplite

@@ -13,8 +13,8 @@ namespace hoplite {
 namespace wire {
 
 constexpr uint32_t kMagic = 0x544c5048;  // "HPLT" little-endian
-constexpr uint8_t kVersion = 5;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
-                                 // 5: message kinds
+constexpr uint8_t kVersion = 6;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
+                                 // 5: message kinds; 6: message withdrawal
 constexpr size_t kHeaderSize = 16;
 constexpr size_t kDataSubheaderSize = 16;
 
@@ -41,8 +41,9 @@ enum class MsgType : uint8_t {
   kSubscribe = 20,
   kLocations = 21,
   kMessageReply = 22,
+  kMessageWithdrawn = 23,
 };
-constexpr uint8_t kMaxMsgType = 22;
+constexpr uint8_t kMaxMsgType = 23;
 
 struct FrameHeader {
   uint8_t type = 0;

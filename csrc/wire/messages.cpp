@@ -398,5 +398,18 @@ MessageReply MessageReply::decode(Reader& r) {
   return m;
 }
 
+void MessageWithdrawn::encode(Writer& w) const {
+  w.u64(request);
+  w.str(reason);
+}
+MessageWithdrawn MessageWithdrawn::decode(Reader& r) {
+  MessageWithdrawn m;
+  m.request = r.u64();
+  if (!(m.request & kMessageRequestBit)) throw DecodeError("message withdrawal without the request's marker bit");
+  m.reason = r.str(kMaxMessageReason, "message withdrawal reason");
+  r.expectEnd("message withdrawal");
+  return m;
+}
+
 }  // namespace wire
 }  // namespace hoplite

@@ -299,6 +299,17 @@ struct MessageReply {
   static MessageReply decode(Reader& r);
 };
 
+// A deferred message's sender gave up on it (its send timed out) before the
+// receiver asked for its bytes: the receiver forgets it, and fails the receive
+// that asked meanwhile.
+struct MessageWithdrawn {
+  static constexpr MsgType kType = MsgType::kMessageWithdrawn;
+  uint64_t request = 0;
+  std::string reason;
+  void encode(Writer& w) const;
+  static MessageWithdrawn decode(Reader& r);
+};
+
 template <typename M>
 std::string encode(const M& m) {
   Writer w;

@@ -223,6 +223,15 @@ static void testMessages() {
     bad[8] = 3;  // no such answer
     CHECK(throwsDecodeError(bad, [](Reader& r) { MessageReply::decode(r); }));
   }
+  checkTruncations(MessageWithdrawn{kMessageRequestBit | 7, "timed out"}, [](Reader& r) { MessageWithdrawn::decode(r); },
+                   "message withdrawal");
+  CHECK(throwsDecodeError(encode(MessageWithdrawn{7, ""}), [](Reader& r) { MessageWithdrawn::decode(r); }));
+  {
+    std::string bytes = encode(MessageWithdrawn{kMessageRequestBit | 9, "its send timed out"});
+    Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    MessageWithdrawn back = MessageWithdrawn::decode(r);
+    CHECK(back.request == (kMessageRequestBit | 9) && back.reason == "its send timed out");
+  }
   // A child count that the payload cannot hold is refused before allocating.
   {
     Writer w;

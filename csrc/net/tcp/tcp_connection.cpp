@@ -225,6 +225,12 @@ size_t TcpConnection::lowWaterFor(size_t payloadLeft) const {
   return std::max<size_t>(bytes, 1);
 }
 
+void TcpConnection::abandonData(uint64_t request) {
+  if (readState_ != ReadState::kDataPayload || dataRequest_ != request) return;
+  dataDest_ = nullptr;  // readSome reads the rest into discard_
+  dataKeep_.reset();
+}
+
 void TcpConnection::readSome() {
   size_t budget = kReadBudget;
   while (!closed_ && budget > 0) {

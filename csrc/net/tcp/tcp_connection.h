@@ -28,6 +28,7 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
   void sendControl(wire::MsgType type, std::string payload) override;
   void sendData(uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
                 std::shared_ptr<const void> keepalive) override;
+  void abandonData(uint64_t request) override;
   void close(const Status& why) override;
   bool isOpen() const override { return fd_ >= 0; }
   bool wasEstablished() const override { return !connecting_; }
