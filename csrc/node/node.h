@@ -194,7 +194,6 @@ class Node : public ConnectionObserver {
     bool verified = false;   // the peer proved it knows the secret
     uint64_t incoming = 0;   // id of the latest connection it opened to us
     uint64_t incarnation = 0;  // of its process, from its hello (0: not heard yet)
-
   };
   // The rank hosting an id's directory entry: its hash's rank, or, once that
   // one failed, the next live rank after it (for good). Loop thread.
@@ -264,7 +263,7 @@ class Node : public ConnectionObserver {
     ObjectMeta meta;                      // once known
     std::shared_ptr<LocalObject> object;  // once a local copy exists
     uint64_t listener = 0;
-    std::string stage;                    // for timeout messages
+    std::string stage;                    // for timeout messages; empty: waiting at the directory
     // copy=true: the caller's own buffer, filled behind the object's watermark.
     std::shared_ptr<Buffer> result;
     GetTarget target;  // where `result` must be, when the caller chose it

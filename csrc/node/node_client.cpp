@@ -231,8 +231,12 @@ bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t
       auto it = gets_.find(token);
       if (it == gets_.end()) return;
       it->second.timer = 0;
-      finishGet(token, Status(Code::kTimeout, "get of object " + printableId(it->second.id) + " timed out after " +
-                                                  printableSeconds(it->second.timeoutSeconds) + " (" + it->second.stage + ")"));
+      const GetOp& op = it->second;
+      // Named now: the shard may have moved since the lookup was sent.
+      const std::string stage =
+          op.stage.empty() ? "waiting for the object to be put; directory shard on " + peerName(shardOf(op.id)) : op.stage;
+      finishGet(token, Status(Code::kTimeout, "get of object " + printableId(op.id) + " timed out after " +
+                                                  printableSeconds(op.timeoutSeconds) + " (" + stage + ")"));
     });
     startGet(token);
   });
@@ -245,7 +249,7 @@ bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t
 
 void Node::startGet(uint64_t token) {
   GetOp& op = gets_.at(token);
-  op.stage = "waiting for the object to be put; directory shard on " + peerName(shardOf(op.id));
+  op.stage.clear();  // at the directory
   op.lookups++;
   fetch(op.id, op.timeoutSeconds, [this, token](const Status& status, std::shared_ptr<LocalObject> obj, int sender) {
     auto it = gets_.find(token);
