@@ -239,10 +239,15 @@ def allreduce(
     for j in range(me, len(pieces), n):
         reduce(inputs[j], op, id=outputs[j], degree=degree, timeout=timeout)
     # Each piece lands in the result while it arrives (a copy after the end
-    # cost ~15% of the time of an 8-node 256 MB allreduce).
-    result = torch.empty_like(flat)
-    futures = [api.get(out, timeout=timeout, out=piece) for out, piece in zip(outputs, result.tensor_split(len(pieces)))]
-    torch.futures.wait_all(futures)
+    # cost ~15% of the time of an 8-node 256 MB allreduce). One piece lands in
+    # a buffer of the node's pool: a fresh tensor's first-touch page faults
+    # cost another ~8% there (benchmarks/README.md).
+    if len(pieces) == 1:
+        result = api.get(outputs[0], timeout=timeout).wait()
+    else:
+        result = torch.empty_like(flat)
+        futures = [api.get(out, timeout=timeout, out=piece) for out, piece in zip(outputs, result.tensor_split(len(pieces)))]
+        torch.futures.wait_all(futures)
     for j in range(len(pieces)):  # every piece is reduced, so every input was consumed
         api.delete(inputs[j][me], timeout=timeout)
     _release_when_all_done(key, members, me, [outputs[j] for j in range(me, len(pieces), n)], timeout)
