@@ -16,9 +16,9 @@ namespace hoplite {
 namespace {
 
 constexpr uint64_t kMaxDataFrame = 64ull << 20;
-// The background copy thread yields to the loop and copy workers when the cores are
+// A put's copy thread yields to the loop and copy workers when the cores are
 // busy (weight ~110 against 1024 at nice 0), yet is never starved outright.
-constexpr int kBackgroundCopyNice = 10;
+constexpr int kPutCopyNice = 10;
 
 }  // namespace
 
@@ -48,7 +48,7 @@ Node::Node(NodeConfig config) : config_(std::move(config)) {
   });
   directory_ = std::make_unique<DirectoryShard>(loop_, [this](int rank, const wire::Locations& msg) { send(rank, msg); });
   workers_ = std::make_unique<WorkerPool>(config_.copyThreads);
-  backgroundCopies_ = std::make_unique<WorkerPool>(1, kBackgroundCopyNice);
+  putCopies_ = std::make_unique<WorkerPool>(1, kPutCopyNice);
   self_ = std::make_shared<LocalConnection>(loop_, this, config_.rank);
   listener_ = transport_->listen(config_.host, config_.port, this, [this](std::shared_ptr<Connection> conn) {
     // A connection that does not complete the handshake in time is dropped, so
@@ -726,7 +726,7 @@ void Node::shutdown() {
   done.get_future().wait();
   loop_.stop();
   workers_->stop();
-  backgroundCopies_->stop();
+  putCopies_->stop();
   {
     std::lock_guard<std::mutex> lock(completionMutex_);
     closed_ = true;

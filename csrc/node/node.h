@@ -431,10 +431,9 @@ class Node : public ConnectionObserver {
   std::unique_ptr<ObjectStore> store_;
   std::unique_ptr<DirectoryShard> directory_;
   std::unique_ptr<WorkerPool> workers_;
-  // Copies into the store of puts, and out of it of gets whose object is
-  // still arriving, at a lower priority than the transfers and reduces the
-  // other nodes wait for (a put's copy on every rank at once starved them).
-  std::unique_ptr<WorkerPool> backgroundCopies_;
+  // Copies of puts into the store, at a lower priority than the transfers
+  // they feed (a put's copy on every rank at once otherwise starves them).
+  std::unique_ptr<WorkerPool> putCopies_;
 
   // Loop-thread state.
   std::shared_ptr<LocalConnection> self_;

@@ -150,7 +150,7 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
     }
     pushCompletion(Completion{token, Completion::Kind::kPutCopied, Status(), nullptr, {}});
   } else {
-    backgroundCopies_->submit([this, obj, src, token] { copyIn(obj, src, token); });
+    putCopies_->submit([this, obj, src, token] { copyIn(obj, src, token); });
   }
   return Status();
 }
@@ -412,11 +412,7 @@ void Node::progressGet(uint64_t token) {
       continue;
     }
     op.copyInFlight = true;
-    // While the object arrives its copy yields to the transfers and reduces
-    // of the other nodes; the rest, once it is complete, is what this get
-    // still waits for.
-    WorkerPool& pool = obj->complete() ? *workers_ : *backgroundCopies_;
-    pool.submit([this, token, obj, result = op.result, from, to] {
+    workers_->submit([this, token, obj, result = op.result, from, to] {
       std::memcpy(result->data() + from, obj->data() + from, to - from);
       loop_.post([this, token, to] {
         auto it = gets_.find(token);
