@@ -5,7 +5,7 @@ PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 SOURCES := $(shell find csrc cuda -name '*.cpp' -o -name '*.h' -o -name '*.inc' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null) setup.py pyproject.toml
 
-.PHONY: setup demo test bench bench-p2p bench-collectives bench-recovery fuzz clean
+.PHONY: setup demo test bench bench-p2p bench-collectives bench-recovery bench-gpu fuzz clean
 
 .stamp-deps: Makefile
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
@@ -41,6 +41,10 @@ bench-collectives: setup .stamp-bench-deps
 
 bench-recovery: setup .stamp-bench-deps
 	$(PYTHON) benchmarks/recovery.py --nodes 8 --size 256MB --trials 9
+
+# CUDA vs CPU transfers and the CUDA reduce kernels (only the cpu rows without a GPU).
+bench-gpu: setup .stamp-bench-deps
+	$(PYTHON) benchmarks/gpu.py
 
 # libFuzzer on the wire decoder under ASan + UBSan for FUZZ_SECONDS (installs clang if needed).
 FUZZ_SECONDS ?= 60

@@ -69,7 +69,7 @@ if want_cuda():
     default_cuda_archs()
     ext = cpp_extension.CUDAExtension(
         "torch_hoplite._C",
-        core + sources("cuda/**/*.cu"),
+        core + sources("cuda/**/*.cu") + sources("cuda/**/*.cpp"),
         include_dirs=include_dirs + [os.path.join(ROOT, "cuda")],
         define_macros=[("HOPLITE_WITH_CUDA", "1")],
         extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O2", "-std=c++20"]},

@@ -18,6 +18,23 @@ def get(ref, timeout=None, **kwargs):
     return hop.get(ref, timeout=timeout, **kwargs).wait()
 
 
+def get_to(ref, device, timeout=None):
+    """A get onto `device`: the tensor brought back to the CPU, and the device it arrived on."""
+    t = hop.get(ref, device=device, timeout=timeout).wait()
+    return t.cpu(), str(t.device)
+
+
+def put_from_cuda(tensor, obj_id):
+    """Puts `tensor` (sent here on the CPU) from this rank's GPU."""
+    return hop.put(tensor.cuda(), obj_id)
+
+
+def allreduce_on_cuda(tensor, obj_id, kwargs):
+    """allreduce of `tensor` moved to this rank's GPU: the result on the CPU and its device."""
+    result = hop.allreduce(tensor.cuda(), obj_id, **kwargs)
+    return result.cpu(), str(result.device)
+
+
 def get_error(ref, timeout=None):
     """Returns (exception type name, message, elapsed seconds) of a failing get."""
     start = time.monotonic()

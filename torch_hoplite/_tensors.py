@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from torch_hoplite import _C
+
 _DTYPES: dict[str, torch.dtype] = {
     str(dt).removeprefix("torch."): dt
     for dt in (
@@ -35,17 +37,31 @@ def dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
+def require_cuda(what: str) -> None:
+    """Raises unless CUDA tensors can go through this build's staging path."""
+    if not _C.with_cuda:
+        raise NotImplementedError(
+            f"{what}: this torch_hoplite was built without CUDA; rebuild it where torch has CUDA "
+            "and nvcc is installed (HOPLITE_BUILD_CUDA=1 forces it)"
+        )
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{what}: no CUDA device is available")
+
+
 def prepare_for_put(tensor: torch.Tensor) -> torch.Tensor:
-    """Checks a tensor can be stored and returns a dense, contiguous CPU view of it."""
+    """Checks a tensor can be stored and returns a dense, contiguous view of it
+    (on its own device: CUDA tensors are copied to the store by the core)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"put expects a torch.Tensor, got {type(tensor).__name__}")
     if tensor.layout != torch.strided:
         raise TypeError(f"put supports dense (strided) tensors, got layout {tensor.layout}")
     if tensor.is_quantized:
         raise TypeError("put does not support quantized tensors")
-    if tensor.device.type != "cpu":
+    if tensor.device.type == "cuda":
+        require_cuda("put of a CUDA tensor")
+    elif tensor.device.type != "cpu":
         raise NotImplementedError(
-            f"put of a {tensor.device.type} tensor: only CPU tensors are supported so far "
+            f"put of a {tensor.device.type} tensor: torch_hoplite stores CPU and CUDA tensors "
             "(move it with .cpu() first)"
         )
     dtype_name(tensor.dtype)

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from torch_hoplite._bootstrap import Rendezvous, resolve_store
+from torch_hoplite._tensors import require_cuda
 from torch_hoplite.config import Config
 from torch_hoplite.errors import NotInitializedError
 from torch_hoplite.locations import Subscription
@@ -90,6 +91,11 @@ def put(
     memory as the object's primary copy until :func:`delete`. The tensor must
     then not be modified while the object exists (objects are immutable).
 
+    A CUDA tensor is copied chunk by chunk into page-locked store memory on a
+    copy stream that first waits for the work queued on the current stream (no
+    device-wide synchronization); receivers stream each chunk as soon as it is
+    on the host. It needs ``copy=True`` and a build with CUDA.
+
     Raises:
         ObjectExistsError: `id` already names an object.
         CapacityError: the store has no room.
@@ -107,25 +113,55 @@ def get(
     out: Optional[torch.Tensor] = None,
 ) -> torch.futures.Future:
     """Fetches an object; the future's ``wait()`` gives the tensor with its
-    original dtype and shape.
+    original dtype and shape, on `device` (default: CPU, wherever it was put from).
 
     Waits for the object to be put if it does not exist yet, up to `timeout`
     seconds (default ``HOPLITE_TIMEOUT``). ``copy=False`` returns the store's own
     copy without copying it: the tensor must then be treated as read-only.
     ``out=`` receives into the caller's tensor instead (as ``dist.recv`` does):
-    a contiguous CPU tensor with the object's dtype and number of elements, which
+    a contiguous tensor with the object's dtype and number of elements, which
     keeps its own shape and is what ``wait()`` gives. It is written while the
     bytes arrive and not touched after the future completes, also when it fails.
+
+    ``device="cuda:N"`` (or a CUDA `out`) copies each chunk to the GPU as it
+    arrives, on a copy stream of its own that first waits for the work queued
+    on the current stream. The future follows CUDA stream semantics: ``wait()``
+    makes the waiting thread's current stream wait for the copies, without a
+    host-side synchronization, like the futures of ``torch.distributed.rpc``.
 
     The future fails with HopliteTimeoutError (a TimeoutError),
     ObjectDeletedError, PeerFailedError, CapacityError or InvalidArgumentError
     (`out` does not fit the object); messages name the object and the peer involved.
     """
-    if device is not None and torch.device(device).type != "cpu":
-        raise NotImplementedError(f"get to device {device}: only CPU is supported so far")
+    target = _target_device(ref, device, out)
     if out is not None:
         _check_out(out, ref, copy)
-    return _rt().get(id_of(ref), timeout, copy, out)
+    if target.type == "cuda" and not copy:
+        raise ValueError(f"get of object {id_of(ref)!r} to {target}: copy=False hands out the store's host copy")
+    return _rt().get(id_of(ref), timeout, copy, out, target)
+
+
+def _target_device(
+    ref: Union[ObjectRef, ObjectId], device: Optional[Union[str, torch.device]], out: Optional[torch.Tensor]
+) -> torch.device:
+    """The device a get delivers to: `device`, else `out`'s, else the CPU."""
+    what = f"get of object {id_of(ref)!r}"
+    target = torch.device(device) if device is not None else None
+    if isinstance(out, torch.Tensor):
+        if target is not None and target.type == "cuda" and target.index is None and out.device.type == "cuda":
+            target = out.device
+        if target is not None and target != out.device:
+            raise ValueError(f"{what}: out is on {out.device}, not on device={target}")
+        target = out.device
+    if target is None or target.type == "cpu":
+        return torch.device("cpu")
+    if target.type != "cuda":
+        raise NotImplementedError(f"{what} to {target}: torch_hoplite delivers to CPU and CUDA devices")
+    require_cuda(f"{what} to {target}")
+    index = torch.cuda.current_device() if target.index is None else target.index
+    if not 0 <= index < torch.cuda.device_count():
+        raise ValueError(f"{what}: there is no device {target} (this process sees {torch.cuda.device_count()})")
+    return torch.device("cuda", index)
 
 
 def _check_out(out: torch.Tensor, ref: Union[ObjectRef, ObjectId], copy: bool) -> None:
@@ -134,8 +170,6 @@ def _check_out(out: torch.Tensor, ref: Union[ObjectRef, ObjectId], copy: bool) -
         raise TypeError(f"{what} must be a torch.Tensor, got {type(out).__name__}")
     if not copy:
         raise ValueError(f"{what} and copy=False exclude each other (copy=False hands out the store's copy)")
-    if out.device.type != "cpu":
-        raise NotImplementedError(f"{what} is on {out.device}: only CPU is supported so far")
     if not out.is_contiguous():
         raise ValueError(f"{what} must be contiguous")
     if out.requires_grad:

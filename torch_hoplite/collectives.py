@@ -232,10 +232,12 @@ def allreduce(
     key = id_bytes(id)
     inputs = [[key + b"/in/%d/%d" % (m, j) for m in range(n)] for j in range(len(pieces))]
     outputs = [key + b"/out/%d" % j for j in range(len(pieces))]
-    # No copies: `tensor` cannot change before this call returns, and by then
-    # every piece is consumed and deleted.
+    # No copies of CPU tensors: `tensor` cannot change before this call returns,
+    # and by then every piece is consumed and deleted. CUDA pieces are staged
+    # into host memory (the reduce runs on the stores' host copies).
+    on_cpu = flat.device.type == "cpu"
     for j, piece in enumerate(pieces):
-        api.put(piece, inputs[j][me], timeout=timeout, copy=False)
+        api.put(piece, inputs[j][me], timeout=timeout, copy=not on_cpu)
     for j in range(me, len(pieces), n):
         reduce(inputs[j], op, id=outputs[j], degree=degree, timeout=timeout)
     # Each piece lands in the result while it arrives (a copy after the end
@@ -243,7 +245,7 @@ def allreduce(
     # a buffer of the node's pool: a fresh tensor's first-touch page faults
     # cost another ~8% there (benchmarks/README.md).
     if len(pieces) == 1:
-        result = api.get(outputs[0], timeout=timeout).wait()
+        result = api.get(outputs[0], device=flat.device, timeout=timeout).wait()
     else:
         result = torch.empty_like(flat)
         futures = [api.get(out, timeout=timeout, out=piece) for out, piece in zip(outputs, result.tensor_split(len(pieces)))]

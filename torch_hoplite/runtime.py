@@ -64,6 +64,8 @@ class Runtime:
         self, tensor: torch.Tensor, obj_id: Optional[ObjectId], timeout: Optional[float], blocking: bool, copy: bool
     ) -> ObjectRef:
         tensor = prepare_for_put(tensor)
+        if tensor.device.type == "cuda" and not copy:
+            raise ValueError("put of a CUDA tensor needs copy=True: the store keeps its objects in host memory")
         if obj_id is None:
             obj_id = f"{self.rank}-{uuid.uuid4().hex}"
         key = id_bytes(obj_id)
@@ -73,13 +75,17 @@ class Runtime:
         if code != 0:
             raise error_from_status(code, message)
         nbytes = tensor.numel() * tensor.element_size()
-        return ObjectRef(obj_id, nbytes, tensor.dtype, tuple(tensor.shape), torch.device("cpu"))
+        return ObjectRef(obj_id, nbytes, tensor.dtype, tuple(tensor.shape), tensor.device)
 
     def get(self, obj_id: ObjectId, timeout: Optional[float], copy: bool,
-            out: Optional[torch.Tensor] = None) -> torch.futures.Future:
-        fut: torch.futures.Future = torch.futures.Future()
+            out: Optional[torch.Tensor] = None, device: Optional[torch.device] = None) -> torch.futures.Future:
+        cuda = device is not None and device.type == "cuda"
+        # A CUDA future makes its consumers' streams wait for the copies (c10's
+        # Future records an event when it completes and waits on it in wait()).
+        fut: torch.futures.Future = torch.futures.Future(devices=[device] if cuda else None)
         out_dtype = "" if out is None else dtype_name(out.dtype)
-        self.node.get(id_bytes(obj_id), self.timeout(timeout), copy, fut, out, out_dtype)
+        cuda_device = device.index if cuda else -1
+        self.node.get(id_bytes(obj_id), self.timeout(timeout), copy, fut, out, out_dtype, cuda_device)
         return fut
 
     def delete(self, obj_id: ObjectId, timeout: Optional[float]) -> None:

@@ -61,7 +61,7 @@ std::string printableSeconds(double seconds) {
 }
 
 bool sameContents(const ObjectMeta& a, const ObjectMeta& b) {
-  return a.dtype == b.dtype && a.shape == b.shape && a.device == b.device && a.nbytes == b.nbytes;
+  return a.dtype == b.dtype && a.shape == b.shape && a.nbytes == b.nbytes;
 }
 
 std::string describeMeta(const ObjectMeta& m) {

@@ -21,7 +21,8 @@ struct ObjectMeta {
   std::string device;           // device the object was put from, e.g. "cpu"
 };
 
-// Same dtype, shape and device: objects that can be reduced together.
+// Same dtype and shape: objects that can be reduced together. The device they
+// were put from does not matter: every store copy is in host memory.
 bool sameContents(const ObjectMeta& a, const ObjectMeta& b);
 // For error messages, e.g. "float32[4x8] on cpu".
 std::string describeMeta(const ObjectMeta& meta);

@@ -28,6 +28,7 @@
 #include "net/local_connection.h"
 #include "net/transport.h"
 #include "store/buffer_pool.h"
+#include "store/device_memory.h"
 #include "store/object_store.h"
 #include "wire/messages.h"
 
@@ -83,11 +84,13 @@ struct ReducePlan {
 };
 
 // Delivered to the caller through waitCompletions().
-// The caller's own memory for a get to fill (get(out=...)); the object must
-// have exactly this dtype and byte size.
+// Where a get's copy goes instead of a buffer from the pool: the caller's own
+// memory (get(out=...)), which must match the object's dtype and byte size, or
+// a device (which checks the object itself).
 struct GetTarget {
   std::shared_ptr<Buffer> buffer;
   std::string dtype;
+  std::shared_ptr<DeviceTarget> device;
 };
 
 struct Completion {
@@ -116,9 +119,13 @@ class Node : public ConnectionObserver {
   // Registers the object and returns; the bytes are copied in the background
   // (a kPutCopied completion with `token` says when `src` may be released).
   // With `borrowed` memory (holding the bytes), nothing is copied: the store
-  // keeps the caller's memory until the object is deleted.
+  // keeps the caller's memory until the object is deleted. With a `device`
+  // source, `src` is unused and the bytes are read from it.
   Status put(const std::string& id, const ObjectMeta& meta, const uint8_t* src, uint64_t token,
-             double timeoutSeconds, std::shared_ptr<Buffer> borrowed = nullptr);
+             double timeoutSeconds, std::shared_ptr<Buffer> borrowed = nullptr,
+             std::shared_ptr<DeviceSource> device = nullptr);
+  // Device copies page-lock store buffers through `locker` (CUDA builds).
+  void setHostMemoryLocker(std::shared_ptr<HostMemoryLocker> locker) { pool_->setLocker(std::move(locker)); }
   // Starts a get; the outcome arrives as a kGet completion with `token`, except
   // when a complete local copy exists: then it is served at once into *now and
   // true is returned. copy=false hands out the store's own buffer (read-only by
@@ -300,7 +307,13 @@ class Node : public ConnectionObserver {
   void dropFailedCopy(const std::shared_ptr<LocalObject>& object, int rank, const Status& why);
   void finishPull(uint64_t request);
   void failPull(uint64_t request, const Status& why);
-  void copyIn(std::shared_ptr<LocalObject> object, const uint8_t* src, uint64_t token);
+  // Copies a put's bytes into its store copy, in chunks, from `src` or `device`.
+  void copyIn(std::shared_ptr<LocalObject> object, const uint8_t* src, std::shared_ptr<DeviceSource> device,
+              uint64_t token);
+  // Copies bytes [from, from + n) of a put's source into its store copy.
+  Status fillFrom(LocalObject& object, const uint8_t* src, DeviceSource* device, uint64_t from, uint64_t n);
+  // Copies bytes [from, from + n) of a local copy to a get's device target (copy threads).
+  Status writeToDevice(DeviceTarget& device, const LocalObject& object, uint64_t from, uint64_t n);
   uint64_t chunkFor(uint64_t size) const;
   void pushCompletion(Completion c);
 

@@ -89,9 +89,10 @@ void Node::sendLookup(const wire::Lookup& msg, LookupCallback cb) {
 // ---------------------------------------------------------------- put
 
 Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* src, uint64_t token,
-                 double timeoutSeconds, std::shared_ptr<Buffer> borrowed) {
+                 double timeoutSeconds, std::shared_ptr<Buffer> borrowed, std::shared_ptr<DeviceSource> device) {
   Status s = validateId(id);
   if (s.ok()) s = validateMeta(meta);
+  if (s.ok() && device && borrowed) s = Status(Code::kInvalidArgument, "put: a device source cannot be borrowed");
   if (!s.ok()) return s;
   if (stopped()) return Status(Code::kShutdown, "put of object " + printableId(id) + ": node is shut down");
   const bool zeroCopy = borrowed != nullptr;
@@ -103,14 +104,24 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
   // Mid-sized objects are copied here while the registration is in flight; the
   // copy of large ones continues in the background after put returns.
   const bool copyHere = !small && !zeroCopy && meta.nbytes <= kCallerCopyBytes;
+  // A device's copy can fail: read it before registering, so nothing is undone.
+  const bool readFirst = device && (small || copyHere) && meta.nbytes > 0;
+  if (readFirst) s = fillFrom(*obj, src, device.get(), 0, meta.nbytes);
+  if (!s.ok()) {
+    loop_.post([this, id, obj, s] {
+      if (store_->find(id) == obj) store_->remove(id);
+      obj->fail(s);
+    });
+    return s;
+  }
   wire::Register reg;
   reg.id = id;
   reg.meta = meta;
   reg.holder = config_.rank;
   if (small) {
     if (meta.nbytes > 0) {
-      if (!zeroCopy) std::memcpy(obj->data(), src, meta.nbytes);
-      reg.inlineData.assign(reinterpret_cast<const char*>(src), meta.nbytes);
+      if (!zeroCopy && !readFirst) std::memcpy(obj->data(), src, meta.nbytes);
+      reg.inlineData.assign(reinterpret_cast<const char*>(obj->data()), meta.nbytes);
     }
     reg.hasInline = true;
   }
@@ -128,7 +139,7 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
     });
   });
   if (copyHere) {
-    std::memcpy(obj->data(), src, meta.nbytes);
+    if (!readFirst) std::memcpy(obj->data(), src, meta.nbytes);
     loop_.post([obj] { obj->advance(obj->size()); });
   }
   s = awaitStatus(registered, timeoutSeconds, "registering object " + printableId(id));
@@ -150,24 +161,45 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
     }
     pushCompletion(Completion{token, Completion::Kind::kPutCopied, Status(), nullptr, {}});
   } else {
-    putCopies_->submit([this, obj, src, token] { copyIn(obj, src, token); });
+    putCopies_->submit([this, obj, src, device = std::move(device), token] { copyIn(obj, src, device, token); });
   }
   return Status();
 }
 
-void Node::copyIn(std::shared_ptr<LocalObject> obj, const uint8_t* src, uint64_t token) {
+Status Node::fillFrom(LocalObject& obj, const uint8_t* src, DeviceSource* device, uint64_t from, uint64_t n) {
+  if (!device) {
+    std::memcpy(obj.data() + from, src + from, n);
+    return Status();
+  }
+  pool_->pageLock(*obj.buffer());
+  Status s = device->read(from, n, obj.data() + from);
+  if (!s.ok()) s.message = "put of object " + printableId(obj.id()) + ": copy from the device failed: " + s.message;
+  return s;
+}
+
+void Node::copyIn(std::shared_ptr<LocalObject> obj, const uint8_t* src, std::shared_ptr<DeviceSource> device,
+                  uint64_t token) {
   const uint64_t size = obj->size();
   const uint64_t chunk = chunkFor(size);
   uint64_t done = 0;
-  while (done < size && !obj->abandoned.load()) {
+  Status status;
+  while (done < size && !obj->abandoned.load() && status.ok()) {
     uint64_t n = std::min(chunk, size - done);
-    std::memcpy(obj->data() + done, src + done, n);
+    status = fillFrom(*obj, src, device.get(), done, n);
+    if (!status.ok()) break;
     done += n;
     loop_.post([obj, done] { obj->advance(done); });
   }
-  Status status;
-  if (done < size) status = Status(Code::kDeleted, "object " + printableId(obj->id()) + " was deleted during put");
-  if (status.ok()) {
+  if (!status.ok()) {
+    // Registered already and perhaps partly read by others: gone everywhere.
+    HLOG(kWarn, "%s", status.message.c_str());
+    loop_.post([this, obj, status] {
+      obj->fail(status);
+      deleteEverywhere(obj->id());
+    });
+  } else if (done < size) {
+    status = Status(Code::kDeleted, "object " + printableId(obj->id()) + " was deleted during put");
+  } else {
     loop_.post([this, obj] {
       send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete, -1});
     });
@@ -202,7 +234,11 @@ bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t
   if (auto obj = store_->find(id); obj && obj->complete()) {
     counters_.localGets++;
     *now = Completion{token, Completion::Kind::kGet, Status(), obj->buffer(), obj->meta()};
-    if (target) {
+    if (target && target->device) {
+      now->buffer = nullptr;
+      now->status = target->device->prepare(id, obj->meta());
+      if (now->status.ok() && obj->size() > 0) now->status = writeToDevice(*target->device, *obj, 0, obj->size());
+    } else if (target) {
       now->status = checkTarget(id, obj->meta(), *target);
       now->buffer = now->status.ok() ? target->buffer : nullptr;
       if (now->status.ok() && obj->size() > 0) std::memcpy(target->buffer->data(), obj->data(), obj->size());
@@ -224,7 +260,7 @@ bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t
     }
     GetOp& op = gets_[token];
     op.id = id;
-    op.copy = copy || target.buffer;
+    op.copy = copy || target.buffer || target.device;
     op.target = target;
     op.timeoutSeconds = timeoutSeconds;
     op.timer = loop_.addTimer(timeoutSeconds, [this, token] {
@@ -344,7 +380,10 @@ void Node::waitForLocal(uint64_t token, std::shared_ptr<LocalObject> obj) {
   GetOp& op = gets_.at(token);
   op.object = obj;
   op.meta = obj->meta();
-  if (op.target.buffer) {
+  if (op.target.device) {
+    Status s = op.target.device->prepare(op.id, op.meta);
+    if (!s.ok()) return finishGet(token, s);
+  } else if (op.target.buffer) {
     Status s = checkTarget(op.id, op.meta, op.target);
     if (!s.ok()) return finishGet(token, s);
     op.result = op.target.buffer;
@@ -406,30 +445,44 @@ void Node::progressGet(uint64_t token) {
     const uint64_t to = obj->watermark();
     // Copy in pieces of at least a chunk, or what is left at the end.
     if (to - from < std::min(chunkFor(size), size - from)) return;
-    if (to - from <= kLoopCopyBytes) {
+    const auto& device = op.target.device;
+    if (to - from <= kLoopCopyBytes && !device) {
       std::memcpy(op.result->data() + from, obj->data() + from, to - from);
       op.copied = to;
       continue;
     }
     op.copyInFlight = true;
-    workers_->submit([this, token, obj, result = op.result, from, to] {
-      std::memcpy(result->data() + from, obj->data() + from, to - from);
-      loop_.post([this, token, to] {
+    workers_->submit([this, token, obj, result = op.result, device, from, to] {
+      Status s;
+      if (device) {
+        s = writeToDevice(*device, *obj, from, to - from);
+      } else {
+        std::memcpy(result->data() + from, obj->data() + from, to - from);
+      }
+      loop_.post([this, token, to, s] {
         auto it = gets_.find(token);
         if (it == gets_.end()) return;  // timed out or failed meanwhile
-        it->second.copied = to;
         it->second.copyInFlight = false;
         if (it->second.ending) return finishGet(token, *it->second.ending);
+        if (!s.ok()) return finishGet(token, s);
+        it->second.copied = to;
         progressGet(token);
       });
     });
   }
 }
 
+Status Node::writeToDevice(DeviceTarget& device, const LocalObject& obj, uint64_t from, uint64_t n) {
+  pool_->pageLock(*obj.buffer());
+  Status s = device.write(from, n, obj.data() + from);
+  if (!s.ok()) s.message = "get of object " + printableId(obj.id()) + ": copy to the device failed: " + s.message;
+  return s;
+}
+
 void Node::finishGet(uint64_t token, const Status& status, std::shared_ptr<Buffer> result) {
   auto it = gets_.find(token);
   if (it == gets_.end()) return;
-  if (it->second.copyInFlight && it->second.target.buffer) {
+  if (it->second.copyInFlight && (it->second.target.buffer || it->second.target.device)) {
     GetOp& op = it->second;
     if (op.timer) loop_.cancelTimer(op.timer);
     if (op.listener) op.object->removeListener(op.listener);

@@ -112,6 +112,11 @@ void bindBackend(py::module& m);  // backend_bindings.cpp
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_hoplite core (C++): node runtime, transport, object store, directory";
+#ifdef HOPLITE_WITH_CUDA
+  m.attr("with_cuda") = true;  // CUDA tensors go through the staging path (cuda/staging.h)
+#else
+  m.attr("with_cuda") = false;
+#endif
 
   py::class_<NodeHandle>(m, "Node")
       .def(py::init([](const py::dict& config) { return std::make_unique<NodeHandle>(configFromDict(config)); }))
@@ -124,7 +129,7 @@ PYBIND11_MODULE(_C, m) {
       .def("put", &NodeHandle::put, py::arg("id"), py::arg("dtype"), py::arg("tensor"), py::arg("timeout"),
            py::arg("blocking"), py::arg("copy"))
       .def("get", &NodeHandle::get, py::arg("id"), py::arg("timeout"), py::arg("copy"), py::arg("future"),
-           py::arg("out") = py::none(), py::arg("out_dtype") = "")
+           py::arg("out") = py::none(), py::arg("out_dtype") = "", py::arg("cuda_device") = -1)
       .def(
           "delete",
           [](NodeHandle& h, const py::bytes& id, double timeout) {

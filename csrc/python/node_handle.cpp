@@ -1,6 +1,10 @@
 #include "python/node_handle.h"
 
 #include "common/scalar_types.h"
+#include "python/tensor_target.h"
+#ifdef HOPLITE_WITH_CUDA
+#include "staging.h"
+#endif
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -44,11 +48,25 @@ std::shared_ptr<Buffer> borrow(const at::Tensor& tensor) {
 }
 
 // A get waiting for its completion: its future, and the tensor it fills if
-// the caller passed one (get(out=...)).
+// the caller passed one (get(out=...)) or the device tensor it fills.
 struct PendingGet {
   c10::intrusive_ptr<c10::ivalue::Future> fut;
   at::Tensor out;
+  std::shared_ptr<TensorTarget> device;
 };
+
+#ifdef HOPLITE_WITH_CUDA
+constexpr bool kWithCuda = true;
+#else
+constexpr bool kWithCuda = false;
+#endif
+
+void requireCuda(const char* what) {
+  if (!kWithCuda) {
+    throw py::value_error(std::string(what) + ": this torch_hoplite was built without CUDA (build it where torch has "
+                                              "CUDA and nvcc is installed, or with HOPLITE_BUILD_CUDA=1)");
+  }
+}
 
 // Sets a get's future: the tensor, or the matching torch_hoplite exception
 // (created with `errorFromStatus`), which waiting on the future re-raises.
@@ -56,7 +74,7 @@ void complete(const PendingGet& get, Completion c, const py::object& errorFromSt
   const auto& fut = get.fut;
   if (c.status.ok()) {
     try {
-      at::Tensor tensor = get.out.defined() ? get.out : tensorOf(c);
+      at::Tensor tensor = get.device ? get.device->tensor() : get.out.defined() ? get.out : tensorOf(c);
       if (fut->completed()) return;  // completed by the user meanwhile
       fut->markCompleted(c10::IValue(std::move(tensor)));
       return;
@@ -109,6 +127,9 @@ NodeHandle::NodeHandle(const NodeConfig& config)
     : node_(std::make_shared<Node>(config)), state_(std::make_shared<State>()) {
   state_->errorFromStatus = py::module_::import("torch_hoplite.errors").attr("error_from_status");
   state_->completer = std::thread([node = node_, state = state_] { completeLoop(*node, *state); });
+#ifdef HOPLITE_WITH_CUDA
+  node_->setHostMemoryLocker(cuda::hostMemoryLocker());
+#endif
 }
 
 NodeHandle::~NodeHandle() {
@@ -120,15 +141,23 @@ py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const p
                           double timeout, bool blocking, bool copy) {
   if (!THPVariable_Check(tensorObj.ptr())) throw py::type_error("put expects a tensor");
   at::Tensor tensor = THPVariable_Unpack(tensorObj.ptr());
-  if (!tensor.device().is_cpu() || !tensor.is_contiguous()) {
-    throw py::value_error("put expects a contiguous CPU tensor (torch_hoplite.put prepares it)");
+  if (!(tensor.device().is_cpu() || tensor.device().is_cuda()) || !tensor.is_contiguous()) {
+    throw py::value_error("put expects a contiguous CPU or CUDA tensor (torch_hoplite.put prepares it)");
+  }
+  std::shared_ptr<DeviceSource> source;
+  if (tensor.device().is_cuda()) {
+    requireCuda("put of a CUDA tensor");
+    if (!copy) throw py::value_error("put of a CUDA tensor needs copy=True (the store keeps objects in host memory)");
+#ifdef HOPLITE_WITH_CUDA
+    source = cuda::tensorSource(tensor);
+#endif
   }
   ObjectMeta meta;
   meta.dtype = dtype;
   meta.itemsize = static_cast<uint32_t>(tensor.element_size());
   meta.shape = tensor.sizes().vec();
   meta.nbytes = static_cast<uint64_t>(tensor.numel()) * meta.itemsize;
-  meta.device = "cpu";
+  meta.device = tensor.device().str();
   std::string key = id;
   Status s;
   {
@@ -141,10 +170,10 @@ py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const p
       state_->puts.emplace(token, State::Put{tensor, blocking});
     }
     try {
-      auto* data = static_cast<uint8_t*>(tensor.data_ptr());
+      auto* data = source ? nullptr : static_cast<uint8_t*>(tensor.data_ptr());
       std::shared_ptr<Buffer> borrowed;
       if (!copy) borrowed = borrow(tensor);
-      s = node_->put(key, meta, data, token, timeout, std::move(borrowed));
+      s = node_->put(key, meta, data, token, timeout, std::move(borrowed), std::move(source));
     } catch (const std::exception& e) {
       s = Status(Code::kInternal, e.what());
     }
@@ -174,21 +203,33 @@ py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const p
 }
 
 void NodeHandle::get(const py::bytes& id, double timeout, bool copy, const py::object& future, const py::object& out,
-                     const std::string& outDtype) {
+                     const std::string& outDtype, int cudaDevice) {
   auto wrapper = future.cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>();
   std::string key = id;
-  PendingGet pending{wrapper->fut, at::Tensor()};
+  PendingGet pending{wrapper->fut, at::Tensor(), nullptr};
   GetTarget target;
   if (!out.is_none()) {
     if (!THPVariable_Check(out.ptr())) throw py::type_error("get: out must be a tensor");
     pending.out = THPVariable_Unpack(out.ptr());
-    if (!pending.out.device().is_cpu() || !pending.out.is_contiguous()) {
-      throw py::value_error("get expects out to be a contiguous CPU tensor (torch_hoplite.get checks it)");
+    const bool here = pending.out.device().is_cpu() ||
+                      (pending.out.device().is_cuda() && pending.out.device().index() == cudaDevice);
+    if (!here || !pending.out.is_contiguous()) {
+      throw py::value_error("get expects out to be a contiguous tensor on the get's device (torch_hoplite.get checks it)");
     }
-    // The target keeps `out` alive while a worker may still write into it.
-    target.buffer = borrow(pending.out);
-    target.dtype = outDtype;
+    if (cudaDevice < 0) {
+      // The target keeps `out` alive while a worker may still write into it.
+      target.buffer = borrow(pending.out);
+      target.dtype = outDtype;
+    }
   }
+  if (cudaDevice >= 0) {
+    requireCuda("get to a CUDA device");
+#ifdef HOPLITE_WITH_CUDA
+    pending.device = cuda::tensorTarget(cudaDevice, pending.out);
+    target.device = pending.device;
+#endif
+  }
+  const bool targeted = target.buffer || target.device;
   py::gil_scoped_release release;
   uint64_t token;
   {
@@ -198,7 +239,7 @@ void NodeHandle::get(const py::bytes& id, double timeout, bool copy, const py::o
   }
   Completion now;
   try {
-    if (!node_->get(key, timeout, copy, token, &now, target.buffer ? &target : nullptr)) return;
+    if (!node_->get(key, timeout, copy, token, &now, targeted ? &target : nullptr)) return;
   } catch (const std::exception& e) {
     now = Completion{token, Completion::Kind::kGet, Status(Code::kInternal, e.what()), nullptr, {}};
   }

@@ -19,16 +19,17 @@ class NodeHandle {
 
   Node& node() { return *node_; }
   std::shared_ptr<Node> sharedNode() const { return node_; }
-  // Registers `tensor` (contiguous CPU) under `id`; keeps it alive until copied
+  // Registers `tensor` (contiguous, CPU or CUDA) under `id`; keeps it alive until copied
   // (copy=false: until deleted, as the store's copy). Returns (code, message).
   // blocking=true also waits for the local copy.
   pybind11::tuple put(const pybind11::bytes& id, const std::string& dtype, const pybind11::object& tensor,
                       double timeout, bool blocking, bool copy);
   // Completes `future` (a torch.futures.Future) with the tensor or a typed error.
-  // With `out` (a contiguous CPU tensor of dtype `outDtype`, or None) the bytes
-  // land in `out`, which the future then gives back.
+  // With `out` (a contiguous tensor of dtype `outDtype` on the get's device,
+  // or None) the bytes land in `out`, which the future then gives back.
+  // cudaDevice >= 0: the tensor is on that CUDA device (CUDA builds).
   void get(const pybind11::bytes& id, double timeout, bool copy, const pybind11::object& future,
-           const pybind11::object& out, const std::string& outDtype);
+           const pybind11::object& out, const std::string& outDtype, int cudaDevice);
   void shutdown();
 
   struct State;  // internal: what the completer thread shares with the handle

@@ -39,8 +39,34 @@ void unmapMemory(uint8_t* data, size_t capacity) {
 
 BufferPool::~BufferPool() {
   for (auto& [capacity, list] : free_) {
-    for (uint8_t* p : list) unmapMemory(p, capacity);
+    for (uint8_t* p : list) unmap(p, capacity);
   }
+}
+
+void BufferPool::setLocker(std::shared_ptr<HostMemoryLocker> locker) {
+  std::lock_guard<std::mutex> lock(lockMutex_);
+  locker_ = std::move(locker);
+}
+
+bool BufferPool::pageLock(const Buffer& buffer) {
+  if (buffer.pool() != this || buffer.capacity() == 0) return false;
+  std::lock_guard<std::mutex> lock(lockMutex_);
+  if (!locker_) return false;
+  auto [it, fresh] = locked_.emplace(buffer.data(), false);
+  if (fresh) it->second = locker_->lock(buffer.data(), buffer.capacity());
+  return it->second;
+}
+
+void BufferPool::unmap(uint8_t* data, size_t capacity) {
+  {
+    std::lock_guard<std::mutex> lock(lockMutex_);
+    auto it = locked_.find(data);
+    if (it != locked_.end()) {
+      if (it->second) locker_->unlock(data);
+      locked_.erase(it);
+    }
+  }
+  unmapMemory(data, capacity);
 }
 
 size_t BufferPool::sizeClass(size_t size) {
@@ -69,7 +95,7 @@ std::shared_ptr<Buffer> BufferPool::allocate(size_t size) {
     mappedBytes_ += capacity;
   }
   auto pool = shared_from_this();
-  return std::make_shared<Buffer>(data, size, [pool, data, capacity] { pool->release(data, capacity); });
+  return std::make_shared<Buffer>(data, size, capacity, this, [pool, data, capacity] { pool->release(data, capacity); });
 }
 
 void BufferPool::release(uint8_t* data, size_t capacity) {
@@ -81,7 +107,7 @@ void BufferPool::release(uint8_t* data, size_t capacity) {
       return;
     }
   }
-  unmapMemory(data, capacity);
+  unmap(data, capacity);
 }
 
 size_t BufferPool::mappedBytes() const {

@@ -19,6 +19,9 @@ class Buffer {
  public:
   Buffer(uint8_t* data, size_t size, std::function<void()> release)
       : data_(data), size_(size), release_(std::move(release)) {}
+  // A pool's buffer: `capacity` bytes mapped at `data`, of which `size` are used.
+  Buffer(uint8_t* data, size_t size, size_t capacity, const void* pool, std::function<void()> release)
+      : data_(data), size_(size), capacity_(capacity), pool_(pool), release_(std::move(release)) {}
   ~Buffer() {
     if (release_) release_();
   }
@@ -27,11 +30,24 @@ class Buffer {
 
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
+  size_t capacity() const { return capacity_; }
+  const void* pool() const { return pool_; }
 
  private:
   uint8_t* data_;
   size_t size_;
+  size_t capacity_ = 0;
+  const void* pool_ = nullptr;  // the BufferPool it came from; none for borrowed memory
   std::function<void()> release_;
+};
+
+// Page-locks host memory so a device's DMA engine can copy from and to it
+// asynchronously (cudaHostRegister in CUDA builds). Both calls are thread-safe.
+class HostMemoryLocker {
+ public:
+  virtual ~HostMemoryLocker() = default;
+  virtual bool lock(void* data, size_t size) = 0;
+  virtual void unlock(void* data) = 0;
 };
 
 class BufferPool : public std::enable_shared_from_this<BufferPool> {
@@ -46,17 +62,30 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   // Bytes mapped fresh from the kernel so far (each costs first-touch faults).
   size_t mappedBytes() const;
 
+  // Device copies use page-locked buffers where `locker` can lock them.
+  void setLocker(std::shared_ptr<HostMemoryLocker> locker);
+  // Page-locks one of this pool's buffers, once per mapping: it stays locked
+  // while cached and is unlocked before it is unmapped. False for memory not
+  // from this pool, without a locker, or when locking failed: copies to and
+  // from it still work, staged by the driver.
+  bool pageLock(const Buffer& buffer);
+
   // Rounds up to a size class: multiples of 1/8 of the enclosing power of two.
   static size_t sizeClass(size_t size);
 
  private:
   void release(uint8_t* data, size_t capacity);
+  void unmap(uint8_t* data, size_t capacity);
 
   const size_t maxCachedBytes_;
   mutable std::mutex mutex_;
   std::map<size_t, std::vector<uint8_t*>> free_;
   size_t cachedBytes_ = 0;
   size_t mappedBytes_ = 0;
+  // Separate from mutex_: locking takes milliseconds and must not hold up allocations.
+  std::mutex lockMutex_;
+  std::shared_ptr<HostMemoryLocker> locker_;
+  std::map<uint8_t*, bool> locked_;  // mapping -> locked (false: locking failed, not tried again)
 };
 
 }  // namespace hoplite
