@@ -9,13 +9,20 @@
              cpu at 256 MB (the staging hidden behind the transfer).
   broadcast: rank 0 puts, every other rank gets onto its device; time to the
              slowest; cuda vs cpu as above.
+  allreduce: every rank's hop.allreduce of its tensor (SUM), the result on
+             its device; time to the slowest. For CUDA tensors the tree's
+             combine steps run on the GPU (reading the page-locked store
+             buffers in place); the JSON counts the bytes that did.
   kernels:   the streaming reduce kernels of cuda/ (built here with nvcc)
              combining out = a + b for float32, float16, bfloat16, with b on the
              device and b in page-locked host memory (how the tree reduce reads
              a child's chunk), vs a device-to-device copy measured in the same
              run; bandwidth counts every byte read and written (3 per element
              and input byte for a combine, 2 for a copy). Target: >= 80% of the
-             copy's.
+             copy's. With b in host memory the link to the host bounds it:
+             compared with a host-to-device copy of b ("x link").
+  pinning:   cudaHostRegister / cudaHostUnregister of a store-sized buffer,
+             what a pool buffer costs the first time a device copy uses it.
 
 Without a GPU only the cpu rows of p2p and broadcast run (a check of the
 harness); the JSON says so. Results: benchmarks/results/gpu.json and gpu.png.
@@ -59,7 +66,7 @@ def worker(rank, world, port, devices, sizes, warmup, trials, queue):
             for device in devices[trial % len(devices):] + devices[: trial % len(devices)]:
                 n += 1
                 x = tensors[device]
-                for op in ("p2p", "broadcast"):
+                for op in OPS:
                     if op == "p2p" and rank > 1:
                         dist.barrier()
                         dist.barrier()
@@ -73,6 +80,8 @@ def worker(rank, world, port, devices, sizes, warmup, trials, queue):
                     elif op == "p2p":
                         y = hop.get(ping, device=device).wait()
                         hop.put(y, pong)
+                    elif op == "allreduce":
+                        y = hop.allreduce(x, ping)
                     elif rank == 0:
                         hop.put(x, ping)
                     else:
@@ -82,20 +91,29 @@ def worker(rank, world, port, devices, sizes, warmup, trials, queue):
                     dist.barrier()
                     if trial >= warmup:
                         results.setdefault((op, device, size), []).append(elapsed)
-                    if rank == 0:
+                    if rank == 0 and op != "allreduce":
                         hop.delete(ping)
                     if op == "p2p" and rank == 1:
                         hop.delete(pong)
+    stats = hop.stats()
+    results["reduce_bytes"] = (stats["reduce_bytes"], stats["reduce_bytes_on_device"])
     hop.barrier()
     hop.shutdown()
     dist.destroy_process_group()
     queue.put((rank, results))
 
 
-def measure_transfers(devices: list[str], sizes: list[int], nodes: int, warmup: int, trials: int) -> list[dict]:
+OPS = ("p2p", "broadcast", "allreduce")
+
+
+def measure_transfers(devices: list[str], sizes: list[int], nodes: int, warmup: int,
+                      trials: int) -> tuple[list[dict], dict]:
+    """The transfer records, and the bytes the reduces combined (in all, on a device)."""
     results = common.run_ranks(worker, nodes, (nodes, common.free_port(), devices, sizes, warmup, trials))
+    combined = {"reduce_bytes": sum(results[r]["reduce_bytes"][0] for r in range(nodes)),
+                "reduce_bytes_on_device": sum(results[r]["reduce_bytes"][1] for r in range(nodes))}
     records = []
-    for op in ("p2p", "broadcast"):
+    for op in OPS:
         ranks = [0, 1] if op == "p2p" else range(nodes)
         for size in sizes:
             for device in devices:
@@ -110,7 +128,7 @@ def measure_transfers(devices: list[str], sizes: list[int], nodes: int, warmup: 
     cpu = {(r["op"], r["size_bytes"]): r["median_s"] for r in records if r["system"] == "hoplite-cpu"}
     for r in records:
         r["time_vs_cpu"] = r["median_s"] / cpu[(r["op"], r["size_bytes"])]
-    return records
+    return records, combined
 
 
 # ---------------------------------------------------------------- kernels
@@ -154,6 +172,10 @@ def measure_kernels(size: int, repeats: int) -> list[dict]:
         copy_gbps = 2 * size / copy_s / 1e9
         records.append({"system": "torch-copy", "op": "d2d-copy", "dtype": "uint8", "size_bytes": size,
                         "median_s": copy_s, "gbps": copy_gbps, "vs_copy": 1.0})
+        host = torch.ones(size, dtype=torch.uint8).pin_memory()
+        h2d_s = _time_gpu(lambda: dst.copy_(host, non_blocking=True), repeats)
+        records.append({"system": "torch-copy", "op": "h2d-copy", "dtype": "uint8", "size_bytes": size,
+                        "median_s": h2d_s, "gbps": size / h2d_s / 1e9, "vs_link": 1.0})
         for dtype, code in DTYPE_CODES.items():
             n = size // torch.tensor([], dtype=dtype).element_size()
             a = torch.ones(n, dtype=dtype, device="cuda")
@@ -164,9 +186,35 @@ def measure_kernels(size: int, repeats: int) -> list[dict]:
                     assert rc == 0, rc
                 seconds = _time_gpu(combine, repeats)
                 gbps = 3 * size / seconds / 1e9
-                records.append({"system": "hoplite-kernel", "op": f"sum, b in {where}", "dtype": str(dtype)[6:],
-                                "size_bytes": size, "median_s": seconds, "gbps": gbps, "vs_copy": gbps / copy_gbps})
+                record = {"system": "hoplite-kernel", "op": f"sum, b in {where}", "dtype": str(dtype)[6:],
+                          "size_bytes": size, "median_s": seconds, "gbps": gbps}
+                if where == "device":
+                    record["vs_copy"] = gbps / copy_gbps
+                else:  # b crossed the host link once: as fast as the link is the ideal
+                    record["vs_link"] = h2d_s / seconds
+                records.append(record)
             assert torch.equal(out.float().cpu(), torch.full((n,), 2.0))
+    return records
+
+
+def measure_pinning(sizes: list[int], repeats: int) -> list[dict]:
+    """cudaHostRegister + cudaHostUnregister of touched host memory, as a pool buffer is locked."""
+    cudart = torch.cuda.cudart()
+    records = []
+    for size in sizes:
+        buffer = torch.ones(size, dtype=torch.uint8)  # touched, like a pool buffer in use
+        register, unregister = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            assert int(cudart.cudaHostRegister(buffer.data_ptr(), size, 3)) == 0  # portable | mapped, as the pool
+            t1 = time.perf_counter()
+            assert int(cudart.cudaHostUnregister(buffer.data_ptr())) == 0
+            register.append(t1 - t0)
+            unregister.append(time.perf_counter() - t1)
+        records.append({"system": "cuda-runtime", "op": "pin", "size_bytes": size,
+                        "register_ms": statistics.median(register) * 1e3,
+                        "unregister_ms": statistics.median(unregister) * 1e3,
+                        "gbps": size / statistics.median(register) / 1e9})
     return records
 
 
@@ -176,7 +224,7 @@ def plot(records: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ops = [op for op in ("p2p", "broadcast") if any(r["op"] == op for r in records)]
+    ops = [op for op in OPS if any(r["op"] == op for r in records)]
     fig, axes = plt.subplots(1, len(ops), figsize=(5.5 * len(ops), 4.2), squeeze=False)
     for ax, op in zip(axes[0], ops):
         for system in dict.fromkeys(r["system"] for r in records if r["op"] == op):
@@ -208,20 +256,27 @@ def main() -> None:
     devices = ["cpu", "cuda"] if gpu else ["cpu"]
     if not gpu:
         print("no CUDA device: measuring the cpu rows only (a check of the harness, not a GPU result)", flush=True)
-    records = measure_transfers(devices, sizes, args.nodes, args.warmup, args.trials)
+    records, combined = measure_transfers(devices, sizes, args.nodes, args.warmup, args.trials)
     for r in records:
         r["median_ms"] = r["median_s"] * 1e3
     common.print_table(records, [("system", "system", ""), ("op", "op", ""), ("size", "size_bytes", "d"),
                                  ("median ms", "median_ms", ".3f"), ("GB/s", "gbps", ".2f"),
                                  ("x cpu time", "time_vs_cpu", ".2f")])
-    kernels = []
+    print(f"allreduce combine steps: {combined['reduce_bytes']} bytes, {combined['reduce_bytes_on_device']} of them "
+          "on a GPU", flush=True)
+    kernels, pinning = [], []
     if gpu:
         kernels = measure_kernels(common.parse_sizes(args.kernel_size)[0], max(args.trials, 10))
         common.print_table(kernels, [("system", "system", ""), ("op", "op", ""), ("dtype", "dtype", ""),
-                                     ("GB/s", "gbps", ".1f"), ("x copy", "vs_copy", ".2f")])
+                                     ("GB/s", "gbps", ".1f"), ("x copy", "vs_copy", ".2f"),
+                                     ("x link", "vs_link", ".2f")])
+        pinning = measure_pinning(sizes, 5)
+        common.print_table(pinning, [("op", "op", ""), ("size", "size_bytes", "d"),
+                                     ("register ms", "register_ms", ".2f"), ("unregister ms", "unregister_ms", ".2f"),
+                                     ("GB/s", "gbps", ".1f")])
     settings = {"sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup,
-                "devices": devices, "gpu_present": gpu}
-    common.write_json(args.out + ".json", "gpu", records + kernels, settings)
+                "devices": devices, "gpu_present": gpu, **combined}
+    common.write_json(args.out + ".json", "gpu", records + kernels + pinning, settings)
     plot(records, args.out + ".png")
     print(f"wrote {args.out}.json and {args.out}.png")
 

@@ -129,8 +129,10 @@ class TensorTargetImpl final : public TensorTarget {
 class HostRegistrar final : public HostMemoryLocker {
  public:
   bool lock(void* data, size_t size) override {
-    // Portable: usable from every device's context, whichever copies from it.
-    return statusOf(cudaHostRegister(data, size, cudaHostRegisterPortable), "cudaHostRegister").ok();
+    // Portable: usable from every device's context, whichever copies from it;
+    // mapped: the reduce kernels read and write it in place (device_reducer.cpp).
+    const unsigned flags = cudaHostRegisterPortable | cudaHostRegisterMapped;
+    return statusOf(cudaHostRegister(data, size, flags), "cudaHostRegister").ok();
   }
   void unlock(void* data) override { statusOf(cudaHostUnregister(data), "cudaHostUnregister"); }
 };

@@ -509,6 +509,42 @@ def run_withdrawn_send(rank: int, world: int, port: int, conn) -> None:
     torch_hoplite.shutdown()
 
 
+def run_abandoned_alltoall(rank: int, world: int, port: int, conn) -> None:
+    """Ranks 0 and 1 call all_to_all with 4 MiB blocks (deferred sends), rank 2,
+    a second later, a scatter from itself, which only sends. The receives from
+    rank 2 meet its scatter message and fail at once (rank 2's sends are
+    refused); rank 0's and 1's sends to rank 2, which nobody will ever receive,
+    must then be withdrawn, not kept (with their memory) until the group's 60 s
+    timeout. Reports how each call ended and the rank's withdrawals."""
+    dist.init_process_group(
+        "hoplite", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    n = 1 << 20  # float32 elements per block: 4 MiB
+    report: dict = {}
+    dist.barrier()
+    if rank == 2:
+        time.sleep(1)  # ranks 0 and 1 have posted their receives and exchanged their blocks
+    start = time.monotonic()
+    try:
+        if rank == 2:
+            dist.scatter(torch.zeros(n), [torch.full((n,), 2.0)] * world, src=2)
+        else:
+            dist.all_to_all_single(torch.zeros(world * n), torch.full((world * n,), float(rank)))
+        report["outcome"] = "completed"
+    except Exception as e:  # noqa: BLE001  (reported to the test)
+        report["outcome"] = f"{type(e).__name__}: {e}"
+    report["seconds"] = time.monotonic() - start
+    deadline = time.monotonic() + 10
+    while torch_hoplite.stats()["messages_withdrawn"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    report["withdrawn"] = torch_hoplite.stats()["messages_withdrawn"]
+    dist.barrier()
+    conn.send(report)
+    dist.destroy_process_group()
+    torch_hoplite.shutdown()
+
+
 def run_shape_mismatch(rank: int, world: int, port: int, conn) -> None:
     """Ranks allreduce tensors of different shapes; reports how it ended
     (the test runs it with TORCH_DISTRIBUTED_DEBUG=DETAIL)."""

@@ -115,6 +115,18 @@ def test_a_send_that_timed_out_is_withdrawn_and_the_next_one_received():
     assert receiver["received"] == [2.0], receiver
 
 
+def test_a_failed_collective_withdraws_the_sends_nobody_will_receive():
+    outcomes = _spawn(c10d_cases.run_abandoned_alltoall, 3, timeout=120)
+    assert all(o is not None for o in outcomes), outcomes
+    for rank, o in enumerate(outcomes):  # every rank failed at once, not at the group's 60 s timeout
+        assert "DistBackendError" in o["outcome"] and "different collectives" in o["outcome"], (rank, o)
+        assert o["seconds"] < 30, (rank, o)
+    for rank in (0, 1):  # its block for rank 2, withdrawn when the collective failed
+        assert outcomes[rank]["withdrawn"] == 1, (rank, outcomes[rank])
+    # Rank 2's scatter failed at the first refusal (and gave up its other send if not refused yet).
+    assert "was refused" in outcomes[2]["outcome"] and outcomes[2]["withdrawn"] <= 1, outcomes[2]
+
+
 def test_torch_debug_detail_wraps_the_backend_with_its_fingerprint_check(monkeypatch):
     monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")  # read when the spawned ranks import torch
     outcomes = _spawn(c10d_cases.run_shape_mismatch, 2, timeout=60)

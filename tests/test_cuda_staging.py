@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA_INCLUDE = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")
 TORCH_INCLUDE = os.path.join(os.path.dirname(torch.__file__), "include")
 # What the CUDA build compiles with g++ that a CPU build never does.
-CUDA_ONLY_HOST_SOURCES = ["cuda/staging.cpp", "csrc/python/node_handle.cpp", "csrc/python/bindings.cpp"]
+CUDA_ONLY_HOST_SOURCES = ["cuda/staging.cpp", "cuda/device_reducer.cpp", "csrc/python/node_handle.cpp", "csrc/python/bindings.cpp"]
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +151,39 @@ def test_reduce_and_broadcast_of_cuda_tensors_across_processes(cluster3):
     for p in pending:
         got, where = p.result()
         assert where.startswith("cuda") and torch.equal(got, expected)
+
+
+def _total(cluster, counter):
+    return hop.stats()[counter] + sum(cluster.call(r, workers.stats)[counter] for r in (1, 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32,
+                                   torch.int64, torch.int8], ids=lambda d: str(d).removeprefix("torch."))
+def test_a_tree_reduce_of_cuda_objects_combines_on_the_gpu(cluster3, dtype):
+    n = (3 << 20) + 5  # several steps and a tail past the last vector
+    g = torch.Generator().manual_seed(11)
+    # Small integers: every op's result is exact in every dtype, in any order.
+    inputs = [torch.randint(-4, 5, (n,), generator=g).to(dtype) for _ in range(3)]
+    ops = {"sum": inputs[0] + inputs[1] + inputs[2], "prod": inputs[0] * inputs[1] * inputs[2],
+           "min": torch.minimum(torch.minimum(inputs[0], inputs[1]), inputs[2]),
+           "max": torch.maximum(torch.maximum(inputs[0], inputs[1]), inputs[2])}
+    if dtype.is_floating_point:
+        ops["avg"] = ops["sum"]  # of inputs tripled below: the mean is their plain sum
+    combined, on_device = _total(cluster3, "reduce_bytes"), _total(cluster3, "reduce_bytes_on_device")
+    for op, expected in ops.items():
+        scale = 3 if op == "avg" else 1
+        tag = f"gpu-reduce-{dtype}-{op}"
+        refs = [hop.put((inputs[0] * scale).cuda(), f"{tag}-0")]
+        refs += [cluster3.call(r, workers.put_from_cuda, inputs[r] * scale, f"{tag}-{r}") for r in (1, 2)]
+        result, _ = hop.reduce(refs, op, id=tag)
+        got = hop.get(result, timeout=60).wait()
+        assert torch.equal(got, expected), (dtype, op)
+    combined = _total(cluster3, "reduce_bytes") - combined
+    on_device = _total(cluster3, "reduce_bytes_on_device") - on_device
+    assert combined >= len(ops) * n * inputs[0].element_size()  # at least the root combined every byte
+    # int8 has no CUDA kernel: its reduce runs on the CPU, as for CPU objects.
+    assert on_device == (0 if dtype == torch.int8 else combined)
 
 
 def test_the_gpu_benchmark_measures_every_device_it_has(tmp_path):

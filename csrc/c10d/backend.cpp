@@ -239,7 +239,7 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::enqueue(::c10d::OpType type, co
     } catch (...) {
       error = std::current_exception();
     }
-    channel_.end();
+    channel_.end(error != nullptr);
     work->complete(error);
   });
   return work;

@@ -72,6 +72,7 @@ void Channel::begin(const std::string& name, const std::string& kind, uint64_t t
   memory_ = std::make_shared<Memory>();
   memory_->owner = std::move(owner);
   memory_->pool = pool_;
+  outcome_ = std::make_shared<Outcome>();
 }
 
 uint8_t* Channel::scratch(size_t bytes) {
@@ -79,19 +80,40 @@ uint8_t* Channel::scratch(size_t bytes) {
   return memory_->scratch.back().first.get();
 }
 
-void Channel::end() {
-  for (auto& op : receives_) cancel(op, Status(Code::kInternal, name_ + " was abandoned after a failure"));
+void Channel::end(bool failed) {
+  if (failed) {
+    const Status why(Code::kInternal, name_ + " was abandoned after a failure");
+    {
+      std::lock_guard<std::mutex> lock(outcome_->mutex);
+      for (auto& op : sends_) {
+        if (!op->done) node_->cancelSend(op->handle, why);  // its peer will not ask for it now
+      }
+    }
+    for (auto& op : receives_) requestCancel(op, why);
+    const auto until = std::chrono::steady_clock::now() + kCancelGrace;
+    for (auto& op : receives_) awaitCancel(op, until);
+  }
   receives_.clear();
+  sends_.clear();
   memory_.reset();
+  outcome_.reset();
 }
 
-void Channel::cancel(const Pending& op, const Status& why) {
-  std::unique_lock<std::mutex> lock(op->mutex);
-  if (op->done) return;
-  node_->cancelReceive(op->handle, why);
+void Channel::requestCancel(const Pending& op, const Status& why) {
+  std::lock_guard<std::mutex> lock(op->outcome->mutex);
+  if (!op->done) node_->cancelReceive(op->handle, why);
+}
+
+void Channel::awaitCancel(const Pending& op, std::chrono::steady_clock::time_point until) {
   // Done once the loop thread has run the cancel, which stops every write to
   // the receive's memory (a loop turn; bounded in case the loop is stuck).
-  op->cv.wait_for(lock, kCancelGrace, [&] { return op->done; });
+  std::unique_lock<std::mutex> lock(op->outcome->mutex);
+  op->outcome->cv.wait_until(lock, until, [&] { return op->done; });
+}
+
+double Channel::secondsLeft() const {
+  const double left = std::chrono::duration<double>(deadline_ - std::chrono::steady_clock::now()).count();
+  return std::max(left, 1e-3);
 }
 
 Channel::Pending Channel::start(int peer, uint64_t subTag, bool isSend) {
@@ -103,26 +125,38 @@ Channel::Pending Channel::start(int peer, uint64_t subTag, bool isSend) {
   op->isSend = isSend;
   op->peer = peer;
   op->subTag = subTag;
+  op->outcome = outcome_;
+  std::string name = "rank " + std::to_string(peer);
+  if (globalRank(peer) != peer) name += " (global rank " + std::to_string(globalRank(peer)) + ")";
+  op->where = name_ + " on rank " + std::to_string(rank_) + ": " + (isSend ? "sending to " : "receiving from ") + name;
   return op;
 }
 
 namespace {
 Node::MessageCallback completer(const Channel::Pending& op) {
   return [op](const Status& status, int) {
+    Channel::Outcome& outcome = *op->outcome;
     {
-      std::lock_guard<std::mutex> lock(op->mutex);
+      std::lock_guard<std::mutex> lock(outcome.mutex);
       op->done = true;
       op->status = status;
+      if (!status.ok() && outcome.failure.ok()) {
+        outcome.failure = status;
+        outcome.failedOp = op->where;
+      }
     }
-    op->cv.notify_all();
+    outcome.cv.notify_all();
   };
 }
 }  // namespace
 
 Channel::Pending Channel::send(int peer, uint64_t subTag, const void* data, size_t bytes) {
   auto op = start(peer, subTag, true);
-  node_->sendMessage(globalRank(peer), context_, tagBase_ | subTag, kind_, static_cast<const uint8_t*>(data), bytes,
-                     memory_, completer(op));
+  // With the collective's deadline, so that the node withdraws a deferred send
+  // whose receiver never asks for it.
+  op->handle = node_->sendMessage(globalRank(peer), context_, tagBase_ | subTag, kind_,
+                                  static_cast<const uint8_t*>(data), bytes, memory_, completer(op), secondsLeft());
+  sends_.push_back(op);
   return op;
 }
 
@@ -134,21 +168,23 @@ Channel::Pending Channel::recv(int peer, uint64_t subTag, void* data, size_t byt
   return op;
 }
 
-std::string Channel::where(const Op& op) const {
-  std::string peer = "rank " + std::to_string(op.peer);
-  if (globalRank(op.peer) != op.peer) peer += " (global rank " + std::to_string(globalRank(op.peer)) + ")";
-  return name_ + " on rank " + std::to_string(rank_) + ": " + (op.isSend ? "sending to " : "receiving from ") + peer;
-}
-
 void Channel::wait(const Pending& op) {
-  std::unique_lock<std::mutex> lock(op->mutex);
-  if (!op->cv.wait_until(lock, deadline_, [&] { return op->done; })) {
+  Outcome& outcome = *op->outcome;
+  std::unique_lock<std::mutex> lock(outcome.mutex);
+  if (!outcome.cv.wait_until(lock, deadline_, [&] { return op->done || !outcome.failure.ok(); })) {
     lock.unlock();
-    Status why(Code::kTimeout, where(*op) + " timed out after " + printableSeconds(timeoutSeconds_));
-    if (!op->isSend) cancel(op, why);
-    throw CommError(why.code, why.message);
+    Status why(Code::kTimeout, op->where + " timed out after " + printableSeconds(timeoutSeconds_));
+    if (!op->isSend) {
+      requestCancel(op, why);
+      awaitCancel(op, std::chrono::steady_clock::now() + kCancelGrace);
+    }
+    lock.lock();
+    if (!op->done || op->status.message == why.message) throw CommError(why.code, why.message);
+    // Else it ended on its own (completed, or failed) before the cancel reached it.
   }
-  if (!op->status.ok()) throw CommError(op->status.code, where(*op) + " failed: " + op->status.message);
+  if (op->done && !op->status.ok()) throw CommError(op->status.code, op->where + " failed: " + op->status.message);
+  // Another op failed: this one would wait for a peer that has given up, or is gone.
+  if (!op->done) throw CommError(outcome.failure.code, outcome.failedOp + " failed: " + outcome.failure.message);
 }
 
 void Channel::waitAll(std::vector<Pending>& ops) {

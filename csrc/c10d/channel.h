@@ -33,6 +33,7 @@ int groupRankOf(const std::vector<int>& globalRanks, int global);
 class Channel {
  public:
   struct Op;  // one send or receive in flight
+  struct Outcome;  // of one collective: its first failure
   using Pending = std::shared_ptr<Op>;
 
   // `globalRanks[i]` is the node rank of group rank i.
@@ -56,13 +57,16 @@ class Channel {
   // messages. Reused across collectives: fresh pages cost a fault each, which
   // on a chain reduce of 256 MB was a large share of the CPU time.
   uint8_t* scratch(size_t bytes);
-  // Ends the collective; receives it left unfinished (it failed) are cancelled.
-  void end();
+  // Ends the collective. After a failure, what it left unfinished is
+  // cancelled: its receives (returns once their memory is no longer written)
+  // and its deferred sends that no receive asked for yet.
+  void end(bool failed);
 
   Pending send(int peer, uint64_t subTag, const void* data, size_t bytes);
   Pending recv(int peer, uint64_t subTag, void* data, size_t bytes);
-  // Waits for `op`; throws CommError (naming the collective and peer) on
-  // failure or at the deadline, cancelling the receive.
+  // Waits for `op`; throws CommError (naming the collective and peer) when it
+  // or any other op of the collective failed (the peers stop waiting for each
+  // other at the first failure), or at the deadline, cancelling the receive.
   void wait(const Pending& op);
   void waitAll(std::vector<Pending>& ops);
 
@@ -70,9 +74,11 @@ class Channel {
   struct Memory;
   class ScratchPool;
   Pending start(int peer, uint64_t subTag, bool isSend);
-  // Cancels a receive that has not completed; returns once its memory is no longer written.
-  void cancel(const Pending& op, const Status& why);
-  std::string where(const Op& op) const;
+  // Asks the node to cancel a receive that has not completed; awaitCancel
+  // returns once its memory is no longer written (or at `until`).
+  void requestCancel(const Pending& op, const Status& why);
+  void awaitCancel(const Pending& op, std::chrono::steady_clock::time_point until);
+  double secondsLeft() const;
 
   std::shared_ptr<Node> node_;
   uint64_t context_;
@@ -86,17 +92,27 @@ class Channel {
   std::chrono::steady_clock::time_point deadline_;
   double timeoutSeconds_ = 0;
   std::shared_ptr<Memory> memory_;
+  std::shared_ptr<Outcome> outcome_;
   std::shared_ptr<ScratchPool> pool_;
   std::vector<Pending> receives_;  // of this collective, to cancel what a failure leaves
+  std::vector<Pending> sends_;
+};
+
+// What the ops of one collective share; its mutex guards their state too.
+struct Channel::Outcome {
+  std::mutex mutex;
+  std::condition_variable cv;
+  Status failure;  // the first op's that failed
+  std::string failedOp;  // which one, for the error
 };
 
 struct Channel::Op {
   bool isSend = false;
   int peer = 0;
   uint64_t subTag = 0;
-  uint64_t handle = 0;  // a receive's, for cancelling
-  std::mutex mutex;
-  std::condition_variable cv;
+  uint64_t handle = 0;  // the node's, for cancelling
+  std::string where;    // "<collective> on rank r: sending to rank p"
+  std::shared_ptr<Outcome> outcome;
   bool done = false;
   Status status;
 };

@@ -21,6 +21,7 @@
 #include "common/object_meta.h"
 #include "common/status.h"
 #include "common/worker_pool.h"
+#include "coll/device_reducer.h"
 #include "coll/reduce_kernels.h"
 #include "coll/reduce_plan.h"
 #include "directory/directory_shard.h"
@@ -126,6 +127,9 @@ class Node : public ConnectionObserver {
              std::shared_ptr<DeviceSource> device = nullptr);
   // Device copies page-lock store buffers through `locker` (CUDA builds).
   void setHostMemoryLocker(std::shared_ptr<HostMemoryLocker> locker) { pool_->setLocker(std::move(locker)); }
+  // Reduce steps over objects put from a device run on it through `reducer`
+  // (CUDA builds); set before the node takes part in a reduce.
+  void setDeviceReducer(std::shared_ptr<DeviceReducer> reducer) { deviceReducer_ = std::move(reducer); }
   // Starts a get; the outcome arrives as a kGet completion with `token`, except
   // when a complete local copy exists: then it is served at once into *now and
   // true is returned. copy=false hands out the store's own buffer (read-only by
@@ -162,17 +166,25 @@ class Node : public ConnectionObserver {
   // the loop thread: for a send once its bytes are handed to the kernel.
   // `keepalive` holds the memory until then.
   using MessageCallback = std::function<void(const Status&, int sourceRank)>;
-  // timeoutSeconds > 0: `done` reports a timeout if the message has not
-  // completed by then (a receive is cancelled).
-  void sendMessage(int rank, uint64_t context, uint64_t tag, const std::string& kind, const uint8_t* data, uint64_t size,
-                   std::shared_ptr<const void> keepalive, MessageCallback done, double timeoutSeconds = 0);
+  // timeoutSeconds > 0: `done` reports a timeout if by then the message can
+  // still be stopped: a receive is cancelled; a send not yet announced is
+  // dropped, a deferred one not yet asked for withdrawn (a send whose bytes
+  // are already on their way reports how that ended instead). Returns a
+  // handle for cancelSend.
+  uint64_t sendMessage(int rank, uint64_t context, uint64_t tag, const std::string& kind, const uint8_t* data,
+                       uint64_t size, std::shared_ptr<const void> keepalive, MessageCallback done,
+                       double timeoutSeconds = 0);
   // rank -1: from any source. Returns a handle for cancelReceive.
   uint64_t recvMessage(int rank, uint64_t context, uint64_t tag, const std::string& kind, uint8_t* dest, uint64_t size,
                        std::shared_ptr<const void> keepalive, MessageCallback done, double timeoutSeconds = 0);
   // Fails a receive that has not completed with `why` (its caller gave up). No
-  // later data frame is written to its memory; one already being read finishes
-  // into it (the keep-alive holds the memory until then).
+  // data frame is written to its memory once the loop has run the cancel,
+  // also not the rest of one being read (the connection discards it).
   void cancelReceive(uint64_t handle, const Status& why);
+  // Gives up a send that is not under way, failing it with `why` (its caller
+  // gave up): one not yet announced never is, a deferred one that no receive
+  // asked for yet is withdrawn; a send whose bytes are on their way goes on.
+  void cancelSend(uint64_t handle, const Status& why);
   // Waits up to `timeoutSeconds` for completions; false once shut down and drained.
   bool waitCompletions(std::vector<Completion>* out, double timeoutSeconds);
   std::map<std::string, uint64_t> stats();
@@ -385,6 +397,7 @@ class Node : public ConnectionObserver {
     std::shared_ptr<const void> keepalive;
     MessageCallback done;
   };
+  struct SendProgress;
   struct Inbound;   // a message arriving, or waiting in the mailbox
   struct Outbound;  // a message sent, until its receiver took it (eager) or let it come (deferred)
   void handleMessage(Connection& conn, const wire::Message& msg);
@@ -395,16 +408,26 @@ class Node : public ConnectionObserver {
   bool claim(Inbound& inbound, PostedReceive& receive);
   // Tells an inbound message's sender what became of it.
   void answerMessage(const Inbound& inbound, wire::MessageAnswer answer, const std::string& reason = "");
-  // A deferred message's sender gave up (timeout): its memory is let go, and
-  // the receiver told to forget it.
-  void dropOutbound(uint64_t request, const Status& why);
+  // A deferred message's sender gave up: its memory is let go, and the
+  // receiver told to forget it. False if it was not waiting to be asked for
+  // (eager, under way, or over): then it reports its own outcome.
+  bool dropOutbound(uint64_t request, const Status& why);
+  // A send's caller gave up (timeout, cancelSend): reports `why` unless the
+  // send has reported or its bytes are on their way (then returns false).
+  bool giveUpSend(uint64_t request, const Status& why);
   // cancelReceive, on the loop thread: the receive's memory is not written once it returns.
   void cancelReceiveNow(uint64_t handle, const Status& why);
   void matchReceive(PostedReceive receive, MessageKey key);
   void completeInbound(const std::shared_ptr<Inbound>& inbound);
-  // `done`, called at most once, with a timeout reported after `timeoutSeconds` (> 0).
-  MessageCallback withDeadline(MessageCallback done, double timeoutSeconds, const std::string& what,
-                               std::function<void(const Status&)> onTimeout);
+  // `done`, run at most once; with timeoutSeconds > 0, `arm` (run on the loop
+  // in the task that starts the operation) starts a timer that reports a
+  // timeout if `giveUp` could still stop the operation (returns true).
+  struct Deadline {
+    MessageCallback done;
+    std::function<void()> arm;
+  };
+  Deadline withDeadline(MessageCallback done, double timeoutSeconds, const std::string& what,
+                        std::function<bool(const Status&)> giveUp);
   uint8_t* messageDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
                               std::shared_ptr<const void>* keepalive);
   void onMessageData(Connection& conn, uint64_t request, uint64_t end);
@@ -447,6 +470,7 @@ class Node : public ConnectionObserver {
   // Copies of puts into the store, at a lower priority than the transfers
   // they feed (a put's copy on every rank at once otherwise starves them).
   std::unique_ptr<WorkerPool> putCopies_;
+  std::shared_ptr<DeviceReducer> deviceReducer_;
 
   // Loop-thread state.
   std::shared_ptr<LocalConnection> self_;
@@ -481,6 +505,7 @@ class Node : public ConnectionObserver {
   std::map<MessageKey, std::deque<PostedReceive>> receives_;           // unmatched, post order
   std::atomic<uint64_t> mailboxBytes_{0};  // eager bytes in mailbox_ (read by stats())
   std::unordered_map<uint64_t, std::shared_ptr<Outbound>> outbound_;  // by request
+  std::unordered_map<uint64_t, std::shared_ptr<SendProgress>> sendsInFlight_;  // by request, until they report
   std::unordered_map<int, uint64_t> eagerBytes_;  // per peer: sent eagerly, not yet taken
   double lastHeartbeatCheck_ = 0;
   LinkEstimate link_;
@@ -512,10 +537,12 @@ class Node : public ConnectionObserver {
     std::atomic<uint64_t> inlineGets{0}, localGets{0}, remoteGets{0}, evictions{0};
     std::atomic<uint64_t> relaysServed{0};  // pulls served from a copy still arriving
     std::atomic<uint64_t> reducesCoordinated{0}, reduceTasks{0}, reduceBytes{0}, probes{0};
+    std::atomic<uint64_t> reduceBytesOnDevice{0};  // of reduceBytes, computed by the DeviceReducer
     std::atomic<uint64_t> reduceRecoveries{0};  // reduces that redid positions after a participant died
     std::atomic<uint64_t> pullResumes{0};  // transfers continued from another holder after a failure
     std::atomic<uint64_t> messagesSent{0}, messagesReceived{0}, messagesUnexpected{0};
     std::atomic<uint64_t> messagesDeferred{0};  // sent only once their receive was there
+    std::atomic<uint64_t> messagesWithdrawn{0};  // sends given up before a receive asked for them
     std::atomic<uint64_t> handshakesRefused{0};  // peers that could not prove they know the secret
   } counters_;
 };

@@ -127,43 +127,60 @@ struct Node::Outbound {
   std::string what;
 };
 
-Node::MessageCallback Node::withDeadline(MessageCallback done, double timeoutSeconds, const std::string& what,
-                                         std::function<void(const Status&)> onTimeout) {
-  if (!(timeoutSeconds > 0)) return done;
+Node::Deadline Node::withDeadline(MessageCallback done, double timeoutSeconds, const std::string& what,
+                                  std::function<bool(const Status&)> giveUp) {
   struct Once {
     MessageCallback done;
     bool called = false;
-    EventLoop::TimerId timer = 0;
+    EventLoop::TimerId timer = 0;  // set on the loop thread, which alone then calls `wrapped`
   };
   auto once = std::make_shared<Once>();
   once->done = std::move(done);
-  // Both run on the loop thread.
   MessageCallback wrapped = [this, once](const Status& status, int rank) {
     if (once->called) return;
     once->called = true;
-    loop_.cancelTimer(once->timer);
+    if (once->timer) loop_.cancelTimer(once->timer);
     auto cb = std::move(once->done);
     cb(status, rank);
   };
   Status late(Code::kTimeout, what + " timed out after " + printableSeconds(timeoutSeconds));
-  loop_.post([this, once, wrapped, late, timeoutSeconds, onTimeout] {
-    if (once->called) return;
-    once->timer = loop_.addTimer(std::min(timeoutSeconds, kMaxTimeoutSeconds), [wrapped, late, onTimeout] {
-      if (onTimeout) onTimeout(late);  // a receive: stops writing to its memory first
-      wrapped(late, -1);
+  auto arm = [this, once, wrapped, late, timeoutSeconds, giveUp] {
+    if (once->called || !(timeoutSeconds > 0)) return;
+    once->timer = loop_.addTimer(std::min(timeoutSeconds, kMaxTimeoutSeconds), [once, wrapped, late, giveUp] {
+      once->timer = 0;
+      if (giveUp(late)) wrapped(late, -1);
     });
-  });
-  return wrapped;
+  };
+  return {wrapped, arm};
 }
 
-void Node::sendMessage(int rank, uint64_t context, uint64_t tag, const std::string& kind, const uint8_t* data,
-                       uint64_t size,
-                       std::shared_ptr<const void> keepalive, MessageCallback done, double timeoutSeconds) {
+// A send from its start until it reports. Giving it up depends on whether it
+// was announced: before, it is announced withdrawn (a receive already waiting
+// for it fails now rather than at its own deadline); after, only a deferred
+// one that no receive asked for yet can be withdrawn.
+struct Node::SendProgress {
+  int rank = -1;
+  bool announced = false;
+  std::optional<Status> abandoned;  // why, if given up before its announce
+  MessageCallback done;  // runs at most once
+};
+
+uint64_t Node::sendMessage(int rank, uint64_t context, uint64_t tag, const std::string& kind, const uint8_t* data,
+                           uint64_t size, std::shared_ptr<const void> keepalive, MessageCallback done,
+                           double timeoutSeconds) {
   const uint64_t request = wire::kMessageRequestBit | nextMessage_++;
   const std::string what = describeMessage(context, tag);
-  done = withDeadline(std::move(done), timeoutSeconds, what + " to rank " + std::to_string(rank),
-                      [this, request](const Status& why) { dropOutbound(request, why); });
-  auto posted = loop_.post([=, this, keepalive = std::move(keepalive)]() mutable {
+  auto deadline = withDeadline(std::move(done), timeoutSeconds, what + " to rank " + std::to_string(rank),
+                               [this, request](const Status& why) { return giveUpSend(request, why); });
+  // Leaves the sends in flight as it reports.
+  done = [this, request, reported = std::move(deadline.done)](const Status& status, int peer) {
+    sendsInFlight_.erase(request);
+    reported(status, peer);
+  };
+  auto posted = loop_.post([=, this, keepalive = std::move(keepalive), arm = std::move(deadline.arm)]() mutable {
+    auto progress = std::make_shared<SendProgress>(SendProgress{rank, false, std::nullopt, done});
+    sendsInFlight_[request] = progress;
+    arm();
     if (rank < 0 || rank >= config_.worldSize || rank == config_.rank) {
       done(Status(Code::kInvalidArgument, what + ": no peer rank " + std::to_string(rank) + " to send to"), rank);
       return;
@@ -183,7 +200,15 @@ void Node::sendMessage(int rank, uint64_t context, uint64_t tag, const std::stri
       return;
     }
     auto guard = std::make_shared<SendGuard>(loop_, std::move(keepalive), std::move(done), rank, what);
-    whenConnected(rank, [this, guard, rank, request, context, tag, kind, data, size, what](Connection& c) mutable {
+    whenConnected(rank, [this, guard, progress, rank, request, context, tag, kind, data, size, what](Connection& c) mutable {
+      if (progress->abandoned) {  // while it waited for the connection; its caller was told
+        c.sendControl(wire::MsgType::kMessage, wire::encode(wire::Message{request, context, tag, size, kind, false}));
+        c.sendControl(wire::MsgType::kMessageWithdrawn,
+                      wire::encode(wire::MessageWithdrawn{
+                          request, progress->abandoned->message.substr(0, wire::kMaxMessageReason)}));
+        return;
+      }
+      progress->announced = true;
       // From here on only the frames (or the deferred message) hold the guard:
       // it reports when the last frame is written.
       auto frames = std::move(guard);
@@ -207,6 +232,22 @@ void Node::sendMessage(int rank, uint64_t context, uint64_t tag, const std::stri
     });
   });
   if (!posted) done(Status(Code::kShutdown, what + " not sent: the node is shut down"), rank);
+  return request;
+}
+
+void Node::cancelSend(uint64_t handle, const Status& why) {
+  loop_.post([this, handle, why] { giveUpSend(handle, why); });
+}
+
+bool Node::giveUpSend(uint64_t request, const Status& why) {
+  auto it = sendsInFlight_.find(request);
+  if (it == sendsInFlight_.end()) return false;  // it has reported
+  if (it->second->announced) return dropOutbound(request, why);
+  std::shared_ptr<SendProgress> send = it->second;
+  send->abandoned = why;
+  counters_.messagesWithdrawn++;
+  send->done(why, send->rank);
+  return true;
 }
 
 uint64_t Node::recvMessage(int rank, uint64_t context, uint64_t tag, const std::string& kind, uint8_t* dest,
@@ -214,11 +255,17 @@ uint64_t Node::recvMessage(int rank, uint64_t context, uint64_t tag, const std::
                            std::shared_ptr<const void> keepalive, MessageCallback done, double timeoutSeconds) {
   const uint64_t handle = nextMessage_++;
   const std::string what = describeMessage(context, tag) + " from rank " + (rank < 0 ? "any" : std::to_string(rank));
-  done = withDeadline(std::move(done), timeoutSeconds, what,
-                      [this, handle](const Status& why) { cancelReceiveNow(handle, why); });
+  auto deadline = withDeadline(std::move(done), timeoutSeconds, what, [this, handle](const Status& why) {
+    cancelReceiveNow(handle, why);  // reports `why` through the receive's callback
+    return true;
+  });
   auto shared = std::make_shared<PostedReceive>(
-      PostedReceive{handle, rank, dest, size, kind, std::move(keepalive), std::move(done)});
-  if (!loop_.post([this, shared, context, tag] { matchReceive(std::move(*shared), {context, tag}); })) {
+      PostedReceive{handle, rank, dest, size, kind, std::move(keepalive), std::move(deadline.done)});
+  // One task arms the deadline and posts the receive: its timer cannot find it not yet posted.
+  if (!loop_.post([this, shared, context, tag, arm = std::move(deadline.arm)] {
+        arm();
+        matchReceive(std::move(*shared), {context, tag});
+      })) {
     shared->done(Status(Code::kShutdown, what + " not received: the node is shut down"), -1);
   }
   return handle;
@@ -483,11 +530,12 @@ void Node::onMessageReply(Connection& conn, const wire::MessageReply& msg) {
   }
 }
 
-void Node::dropOutbound(uint64_t request, const Status& why) {
+bool Node::dropOutbound(uint64_t request, const Status& why) {
   auto it = outbound_.find(request);
-  if (it == outbound_.end() || it->second->eager) return;  // an eager message's bytes are on their way
+  if (it == outbound_.end() || it->second->eager) return false;  // an eager message's bytes are on their way
   std::shared_ptr<Outbound> out = it->second;
   outbound_.erase(it);
+  counters_.messagesWithdrawn++;
   out->frames->fail(why);
   // Else a receive could take it later and wait for bytes that never come.
   // Written last: a failed write closes the connection, failing what was on it.
@@ -495,6 +543,7 @@ void Node::dropOutbound(uint64_t request, const Status& why) {
     conn->sendControl(wire::MsgType::kMessageWithdrawn,
                       wire::encode(wire::MessageWithdrawn{request, why.message.substr(0, wire::kMaxMessageReason)}));
   }
+  return true;
 }
 
 void Node::onMessageWithdrawn(Connection& conn, const wire::MessageWithdrawn& msg) {
@@ -515,6 +564,7 @@ void Node::onMessageWithdrawn(Connection& conn, const wire::MessageWithdrawn& ms
   // A receive took it while the withdrawal was on its way.
   PostedReceive receive = std::move(*inbound->receive);
   inbound->receive.reset();
+  if (receive.rank == -1) return matchReceive(std::move(receive), inbound->key);  // another sender may serve it
   receive.done(Status(Code::kPeerFailed, describeMessage(inbound->key.first, inbound->key.second) + ": " +
                                              peerName(inbound->source) + " withdrew it: " + msg.reason),
                inbound->source);

@@ -2,6 +2,7 @@
 // streams `input op children` chunk by chunk into its own output object, which
 // its parent fetches like any object while it is being written.
 #include <algorithm>
+#include <optional>
 
 #include "common/logging.h"
 #include "node/node.h"
@@ -17,6 +18,22 @@ constexpr uint64_t kMaxStep = 2u << 20;
 // Steps up to this size run on the loop thread (~100 us of arithmetic), which
 // spares a hand-off to a worker; larger ones (a fast link's backlog) on a worker.
 constexpr uint64_t kLoopStep = 512u << 10;
+
+// A step on the device, whose kernels read and write the objects' buffers in
+// place: each must be page-locked (once per pool buffer; memory the caller
+// lent the store cannot be).
+Status stepOnDevice(BufferPool& pool, DeviceReduceKernel& kernel, const LocalObject& out, const LocalObject& in,
+                    const std::vector<std::shared_ptr<LocalObject>>& children, uint64_t from, size_t n,
+                    uint64_t divisor) {
+  bool locked = pool.pageLock(*out.buffer()) && pool.pageLock(*in.buffer());
+  std::vector<const uint8_t*> sources;
+  for (const auto& child : children) {
+    locked = locked && pool.pageLock(*child->buffer());
+    sources.push_back(child->data() + from);
+  }
+  if (!locked) return Status(Code::kInvalidArgument, "its buffers could not all be page-locked");
+  return kernel.run(out.data() + from, in.data() + from, sources, n, divisor);
+}
 }  // namespace
 
 void Node::handleReduceTask(Connection& conn, const wire::ReduceTask& msg) {
@@ -51,6 +68,9 @@ void Node::startTask(uint64_t taskId, std::shared_ptr<LocalObject> input) {
   task.input = input;
   // A leaf's output is its input: share the buffer instead of copying it.
   task.alias = msg.childIds.empty();
+  if (!task.alias && deviceReducer_) {
+    task.onDevice = deviceReducer_->kernel(static_cast<ReduceOp>(msg.op), msg.meta.dtype, input->meta().device);
+  }
   Status s = store_->create(msg.outputId, msg.meta, /*primary=*/true, &task.output,
                             task.alias ? input->buffer() : nullptr, /*sharedWithStored=*/task.alias);
   if (!s.ok()) return failTask(taskId, s);
@@ -149,34 +169,49 @@ void Node::progressTask(uint64_t taskId) {
   if (ready - from < std::min(kMinStep, size - from)) return;
   const uint64_t to = std::min(ready, from + kMaxStep);
   const bool divide = task.msg.root && task.kernel.divide != nullptr && task.msg.count > 1;
-  auto work = [kernel = task.kernel, out = task.output, in = task.input, children = task.children, from, to, item,
-               divide, count = task.msg.count] {
+  const uint64_t divisor = divide ? task.msg.count : 1;
+  // Returns the device's outcome, if it was asked: the CPU redoes a step it failed.
+  auto work = [this, kernel = task.kernel, device = task.onDevice, out = task.output, in = task.input,
+               children = task.children, from, to, item, divisor]() -> std::optional<Status> {
     const size_t n = (to - from) / item;
+    std::optional<Status> onDevice;
+    if (device) {
+      onDevice = stepOnDevice(*pool_, *device, *out, *in, children, from, n, divisor);
+      if (onDevice->ok()) return onDevice;
+    }
     kernel.combine(out->data() + from, in->data() + from, children[0]->data() + from, n);
     for (size_t c = 1; c < children.size(); ++c) {
       kernel.combine(out->data() + from, out->data() + from, children[c]->data() + from, n);
     }
-    if (divide) kernel.divide(out->data() + from, n, count);
+    if (divisor > 1) kernel.divide(out->data() + from, n, divisor);
+    return onDevice;
   };
-  auto done = [this, taskId, to] {
+  auto done = [this, taskId, to](const std::optional<Status>& onDevice) {
     auto it = tasks_.find(taskId);
     if (it == tasks_.end()) return;  // aborted meanwhile
     ReduceTaskState& task = *it->second;
     task.busy = false;
+    const uint64_t bytes = to - task.output->watermark();
     task.reduced = to;
-    counters_.reduceBytes += to - (task.output->watermark());
+    counters_.reduceBytes += bytes;
+    if (onDevice && onDevice->ok()) counters_.reduceBytesOnDevice += bytes;
+    if (onDevice && !onDevice->ok() && task.onDevice) {
+      HLOG(kWarn, "reduce into %s continues on the CPU: the device step failed (%s)",
+           printableId(task.msg.reduceId).c_str(), onDevice->message.c_str());
+      task.onDevice.reset();
+    }
     task.output->advance(to);
     progressTask(taskId);
   };
   task.busy = true;
-  if (to - from <= kLoopStep) {
-    work();
-    done();
+  // Device steps block on their stream: never on the loop thread.
+  if (!task.onDevice && to - from <= kLoopStep) {
+    done(work());
     return;
   }
   workers_->submit([this, work, done] {
-    work();
-    loop_.post(done);
+    auto onDevice = work();
+    loop_.post([done, onDevice] { done(onDevice); });
   });
 }
 

@@ -77,6 +77,9 @@ struct Node::ReduceTaskState {
   std::weak_ptr<Connection> coordinator;
   bool answered = false;
   ReduceKernel kernel;
+  // Computes the steps when the input was put from a device (null: the CPU
+  // does); dropped after its first failure, the step then redone on the CPU.
+  std::shared_ptr<DeviceReduceKernel> onDevice;
   std::shared_ptr<LocalObject> input, output;
   bool alias = false;  // a leaf: the output shares the input's buffer
   std::vector<std::shared_ptr<LocalObject>> children;

@@ -3,6 +3,7 @@
 #include "common/scalar_types.h"
 #include "python/tensor_target.h"
 #ifdef HOPLITE_WITH_CUDA
+#include "device_reducer.h"
 #include "staging.h"
 #endif
 
@@ -129,6 +130,7 @@ NodeHandle::NodeHandle(const NodeConfig& config)
   state_->completer = std::thread([node = node_, state = state_] { completeLoop(*node, *state); });
 #ifdef HOPLITE_WITH_CUDA
   node_->setHostMemoryLocker(cuda::hostMemoryLocker());
+  node_->setDeviceReducer(cuda::deviceReducer());
 #endif
 }
 
