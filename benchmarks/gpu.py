@@ -13,6 +13,9 @@
              its device; time to the slowest. For CUDA tensors the tree's
              combine steps run on the GPU (reading the page-locked store
              buffers in place); the JSON counts the bytes that did.
+  c10d allreduce: dist.all_reduce (SUM) through the "hoplite" backend and
+             through gloo, on cuda and cpu tensors, time to the slowest;
+             "x gloo" is hoplite's time over gloo's on the same device.
   kernels:   the streaming reduce kernels of cuda/ (built here with nvcc)
              combining out = a + b for float32, float16, bfloat16, with b on the
              device and b in page-locked host memory (how the tree reduce reads
@@ -95,6 +98,20 @@ def worker(rank, world, port, devices, sizes, warmup, trials, queue):
                         hop.delete(ping)
                     if op == "p2p" and rank == 1:
                         hop.delete(pong)
+    groups = {"gloo": dist.group.WORLD, "hoplite": dist.new_group(backend="hoplite")}
+    for size in sizes:
+        for trial in range(warmup + trials):
+            for device in devices:
+                for backend, group in groups.items():
+                    x = torch.ones(size // 4, dtype=torch.float32, device=device)
+                    _sync(device)
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    dist.all_reduce(x, group=group)
+                    _sync(device)
+                    elapsed = time.perf_counter() - t0
+                    if trial >= warmup:
+                        results.setdefault((C10D, backend, device, size), []).append(elapsed)
     stats = hop.stats()
     results["reduce_bytes"] = (stats["reduce_bytes"], stats["reduce_bytes_on_device"])
     hop.barrier()
@@ -104,6 +121,7 @@ def worker(rank, world, port, devices, sizes, warmup, trials, queue):
 
 
 OPS = ("p2p", "broadcast", "allreduce")
+C10D = "c10d allreduce"
 
 
 def measure_transfers(devices: list[str], sizes: list[int], nodes: int, warmup: int,
@@ -128,6 +146,19 @@ def measure_transfers(devices: list[str], sizes: list[int], nodes: int, warmup: 
     cpu = {(r["op"], r["size_bytes"]): r["median_s"] for r in records if r["system"] == "hoplite-cpu"}
     for r in records:
         r["time_vs_cpu"] = r["median_s"] / cpu[(r["op"], r["size_bytes"])]
+    for size in sizes:
+        for device in devices:
+            gloo = None
+            for backend in ("gloo", "hoplite"):
+                per_trial = [max(results[r][(C10D, backend, device, size)][i] for r in range(nodes))
+                             for i in range(trials)]
+                median = statistics.median(per_trial)
+                gloo = gloo or median
+                records.append({
+                    "system": f"c10d-{backend}-{device}", "op": C10D, "nodes": nodes, "size_bytes": size,
+                    "trials": trials, "median_s": median, "min_s": min(per_trial), "max_s": max(per_trial),
+                    "gbps": size / median / 1e9, "time_vs_gloo": median / gloo,
+                })
     return records, combined
 
 
@@ -224,7 +255,7 @@ def plot(records: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ops = [op for op in OPS if any(r["op"] == op for r in records)]
+    ops = [op for op in OPS + (C10D,) if any(r["op"] == op for r in records)]
     fig, axes = plt.subplots(1, len(ops), figsize=(5.5 * len(ops), 4.2), squeeze=False)
     for ax, op in zip(axes[0], ops):
         for system in dict.fromkeys(r["system"] for r in records if r["op"] == op):
@@ -261,7 +292,7 @@ def main() -> None:
         r["median_ms"] = r["median_s"] * 1e3
     common.print_table(records, [("system", "system", ""), ("op", "op", ""), ("size", "size_bytes", "d"),
                                  ("median ms", "median_ms", ".3f"), ("GB/s", "gbps", ".2f"),
-                                 ("x cpu time", "time_vs_cpu", ".2f")])
+                                 ("x cpu time", "time_vs_cpu", ".2f"), ("x gloo", "time_vs_gloo", ".2f")])
     print(f"allreduce combine steps: {combined['reduce_bytes']} bytes, {combined['reduce_bytes_on_device']} of them "
           "on a GPU", flush=True)
     kernels, pinning = [], []

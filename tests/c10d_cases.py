@@ -560,3 +560,100 @@ def run_shape_mismatch(rank: int, world: int, port: int, conn) -> None:
     conn.send(outcome)
     torch_hoplite.shutdown()
     os._exit(0)  # the ranks disagree on what ran: no clean teardown
+
+
+def _cuda_collectives(rank: int, world: int) -> None:
+    """Every collective with CUDA tensors next to the same one with CPU tensors
+    (whose answers test_matches_gloo checks against gloo): results on the GPU,
+    equal bit for bit."""
+    n = LARGE
+
+    def both(fn):
+        """fn(device) on cuda then cpu: the first's tensors, brought to the cpu, equal the second's."""
+        got, want = fn("cuda"), fn("cpu")
+        _check([t.cpu() for t in got], want, fn.__name__)
+        assert all(t.is_cuda for t in got), fn.__name__
+
+    def all_reduce(device):
+        out = []
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.AVG):
+            t = _values(rank, n).to(device)
+            dist.all_reduce(t, op=op)
+            out.append(t)
+        return out
+
+    def broadcast(device):
+        t = _values(rank, n).to(device)
+        dist.broadcast(t, src=world - 1)
+        return [t]
+
+    def reduce(device):
+        t = _values(rank, n).to(device)
+        dist.reduce(t, dst=0)
+        return [t] if rank == 0 else []
+
+    def gathers(device):
+        x = _values(rank, n).to(device)
+        listed = [torch.empty(n, device=device) for _ in range(world)]
+        dist.all_gather(listed, x)
+        flat = torch.empty(n * world, device=device)
+        dist.all_gather_into_tensor(flat, x)
+        at_root = [torch.empty(n, device=device) for _ in range(world)] if rank == 0 else None
+        dist.gather(x, at_root, dst=0)
+        return listed + [flat] + (at_root or [])
+
+    def scatters(device):
+        x = _values(rank, n * world).to(device)
+        mine = torch.empty(n, device=device)
+        dist.reduce_scatter_tensor(mine, x)
+        listed = torch.empty(n, device=device)
+        dist.reduce_scatter(listed, list(x.chunk(world)))
+        got = torch.empty(n, device=device)
+        dist.scatter(got, list(x.chunk(world)) if rank == 0 else None, src=0)
+        return [mine, listed, got]
+
+    def all_to_all(device):
+        x = _values(rank, n * world).to(device)
+        single = torch.empty_like(x)
+        dist.all_to_all_single(single, x)
+        listed = [torch.empty(n, device=device) for _ in range(world)]
+        dist.all_to_all(listed, list(x.chunk(world)))
+        return [single] + listed
+
+    def send_recv(device):
+        got = torch.empty(n, device=device)
+        right, left = (rank + 1) % world, (rank - 1) % world
+        sent = dist.isend(_values(rank, n).to(device), right)
+        dist.recv(got, left)
+        sent.wait()
+        return [got]
+
+    for fn in (all_reduce, broadcast, reduce, gathers, scatters, all_to_all, send_recv):
+        both(fn)
+
+    # The input is written on a side stream, which is current when the
+    # collective is issued: the collective reads it after that kernel.
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        t = torch.zeros(n, device="cuda")
+        torch.cuda._sleep(100_000_000)
+        t.fill_(rank + 1.0)
+        dist.all_reduce(t)
+        total = t.sum()  # on the same stream, after the work
+    assert total.item() == n * world * (world + 1) / 2, total.item()
+
+
+def run_cuda_collectives(rank: int, world: int, port: int, conn) -> None:
+    """Spawned rank of tests/test_c10d_backend.py's GPU test: None or the failure."""
+    try:
+        torch.cuda.set_device(0)  # one GPU shared by the ranks
+        dist.init_process_group(
+            "hoplite", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TIMEOUT
+        )
+        _cuda_collectives(rank, world)
+        dist.barrier()
+        dist.destroy_process_group()
+        torch_hoplite.shutdown()
+        conn.send(None)
+    except BaseException:
+        conn.send(traceback.format_exc())

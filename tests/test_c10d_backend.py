@@ -127,6 +127,12 @@ def test_a_failed_collective_withdraws_the_sends_nobody_will_receive():
     assert "was refused" in outcomes[2]["outcome"] and outcomes[2]["withdrawn"] <= 1, outcomes[2]
 
 
+@pytest.mark.gpu
+def test_cuda_tensors_in_every_collective_match_cpu_tensors():
+    outcomes = _spawn(c10d_cases.run_cuda_collectives, 3, timeout=240)
+    assert outcomes == [None] * 3, "\n".join(str(o) for o in outcomes)
+
+
 def test_torch_debug_detail_wraps_the_backend_with_its_fingerprint_check(monkeypatch):
     monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")  # read when the spawned ranks import torch
     outcomes = _spawn(c10d_cases.run_shape_mismatch, 2, timeout=60)

@@ -205,4 +205,7 @@ def test_the_gpu_benchmark_measures_every_device_it_has(tmp_path):
     for r in transfers:
         assert r["nodes"] == (2 if r["op"] == "p2p" else 3) and r["trials"] == 2
         assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"] and r["gbps"] > 0
+    c10d = [r for r in result["records"] if r["op"] == "c10d allreduce"]
+    assert {r["system"] for r in c10d} == {f"c10d-{b}-{d}" for b in ("gloo", "hoplite") for d in devices}
+    assert all(r["median_s"] > 0 and r["time_vs_gloo"] > 0 for r in c10d)
     assert (tmp_path / "gpu.png").stat().st_size > 0

@@ -15,8 +15,9 @@ the object-store API and collectives of the backend can be mixed freely.
 The algorithms are static and bandwidth-optimal (pipelined ring reduce-scatter
 + allgather for large allreduces, recursive doubling for small ones, pipelined
 chains for broadcast and reduce, a ring for allgather); see
-``docs/architecture.md``. CUDA tensors are refused with a clear error until the
-GPU staging path lands.
+``docs/architecture.md``. CUDA tensors go through page-locked host copies,
+made on the stream that is current when the collective is issued; the work
+completes once the results are back on the device.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@
 #include <torch/version.h>
 
 #include "c10d/algorithms.h"
+#include "c10d/device_staging.h"
 #include "common/hash.h"
 #include "common/object_meta.h"
 #include "common/scalar_types.h"
@@ -38,8 +39,8 @@ constexpr auto kReduceScatterTensorCoalesced = ::c10d::OpType::REDUCE_SCATTER_TE
 void checkTensor(const at::Tensor& t, const char* op, const std::string& what) {
   TORCH_CHECK(t.defined(), "hoplite ", op, ": ", what, " is undefined");
   TORCH_CHECK(t.layout() == at::kStrided, "hoplite ", op, ": ", what, " must be a dense tensor, got layout ", t.layout());
-  TORCH_CHECK(t.device().is_cpu(), "hoplite ", op, ": ", what, " is on ", t.device(),
-              "; the backend moves CPU tensors (CUDA tensors await the GPU staging path)");
+  TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "hoplite ", op, ": ", what, " is on ", t.device(),
+              "; the backend moves CPU and CUDA tensors");
 }
 
 const at::Tensor& single(const Tensors& tensors, const char* op) {
@@ -78,6 +79,12 @@ const std::vector<at::Tensor>& checkedList(const std::vector<std::vector<at::Ten
   TORCH_CHECK(lists.size() == 1, "hoplite ", op, ": expects one list of ", size, " ", what, " tensors");
   checkList(lists[0], size, like, op, what);
   return lists[0];
+}
+
+// A collective's tensors to keep alive: `list` and `t`.
+Tensors plus(Tensors list, const at::Tensor& t) {
+  list.push_back(t);
+  return list;
 }
 
 uint8_t* bytesOf(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
@@ -222,18 +229,21 @@ double HopliteBackend::timeoutSeconds(std::chrono::milliseconds requested) const
 
 c10::intrusive_ptr<::c10d::Work> HopliteBackend::enqueue(::c10d::OpType type, const char* name, Tensors keep,
                                                          Tensors outputs, std::chrono::milliseconds timeout,
-                                                         Body body) {
+                                                         std::shared_ptr<const DeviceStaging> staging, Body body) {
   auto work = c10::make_intrusive<HopliteWork>(getRank(), type, std::move(outputs));
   std::lock_guard<std::mutex> lock(issueMutex_);
   const uint64_t seq = seq_++;
   const double seconds = timeoutSeconds(timeout);
   auto owner = std::make_shared<Tensors>(std::move(keep));
   std::string label = std::string("hoplite ") + name + " #" + std::to_string(seq);
-  worker_.submit([this, work, seq, seconds, owner, label, kind = std::string(name), body = std::move(body)] {
+  worker_.submit([this, work, seq, seconds, owner, label, kind = std::string(name), staging = std::move(staging),
+                  body = std::move(body)] {
     std::exception_ptr error;
     try {
       channel_.begin(label, kind, (seq & kSeqMask) << kSeqShift, seconds, owner);
+      if (staging) staging->copyIn();
       body(channel_);
+      if (staging) staging->copyOut();
     } catch (const CommError& e) {
       error = asBackendError(e.what());
     } catch (...) {
@@ -249,8 +259,9 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::broadcast(Tensors& tensors, con
   const at::Tensor& t = single(tensors, "broadcast");
   const int root = static_cast<int>(opts.rootRank);
   checkRoot(root, getSize(), "broadcast");
-  Dense d(t);
-  return enqueue(::c10d::OpType::BROADCAST, "broadcast", {d.work, t}, tensors, opts.timeout, [d, root](Channel& ch) {
+  auto staging = std::make_shared<DeviceStaging>();
+  Dense d(staging->stage(t, getRank() == root, getRank() != root));
+  return enqueue(::c10d::OpType::BROADCAST, "broadcast", {d.work, t}, tensors, opts.timeout, staging, [d, root](Channel& ch) {
     hoplite::c10d::broadcast(ch, bytesOf(d.work), nbytes(d.work), root);
     d.commit();
   });
@@ -259,8 +270,9 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::broadcast(Tensors& tensors, con
 c10::intrusive_ptr<::c10d::Work> HopliteBackend::allreduce(Tensors& tensors, const ::c10d::AllreduceOptions& opts) {
   const at::Tensor& t = single(tensors, "allreduce");
   Reduction red = reductionFor(opts.reduceOp, t, "allreduce");
-  Dense d(t);
-  return enqueue(::c10d::OpType::ALLREDUCE, "allreduce", {d.work, t}, tensors, opts.timeout, [d, red](Channel& ch) {
+  auto staging = std::make_shared<DeviceStaging>();
+  Dense d(staging->stage(t, true, true));
+  return enqueue(::c10d::OpType::ALLREDUCE, "allreduce", {d.work, t}, tensors, opts.timeout, staging, [d, red](Channel& ch) {
     allreduceInPlace(ch, d.work, red);
     d.commit();
   });
@@ -275,16 +287,18 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::allreduce_coalesced(Tensors& te
                 " has dtype ", tensors[i].scalar_type(), ", tensor 0 has ", tensors[0].scalar_type());
   }
   Reduction red = reductionFor(opts.reduceOp, tensors[0], "allreduce_coalesced");
-  std::vector<at::Tensor> flat;
-  for (const auto& t : tensors) flat.push_back(t.reshape({-1}));
-  at::Tensor joined = at::cat(flat);
+  auto staging = std::make_shared<DeviceStaging>();
+  Tensors work = staging->stage(tensors, true, true);
   Tensors keep = tensors;
-  keep.push_back(joined);
-  return enqueue(::c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", keep, tensors, opts.timeout,
-                 [joined, tensors, red](Channel& ch) {
+  keep.insert(keep.end(), work.begin(), work.end());
+  return enqueue(::c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", keep, tensors, opts.timeout, staging,
+                 [work, red](Channel& ch) {
+                   std::vector<at::Tensor> flat;
+                   for (const auto& t : work) flat.push_back(t.reshape({-1}));
+                   at::Tensor joined = at::cat(flat);
                    allreduceInPlace(ch, joined, red);
                    int64_t at = 0;
-                   for (const auto& t : tensors) {
+                   for (const auto& t : work) {
                      t.copy_(joined.narrow(0, at, t.numel()).view(t.sizes()));
                      at += t.numel();
                    }
@@ -296,8 +310,9 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::reduce(Tensors& tensors, const 
   const int root = static_cast<int>(opts.rootRank);
   checkRoot(root, getSize(), "reduce");
   Reduction red = reductionFor(opts.reduceOp, t, "reduce");
-  Dense d(t);
-  return enqueue(::c10d::OpType::REDUCE, "reduce", {d.work, t}, tensors, opts.timeout, [d, red, root](Channel& ch) {
+  auto staging = std::make_shared<DeviceStaging>();
+  Dense d(staging->stage(t, true, getRank() == root));
+  return enqueue(::c10d::OpType::REDUCE, "reduce", {d.work, t}, tensors, opts.timeout, staging, [d, red, root](Channel& ch) {
     chainReduce(ch, bytesOf(d.work), d.work.numel(), red.elements, root);
     if (ch.rank() == root) {
       if (red.divide) red.divide(bytesOf(d.work), d.work.numel(), ch.size());
@@ -309,10 +324,12 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::reduce(Tensors& tensors, const 
 c10::intrusive_ptr<::c10d::Work> HopliteBackend::allgather(TensorLists& outputs, Tensors& inputs,
                                                            const ::c10d::AllgatherOptions& opts) {
   const at::Tensor& in = single(inputs, "allgather");
-  const Tensors& outs = checkedList(outputs, getSize(), in, "allgather", "output");
-  Tensors keep = outs;
-  keep.push_back(in);
-  return enqueue(::c10d::OpType::ALLGATHER, "allgather", keep, outs, opts.timeout, [in, outs](Channel& ch) {
+  const Tensors& userOuts = checkedList(outputs, getSize(), in, "allgather", "output");
+  auto staging = std::make_shared<DeviceStaging>();
+  Tensors outs = staging->stage(userOuts, false, true);
+  at::Tensor src = staging->stage(in, true, false);
+  Tensors keep = plus(outs, src);
+  return enqueue(::c10d::OpType::ALLGATHER, "allgather", keep, userOuts, opts.timeout, staging, [in = src, outs](Channel& ch) {
     const size_t block = nbytes(in);
     uint8_t* flat = ch.scratch(block * ch.size());
     copyFrom(flat + block * ch.rank(), in);
@@ -328,9 +345,11 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::_allgather_base(at::Tensor& out
   checkSameDtype(output, input, "all_gather_into_tensor");
   TORCH_CHECK(output.numel() == input.numel() * getSize(), "hoplite all_gather_into_tensor: output has ",
               output.numel(), " elements, expected ", input.numel() * getSize(), " (input × group size)");
-  Dense d(output);
-  return enqueue(::c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {d.work, output, input}, {output},
-                 opts.timeout, [d, input](Channel& ch) {
+  auto staging = std::make_shared<DeviceStaging>();
+  Dense d(staging->stage(output, false, true));
+  at::Tensor src = staging->stage(input, true, false);
+  return enqueue(::c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {d.work, output, src}, {output},
+                 opts.timeout, staging, [d, input = src](Channel& ch) {
                    copyFrom(bytesOf(d.work) + nbytes(input) * ch.rank(), input);
                    ringAllgather(ch, bytesOf(d.work), nbytes(input));
                    d.commit();
@@ -352,8 +371,14 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::allgather_coalesced(TensorLists
   }
   Tensors flatOutputs;
   for (const auto& list : outputs) flatOutputs.insert(flatOutputs.end(), list.begin(), list.end());
-  return enqueue(::c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", keep, flatOutputs, opts.timeout,
-                 [inputs, outputs](Channel& ch) {
+  auto staging = std::make_shared<DeviceStaging>();
+  Tensors ins = staging->stage(inputs, true, false);
+  TensorLists outs;
+  for (const auto& list : outputs) outs.push_back(staging->stage(list, false, true));
+  for (const auto& list : outs) keep.insert(keep.end(), list.begin(), list.end());
+  keep.insert(keep.end(), ins.begin(), ins.end());
+  return enqueue(::c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", keep, flatOutputs, opts.timeout, staging,
+                 [inputs = ins, outputs = outs](Channel& ch) {
                    gatherCoalesced(ch, inputs, [&](int rank, const uint8_t* block) {
                      for (size_t i = 0; i < inputs.size(); ++i) {
                        copyTo(outputs[i][rank], block);
@@ -375,10 +400,12 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::allgather_into_tensor_coalesced
                 i, " has ", outputs[i].numel(), " elements, expected ", inputs[i].numel() * getSize(),
                 " (input × group size)");
   }
-  Tensors keep = outputs;
-  keep.insert(keep.end(), inputs.begin(), inputs.end());
-  return enqueue(::c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", keep, outputs, opts.timeout,
-                 [inputs, outputs](Channel& ch) {
+  auto staging = std::make_shared<DeviceStaging>();
+  Tensors ins = staging->stage(inputs, true, false), outs = staging->stage(outputs, false, true);
+  Tensors keep = outs;
+  keep.insert(keep.end(), ins.begin(), ins.end());
+  return enqueue(::c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", keep, outputs, opts.timeout, staging,
+                 [inputs = ins, outputs = outs](Channel& ch) {
                    std::vector<Dense> dense(outputs.begin(), outputs.end());
                    gatherCoalesced(ch, inputs, [&](int rank, const uint8_t* block) {
                      for (size_t i = 0; i < inputs.size(); ++i) {
@@ -402,9 +429,12 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::gather(TensorLists& outputs, Te
   } else {
     TORCH_CHECK(outputs.empty() || outputs[0].empty(), "hoplite gather: only the root takes output tensors");
   }
-  Tensors keep = outs;
-  keep.push_back(in);
-  return enqueue(::c10d::OpType::GATHER, "gather", keep, outs, opts.timeout, [in, outs, root](Channel& ch) {
+  auto staging = std::make_shared<DeviceStaging>();
+  Tensors work = staging->stage(outs, false, true);
+  at::Tensor src = staging->stage(in, true, false);
+  Tensors keep = plus(work, src);
+  return enqueue(::c10d::OpType::GATHER, "gather", keep, outs, opts.timeout, staging,
+                 [in = src, outs = work, root](Channel& ch) {
     at::Tensor src = in.contiguous();
     std::vector<Dense> dense;
     std::vector<uint8_t*> blocks;
@@ -428,9 +458,12 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::scatter(Tensors& outputs, Tenso
   } else {
     TORCH_CHECK(inputs.empty() || inputs[0].empty(), "hoplite scatter: only the root takes input tensors");
   }
-  Tensors keep = ins;
-  keep.push_back(out);
-  return enqueue(::c10d::OpType::SCATTER, "scatter", keep, outputs, opts.timeout, [ins, out, root](Channel& ch) {
+  auto staging = std::make_shared<DeviceStaging>();
+  Tensors work = staging->stage(ins, true, false);
+  at::Tensor dst = staging->stage(out, false, true);
+  Tensors keep = plus(work, dst);
+  return enqueue(::c10d::OpType::SCATTER, "scatter", keep, outputs, opts.timeout, staging,
+                 [ins = work, out = dst, root](Channel& ch) {
     std::vector<at::Tensor> dense;
     std::vector<const uint8_t*> blocks;
     for (const auto& i : ins) {
@@ -448,10 +481,12 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::reduce_scatter(Tensors& outputs
   const at::Tensor& out = single(outputs, "reduce_scatter");
   const Tensors& ins = checkedList(inputs, getSize(), out, "reduce_scatter", "input");
   Reduction red = reductionFor(opts.reduceOp, out, "reduce_scatter");
-  Tensors keep = ins;
-  keep.push_back(out);
-  return enqueue(::c10d::OpType::REDUCE_SCATTER, "reduce_scatter", keep, outputs, opts.timeout,
-                 [ins, out, red](Channel& ch) {
+  auto staging = std::make_shared<DeviceStaging>();
+  Tensors work = staging->stage(ins, true, false);
+  at::Tensor dst = staging->stage(out, false, true);
+  Tensors keep = plus(work, dst);
+  return enqueue(::c10d::OpType::REDUCE_SCATTER, "reduce_scatter", keep, outputs, opts.timeout, staging,
+                 [ins = work, out = dst, red](Channel& ch) {
                    const size_t block = nbytes(out);
                    uint8_t* flat = ch.scratch(block * ch.size());
                    for (int i = 0; i < ch.size(); ++i) copyFrom(flat + block * i, ins[i]);
@@ -467,8 +502,10 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::_reduce_scatter_base(at::Tensor
   TORCH_CHECK(input.numel() == output.numel() * getSize(), "hoplite reduce_scatter_tensor: input has ", input.numel(),
               " elements, expected ", output.numel() * getSize(), " (output × group size)");
   Reduction red = reductionFor(opts.reduceOp, output, "reduce_scatter_tensor");
-  return enqueue(::c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output, input}, {output},
-                 opts.timeout, [output, input, red](Channel& ch) {
+  auto staging = std::make_shared<DeviceStaging>();
+  at::Tensor dst = staging->stage(output, false, true), src = staging->stage(input, true, false);
+  return enqueue(::c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {dst, src}, {output},
+                 opts.timeout, staging, [output = dst, input = src, red](Channel& ch) {
                    // Work on a copy: the ring clobbers the blocks it does not own.
                    uint8_t* flat = ch.scratch(nbytes(input));
                    copyFrom(flat, input);
@@ -494,12 +531,14 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::reduce_scatter_tensor_coalesced
     total += outputs[i].numel();
   }
   Reduction red = reductionFor(opts.reduceOp, outputs[0], "reduce_scatter_tensor_coalesced");
-  at::Tensor joined = at::empty({total}, outputs[0].options());
-  Tensors keep = outputs;
-  keep.insert(keep.end(), inputs.begin(), inputs.end());
+  auto staging = std::make_shared<DeviceStaging>();
+  Tensors ins = staging->stage(inputs, true, false), outs = staging->stage(outputs, false, true);
+  at::Tensor joined = at::empty({total}, outputs[0].options().device(at::kCPU));
+  Tensors keep = outs;
+  keep.insert(keep.end(), ins.begin(), ins.end());
   keep.push_back(joined);
   return enqueue(kReduceScatterTensorCoalesced, "reduce_scatter_tensor_coalesced", keep, outputs,
-                 opts.timeout, [inputs, outputs, joined, red](Channel& ch) {
+                 opts.timeout, staging, [inputs = ins, outputs = outs, joined, red](Channel& ch) {
                    const size_t block = nbytes(joined);
                    uint8_t* flat = ch.scratch(block * ch.size());
                    for (int r = 0; r < ch.size(); ++r) {
@@ -547,9 +586,11 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::alltoall_base(at::Tensor& outpu
   };
   auto outRows = splits(output, outputSplits, "the output");
   auto inRows = splits(input, inputSplits, "the input");
-  Dense d(output);
-  return enqueue(::c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {d.work, output, input}, {output}, opts.timeout,
-                 [d, input, outRows, inRows](Channel& ch) {
+  auto staging = std::make_shared<DeviceStaging>();
+  Dense d(staging->stage(output, false, true));
+  at::Tensor src = staging->stage(input, true, false);
+  return enqueue(::c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {d.work, output, src}, {output}, opts.timeout,
+                 staging, [d, input = src, outRows, inRows](Channel& ch) {
                    at::Tensor src = input.contiguous();
                    const int64_t inRow = input.dim() == 0 ? nbytes(input) : nbytes(input) / std::max<int64_t>(input.size(0), 1);
                    const int64_t outRow = d.work.dim() == 0 ? nbytes(d.work) : nbytes(d.work) / std::max<int64_t>(d.work.size(0), 1);
@@ -583,10 +624,11 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::alltoall(Tensors& outputs, Tens
   }
   TORCH_CHECK(inputs[getRank()].numel() == outputs[getRank()].numel(), "hoplite all_to_all: rank ", getRank(),
               " sends itself ", inputs[getRank()].numel(), " elements but expects ", outputs[getRank()].numel());
-  Tensors keep = inputs;
-  keep.insert(keep.end(), outputs.begin(), outputs.end());
-  Tensors ins = inputs, outs = outputs;
-  return enqueue(::c10d::OpType::ALLTOALL, "all_to_all", keep, outputs, opts.timeout, [ins, outs](Channel& ch) {
+  auto staging = std::make_shared<DeviceStaging>();
+  Tensors ins = staging->stage(inputs, true, false), outs = staging->stage(outputs, false, true);
+  Tensors keep = ins;
+  keep.insert(keep.end(), outs.begin(), outs.end());
+  return enqueue(::c10d::OpType::ALLTOALL, "all_to_all", keep, outputs, opts.timeout, staging, [ins, outs](Channel& ch) {
     std::vector<at::Tensor> src;
     std::vector<Dense> dst;
     Exchange x;
@@ -601,7 +643,8 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::alltoall(Tensors& outputs, Tens
 }
 
 c10::intrusive_ptr<::c10d::Work> HopliteBackend::barrier(const ::c10d::BarrierOptions& opts) {
-  return enqueue(::c10d::OpType::BARRIER, "barrier", {}, {}, opts.timeout, [](Channel& ch) { hoplite::c10d::barrier(ch); });
+  return enqueue(::c10d::OpType::BARRIER, "barrier", {}, {}, opts.timeout, nullptr,
+                 [](Channel& ch) { hoplite::c10d::barrier(ch); });
 }
 
 c10::intrusive_ptr<::c10d::Work> HopliteBackend::send(Tensors& tensors, int dstRank, int tag) {
@@ -623,7 +666,9 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::pointToPoint(Tensors& tensors, 
   TORCH_CHECK(peer != getRank(), "hoplite ", name, ": rank ", peer, " cannot ", name, " to itself");
   auto type = isSend ? ::c10d::OpType::SEND : any ? ::c10d::OpType::RECVANYSOURCE : ::c10d::OpType::RECV;
   auto work = c10::make_intrusive<HopliteWork>(getRank(), type, tensors);
-  Dense d(t);
+  auto staging = std::make_shared<DeviceStaging>();
+  Dense d(staging->stage(t, isSend, !isSend));
+  if (isSend) staging->copyIn();  // here: the caller's stream is the current one
   auto keep = std::make_shared<at::Tensor>(d.work);
   const uint64_t tagValue = kPointToPointBit | static_cast<uint32_t>(tag);
   const int global = any ? -1 : channel_.globalRank(peer);
@@ -631,9 +676,10 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::pointToPoint(Tensors& tensors, 
                            (any ? std::string("any") : std::to_string(peer)) + " (tag " + std::to_string(tag) + ")";
   auto completer = completer_;
   // Runs on the loop thread; the Work completes on the completer thread.
-  auto done = [work, d, what, completer, isSend, ranks = channel_.globalRanks()](const Status& status, int source) {
+  auto done = [work, d, staging, what, completer, isSend, ranks = channel_.globalRanks()](const Status& status,
+                                                                                        int source) {
     const int from = groupRankOf(*ranks, source);
-    completer->submit([work, d, what, status, from, isSend] {
+    completer->submit([work, d, staging, what, status, from, isSend] {
       if (!status.ok()) {
         work->complete(asBackendError(what + " failed: " + status.message));
         return;
@@ -641,6 +687,7 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::pointToPoint(Tensors& tensors, 
       if (!isSend) {
         try {
           d.commit();
+          staging->copyOut();
         } catch (...) {
           work->complete(std::current_exception(), from);
           return;

@@ -20,6 +20,8 @@
 
 namespace hoplite::c10d {
 
+class DeviceStaging;
+
 class HopliteWork : public ::c10d::Work {
  public:
   HopliteWork(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs);
@@ -93,8 +95,10 @@ class HopliteBackend : public ::c10d::Backend {
   using Body = std::function<void(Channel&)>;
   // Queues a collective. `keep` holds every tensor it touches; `outputs` are the
   // Work's result. The body runs on the worker inside Channel::begin/end.
+  // `staging`: the host twins of the collective's CUDA tensors (null: none).
   c10::intrusive_ptr<::c10d::Work> enqueue(::c10d::OpType type, const char* name, Tensors keep, Tensors outputs,
-                                           std::chrono::milliseconds timeout, Body body);
+                                           std::chrono::milliseconds timeout,
+                                           std::shared_ptr<const DeviceStaging> staging, Body body);
   c10::intrusive_ptr<::c10d::Work> pointToPoint(Tensors& tensors, int peer, int tag, bool isSend);
   double timeoutSeconds(std::chrono::milliseconds requested) const;
 
