@@ -35,6 +35,16 @@ class Kernel final : public DeviceReduceKernel {
 
   Status run(uint8_t* out, const uint8_t* in, const std::vector<const uint8_t*>& children, size_t n,
              uint64_t divisor) override {
+    try {  // c10's stream pool and device guard throw on CUDA errors
+      return launch(out, in, children, n, divisor);
+    } catch (const std::exception& e) {
+      return Status(Code::kInternal, e.what());
+    }
+  }
+
+ private:
+  Status launch(uint8_t* out, const uint8_t* in, const std::vector<const uint8_t*>& children, size_t n,
+                uint64_t divisor) {
     if (!stream_) {
       // Here, on a worker, not in kernel(): the first CUDA call of a process
       // that never used its GPU creates a context (hundreds of milliseconds).
@@ -55,17 +65,18 @@ class Kernel final : public DeviceReduceKernel {
     void* stream = stream_->stream();
     const void* a = in;
     Status s;
-    for (const uint8_t* child : children) {
-      s = check(hoplite_cuda_combine(op_, dtype_, out, a, child, n, stream), "reduce kernel");
-      if (!s.ok()) return s;
+    for (size_t c = 0; c < children.size() && s.ok(); ++c) {
+      s = check(hoplite_cuda_combine(op_, dtype_, out, a, children[c], n, stream), "reduce kernel");
       a = out;
     }
-    if (divisor > 1) s = check(hoplite_cuda_divide(dtype_, out, n, divisor, stream), "AVG division");
-    if (s.ok()) s = check(static_cast<int>(cudaStreamSynchronize(stream_->stream())), "reduce stream");
+    if (s.ok() && divisor > 1) s = check(hoplite_cuda_divide(dtype_, out, n, divisor, stream), "AVG division");
+    // Also after a failed launch: the kernels queued before it must not write
+    // `out` while the CPU recomputes the step.
+    const cudaError_t synced = cudaStreamSynchronize(stream_->stream());
+    if (s.ok()) s = check(static_cast<int>(synced), "reduce stream");
     return s;
   }
 
- private:
   const int op_, dtype_, device_;
   std::optional<c10::cuda::CUDAStream> stream_;
 };

@@ -40,6 +40,7 @@ class Channel::ScratchPool {
 
 struct Channel::Memory {
   std::shared_ptr<const void> owner;
+  std::vector<std::shared_ptr<const void>> held;
   std::shared_ptr<ScratchPool> pool;
   std::vector<Block> scratch;
   ~Memory() {
@@ -80,8 +81,10 @@ uint8_t* Channel::scratch(size_t bytes) {
   return memory_->scratch.back().first.get();
 }
 
+void Channel::hold(std::shared_ptr<const void> memory) { memory_->held.push_back(std::move(memory)); }
+
 void Channel::end(bool failed) {
-  if (failed) {
+  if (failed && outcome_) {
     const Status why(Code::kInternal, name_ + " was abandoned after a failure");
     {
       std::lock_guard<std::mutex> lock(outcome_->mutex);

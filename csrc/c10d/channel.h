@@ -57,6 +57,10 @@ class Channel {
   // messages. Reused across collectives: fresh pages cost a fault each, which
   // on a chain reduce of 256 MB was a large share of the CPU time.
   uint8_t* scratch(size_t bytes);
+  // Keeps `memory` (e.g. a tensor the collective made) alive as long as the
+  // collective's messages: a failure can end the collective while they still
+  // read or write it.
+  void hold(std::shared_ptr<const void> memory);
   // Ends the collective. After a failure, what it left unfinished is
   // cancelled: its receives (returns once their memory is no longer written)
   // and its deferred sends that no receive asked for yet.

@@ -173,7 +173,8 @@ uint64_t Node::sendMessage(int rank, uint64_t context, uint64_t tag, const std::
   auto deadline = withDeadline(std::move(done), timeoutSeconds, what + " to rank " + std::to_string(rank),
                                [this, request](const Status& why) { return giveUpSend(request, why); });
   // Leaves the sends in flight as it reports.
-  done = [this, request, reported = std::move(deadline.done)](const Status& status, int peer) {
+  MessageCallback reported = deadline.done;
+  done = [this, request, reported](const Status& status, int peer) {
     sendsInFlight_.erase(request);
     reported(status, peer);
   };
@@ -202,6 +203,8 @@ uint64_t Node::sendMessage(int rank, uint64_t context, uint64_t tag, const std::
     auto guard = std::make_shared<SendGuard>(loop_, std::move(keepalive), std::move(done), rank, what);
     whenConnected(rank, [this, guard, progress, rank, request, context, tag, kind, data, size, what](Connection& c) mutable {
       if (progress->abandoned) {  // while it waited for the connection; its caller was told
+        // An empty message completes at its announce: it is simply not sent.
+        if (size == 0) return;
         c.sendControl(wire::MsgType::kMessage, wire::encode(wire::Message{request, context, tag, size, kind, false}));
         c.sendControl(wire::MsgType::kMessageWithdrawn,
                       wire::encode(wire::MessageWithdrawn{
@@ -231,7 +234,8 @@ uint64_t Node::sendMessage(int rank, uint64_t context, uint64_t tag, const std::
       }
     });
   });
-  if (!posted) done(Status(Code::kShutdown, what + " not sent: the node is shut down"), rank);
+  // Not `done`: the loop thread may still touch sendsInFlight_ while it stops.
+  if (!posted) reported(Status(Code::kShutdown, what + " not sent: the node is shut down"), rank);
   return request;
 }
 

@@ -25,10 +25,11 @@ constexpr uint64_t kLoopStep = 512u << 10;
 Status stepOnDevice(BufferPool& pool, DeviceReduceKernel& kernel, const LocalObject& out, const LocalObject& in,
                     const std::vector<std::shared_ptr<LocalObject>>& children, uint64_t from, size_t n,
                     uint64_t divisor) {
-  bool locked = pool.pageLock(*out.buffer()) && pool.pageLock(*in.buffer());
+  auto lockable = [&pool](const LocalObject& obj) { return obj.buffer() && pool.pageLock(*obj.buffer()); };
+  bool locked = lockable(out) && lockable(in);
   std::vector<const uint8_t*> sources;
   for (const auto& child : children) {
-    locked = locked && pool.pageLock(*child->buffer());
+    locked = locked && lockable(*child);
     sources.push_back(child->data() + from);
   }
   if (!locked) return Status(Code::kInvalidArgument, "its buffers could not all be page-locked");
