@@ -130,35 +130,30 @@ def measure_transfers(devices: list[str], sizes: list[int], nodes: int, warmup: 
     results = common.run_ranks(worker, nodes, (nodes, common.free_port(), devices, sizes, warmup, trials))
     combined = {"reduce_bytes": sum(results[r]["reduce_bytes"][0] for r in range(nodes)),
                 "reduce_bytes_on_device": sum(results[r]["reduce_bytes"][1] for r in range(nodes))}
+    def record(system: str, op: str, size: int, key: tuple, ranks, moved: int) -> dict:
+        """The trials of `key` timed to the slowest of `ranks`."""
+        per_trial = [max(results[r][key][i] for r in ranks) for i in range(trials)]
+        median = statistics.median(per_trial)
+        return {"system": system, "op": op, "nodes": len(ranks), "size_bytes": size, "trials": trials,
+                "median_s": median, "min_s": min(per_trial), "max_s": max(per_trial), "gbps": moved / median / 1e9}
+
     records = []
     for op in OPS:
         ranks = [0, 1] if op == "p2p" else range(nodes)
+        moved = 2 if op == "p2p" else 1
         for size in sizes:
             for device in devices:
-                per_trial = [max(results[r][(op, device, size)][i] for r in ranks) for i in range(trials)]
-                median = statistics.median(per_trial)
-                moved = 2 * size if op == "p2p" else size
-                records.append({
-                    "system": f"hoplite-{device}", "op": op, "nodes": len(ranks), "size_bytes": size,
-                    "trials": trials, "median_s": median, "min_s": min(per_trial), "max_s": max(per_trial),
-                    "gbps": moved / median / 1e9,
-                })
+                records.append(record(f"hoplite-{device}", op, size, (op, device, size), ranks, moved * size))
     cpu = {(r["op"], r["size_bytes"]): r["median_s"] for r in records if r["system"] == "hoplite-cpu"}
     for r in records:
         r["time_vs_cpu"] = r["median_s"] / cpu[(r["op"], r["size_bytes"])]
     for size in sizes:
         for device in devices:
-            gloo = None
-            for backend in ("gloo", "hoplite"):
-                per_trial = [max(results[r][(C10D, backend, device, size)][i] for r in range(nodes))
-                             for i in range(trials)]
-                median = statistics.median(per_trial)
-                gloo = gloo or median
-                records.append({
-                    "system": f"c10d-{backend}-{device}", "op": C10D, "nodes": nodes, "size_bytes": size,
-                    "trials": trials, "median_s": median, "min_s": min(per_trial), "max_s": max(per_trial),
-                    "gbps": size / median / 1e9, "time_vs_gloo": median / gloo,
-                })
+            pair = [record(f"c10d-{backend}-{device}", C10D, size, (C10D, backend, device, size), range(nodes), size)
+                    for backend in ("gloo", "hoplite")]
+            for r in pair:
+                r["time_vs_gloo"] = r["median_s"] / pair[0]["median_s"]
+            records += pair
     return records, combined
 
 
