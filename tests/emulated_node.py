@@ -20,7 +20,9 @@ def main() -> None:
     got = hop.get("across-namespaces").wait()
     ok = bool(torch.equal(got, torch.arange(n, dtype=torch.int32)))
     hop.barrier()
-    result = {"ok": ok, "address": api._rt().address[0], "served": hop.stats()["pulls_served"]}
+    stats = hop.stats()
+    result = {"ok": ok, "address": api._rt().address[0], "served": stats["pulls_served"],
+              "same_host_bytes": stats["bytes_received_same_host"]}
     hop.barrier()
     hop.shutdown()
     with open(out, "w") as f:

@@ -11,8 +11,9 @@ from cluster import Cluster
 
 @pytest.fixture
 def slow_pair():
-    # Small socket buffers slow loopback down enough to kill the sender mid-transfer.
-    c = Cluster(2, options={"socket_buffer_bytes": 4096, "chunk_bytes": 64 << 10})
+    # Small socket buffers slow loopback down enough to kill the sender mid-transfer
+    # (over TCP: the same-host path would not go through the sockets).
+    c = Cluster(2, options={"socket_buffer_bytes": 4096, "chunk_bytes": 64 << 10, "same_host": False})
     yield c
     c.close()
 

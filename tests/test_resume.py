@@ -3,6 +3,7 @@ directory for another holder and continues from the bytes it already has."""
 
 import time
 
+import pytest
 import torch
 
 import torch_hoplite as hop
@@ -10,12 +11,17 @@ import workers
 from cluster import Cluster, ids_with_shard
 
 
-def test_killed_relay_is_replaced_and_the_receiver_resumes_at_its_offset():
+# Both data paths: reading the holder's memory (processes of one host) and TCP.
+PATHS = pytest.mark.parametrize("same_host", [True, False], ids=["same-host", "tcp"])
+
+
+@PATHS
+def test_killed_relay_is_replaced_and_the_receiver_resumes_at_its_offset(same_host):
     world = 4
     (obj_id,) = ids_with_shard("resume", 1, world, lambda s: s == 0)  # shard stays alive
     n = (256 << 20) // 4
     data = torch.arange(n, dtype=torch.int32)
-    c = Cluster(world)
+    c = Cluster(world, options={"same_host": same_host})
     try:
         # Rank 1 holds the object; rank 2 starts pulling it, and rank 3, arriving
         # while rank 1 is busy serving rank 2, is given rank 2 as its relay.
@@ -62,7 +68,8 @@ def test_the_directory_forgets_a_dead_holder():
         c.close()
 
 
-def test_relay_killed_mid_broadcast_to_seven_receivers():
+@PATHS
+def test_relay_killed_mid_broadcast_to_seven_receivers(same_host):
     """Issue #4's test: a relay dies in the middle of a 64 MiB broadcast to 7
     receivers; every survivor gets exact bytes, each continuing from what it
     had: the bytes moved again are at most one chunk per survivor (the frames in
@@ -71,7 +78,7 @@ def test_relay_killed_mid_broadcast_to_seven_receivers():
     (obj_id,) = ids_with_shard("bcast7", 1, world, lambda s: s == 0)
     n = (64 << 20) // 4
     data = torch.arange(n, dtype=torch.int32)
-    c = Cluster(world)
+    c = Cluster(world, options={"same_host": same_host})
     try:
         c.call(1, workers.put_zero_copy, data, obj_id)
         receivers = [2, 3, 4, 5, 6, 7]
@@ -92,7 +99,10 @@ def test_relay_killed_mid_broadcast_to_seven_receivers():
         # Rank 3 was someone's relay: that receiver continued from another holder.
         assert sum(after[r]["pull_resumes"] - before[r]["pull_resumes"] for r in survivors) >= 1
         moved = sum(after[r]["bytes_received"] - before[r]["bytes_received"] for r in survivors)
-        chunk = 4 << 20  # the largest pipelining chunk
+        chunk = 4 << 20  # the largest pipelining chunk (and same-host read)
         assert len(survivors) * n * 4 <= moved <= len(survivors) * (n * 4 + chunk), moved
+        same_host_bytes = sum(after[r]["bytes_received_same_host"] - before[r]["bytes_received_same_host"]
+                              for r in survivors)
+        assert same_host_bytes == (moved if same_host else 0)
     finally:
         c.close()

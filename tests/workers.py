@@ -45,6 +45,16 @@ def get_error(ref, timeout=None):
     return None, None, time.monotonic() - start
 
 
+def get_outcome(obj_id, n, seed, timeout=None):
+    """"exact" when the get returns pattern(n, seed), "other bytes" when it
+    returns anything else, else the name of the exception it raised."""
+    try:
+        got = hop.get(obj_id, timeout=timeout).wait()
+    except Exception as e:
+        return type(e).__name__
+    return "exact" if torch.equal(got, pattern(n, seed)) else "other bytes"
+
+
 def put_error(tensor, obj_id):
     try:
         hop.put(tensor, obj_id)

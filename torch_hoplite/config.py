@@ -31,6 +31,10 @@ HOPLITE_SOCKET_BUFFER          SO_SNDBUF/SO_RCVBUF bytes (0: autotune)     0
 HOPLITE_MAILBOX_BYTES          backend messages sent to one peer ahead     64MiB
                      mailbox   of their receives; later ones (and any
                      _bytes    over 1 MiB) wait for the receive
+HOPLITE_SAME_HOST    same      processes of one host (same kernel, pid     1
+                     _host     and network namespace) read each other's
+                               objects from memory (process_vm_readv)
+                               instead of over loopback TCP; 0: always TCP
 HOPLITE_SECRET       secret    cluster secret: peers prove they know it    generated
                                (HMAC challenge-response) before anything
                                else is accepted; unset: rank 0 generates
@@ -104,6 +108,7 @@ class Config:
     copy_threads: int = 2
     socket_buffer_bytes: int = 0
     mailbox_bytes: int = 64 << 20
+    same_host: bool = True
     secret: Optional[str] = dataclasses.field(default=None, repr=False)
     rejoin: bool = False
 
@@ -122,6 +127,7 @@ class Config:
         "copy_threads": ("HOPLITE_COPY_THREADS", int),
         "socket_buffer_bytes": ("HOPLITE_SOCKET_BUFFER", parse_size),
         "mailbox_bytes": ("HOPLITE_MAILBOX_BYTES", parse_size),
+        "same_host": ("HOPLITE_SAME_HOST", parse_bool),
         "secret": ("HOPLITE_SECRET", str),
         "rejoin": ("HOPLITE_REJOIN", parse_bool),
     }

@@ -44,6 +44,7 @@ class Runtime:
                 "copy_threads": config.copy_threads,
                 "socket_buffer_bytes": config.socket_buffer_bytes,
                 "mailbox_bytes": config.mailbox_bytes,
+                "same_host": config.same_host,
             }
         )
         self.address = (self.node.host, self.node.port)

@@ -22,7 +22,8 @@ constexpr int kPutCopyNice = 10;
 
 }  // namespace
 
-Node::Node(NodeConfig config) : config_(std::move(config)) {
+Node::Node(NodeConfig config)
+    : config_(std::move(config)), hostIdentity_(config_.sameHost ? same_host::hostIdentity() : "") {
   if (config_.worldSize < 1 || config_.rank < 0 || config_.rank >= config_.worldSize) {
     throw std::invalid_argument("rank " + std::to_string(config_.rank) + " out of range for world size " +
                                 std::to_string(config_.worldSize));
@@ -34,6 +35,8 @@ Node::Node(NodeConfig config) : config_(std::move(config)) {
     throw std::invalid_argument("heartbeat interval must be positive and shorter than the heartbeat timeout");
   }
   setLogRank(config_.rank);
+  const std::string probe = randomBytes(memoryProbe_.size());
+  std::copy(probe.begin(), probe.end(), memoryProbe_.begin());
   while (incarnation_ == 0) incarnation_ = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
   limits_.maxControl = std::max<uint64_t>(config_.inlineThresholdBytes, 1u << 20) + (64u << 10);
   limits_.maxData = kMaxDataFrame;
@@ -286,6 +289,8 @@ void Node::onClosed(Connection& conn, const Status& why) {
       if (key.first == conn.id()) streams.push_back(key);
     }
     for (const auto& key : streams) endStream(key);
+    lent_.erase(lent_.lower_bound({conn.id(), 0}), lent_.upper_bound({conn.id(), UINT64_MAX}));
+    lentCount_ = lent_.size();
     return;
   }
   int rank = conn.peerRank();
@@ -312,9 +317,10 @@ void Node::onClosed(Connection& conn, const Status& why) {
 }
 
 Digest Node::handshakeProof(const char* role, const std::string& clientNonce, const std::string& serverNonce,
-                            int clientRank, int serverRank) const {
+                            int clientRank, int serverRank, const std::string& facts) const {
   return hmacSha256(config_.secret, std::string(role) + '\0' + config_.clusterId + '\0' + clientNonce + serverNonce +
-                                        std::to_string(clientRank) + ':' + std::to_string(serverRank));
+                                        std::to_string(clientRank) + ':' + std::to_string(serverRank) + '\0' +
+                                        facts);
 }
 
 namespace {
@@ -337,8 +343,11 @@ void Node::handleHello(Connection& conn, const wire::Hello& msg) {
   }
   Handshake hs{msg.rank, msg.nonce, randomBytes(wire::kNonceSize), msg.host, static_cast<int>(msg.port),
                msg.incarnation};
-  wire::Challenge challenge{hs.serverNonce,
-                            bytesOf(handshakeProof("server", hs.clientNonce, hs.serverNonce, hs.rank, config_.rank))};
+  wire::Challenge challenge;
+  challenge.nonce = hs.serverNonce;
+  offerSameHost(&challenge);
+  challenge.proof = bytesOf(handshakeProof("server", hs.clientNonce, hs.serverNonce, hs.rank, config_.rank,
+                                           sameHostFacts(challenge)));
   handshakes_[conn.id()] = std::move(hs);
   conn.sendControl(wire::MsgType::kChallenge, wire::encode(challenge));
 }
@@ -403,13 +412,16 @@ void Node::handleChallenge(Connection& conn, const wire::Challenge& msg) {
     return;
   }
   Peer& peer = it->second;
-  if (!equalDigests(handshakeProof("server", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank()), msg.proof)) {
+  if (!equalDigests(handshakeProof("server", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank(),
+                                   sameHostFacts(msg)),
+                    msg.proof)) {
     counters_.handshakesRefused++;
     HLOG(kWarn, "%s does not know the cluster secret: refusing it", peerName(conn.peerRank()).c_str());
     conn.close(Status(Code::kProtocol, "it failed authentication (a different HOPLITE_SECRET?)"));
     return;
   }
   peer.verified = true;
+  peer.memory = acceptSameHost(conn.peerRank(), msg);
   conn.markTrusted();  // data frames from it are accepted from now on
   wire::Auth auth{bytesOf(handshakeProof("client", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank()))};
   peer.helloNonce.clear();
@@ -539,8 +551,13 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
     case wire::MsgType::kCancel: {
       auto msg = wire::Cancel::decode(reader);
       endStream({conn.id(), msg.request});
+      lent_.erase({conn.id(), msg.request});
+      lentCount_ = lent_.size();
       return;
     }
+    case wire::MsgType::kDataAt:
+      handleDataAt(conn, wire::DataAt::decode(reader));
+      return;
     case wire::MsgType::kStatusReply: {
       auto msg = wire::StatusReply::decode(reader);
       if (pulls_.count(msg.request)) {
@@ -663,6 +680,9 @@ std::map<std::string, uint64_t> Node::stats() {
   return {
       {"bytes_sent", counters_.bytesSent.load()},
       {"bytes_received", counters_.bytesReceived.load()},
+      {"bytes_sent_same_host", counters_.bytesSentSameHost.load()},
+      {"bytes_received_same_host", counters_.bytesReceivedSameHost.load()},
+      {"pulls_lent", lentCount_.load()},
       {"pulls_served", counters_.pullsServed.load()},
       {"pulls_completed", counters_.pullsCompleted.load()},
       {"relays_served", counters_.relaysServed.load()},

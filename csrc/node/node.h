@@ -3,6 +3,7 @@
 // from any thread; everything else runs on the node's single event loop thread.
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -27,6 +28,7 @@
 #include "directory/directory_shard.h"
 #include "net/event_loop.h"
 #include "net/local_connection.h"
+#include "net/same_host/memory_reader.h"
 #include "net/transport.h"
 #include "store/buffer_pool.h"
 #include "store/device_memory.h"
@@ -59,6 +61,9 @@ struct NodeConfig {
   // Bytes of tagged messages this node sends to one peer ahead of their
   // receives; messages beyond (and any over 1 MiB) wait for their receive.
   uint64_t mailboxBytes = 64ull << 20;
+  // Pull objects from peers on this host by reading their memory
+  // (net/same_host/) where the kernel allows it; false: always over TCP.
+  bool sameHost = true;
 };
 
 // A streaming reduce as the caller asks for it.
@@ -213,6 +218,7 @@ class Node : public ConnectionObserver {
     bool verified = false;   // the peer proved it knows the secret
     uint64_t incoming = 0;   // id of the latest connection it opened to us
     uint64_t incarnation = 0;  // of its process, from its hello (0: not heard yet)
+    std::shared_ptr<same_host::PeerMemory> memory;  // on this host and readable (net/same_host/)
   };
   // The rank hosting an id's directory entry: its hash's rank, or, once that
   // one failed, the next live rank after it (for good). Loop thread.
@@ -247,8 +253,9 @@ class Node : public ConnectionObserver {
     uint64_t incarnation = 0;
   };
   void adoptPeer(int rank, const Handshake& hello, uint64_t connectionId);
+  // `facts`: what else the proof vouches for (the server's same-host offer).
   Digest handshakeProof(const char* role, const std::string& clientNonce, const std::string& serverNonce,
-                        int clientRank, int serverRank) const;
+                        int clientRank, int serverRank, const std::string& facts = "") const;
   void handleHello(Connection& conn, const wire::Hello& msg);
   void handleChallenge(Connection& conn, const wire::Challenge& msg);
   void handleAuth(Connection& conn, const wire::Auth& msg);
@@ -268,11 +275,19 @@ class Node : public ConnectionObserver {
     StatusCallback onStatus;  // exactly one of the two is set
     LookupCallback onLookup;
   };
+  struct SameHostRange {
+    uint64_t offset, length, address;
+  };
   struct PullState {
     int rank;
     std::shared_ptr<LocalObject> object;
     uint64_t expected = 0;  // next offset the holder will send
     int resumes = 0;        // senders lost so far
+    // Same-host pulls: read from the holder's memory, one range at a time,
+    // in the order the holder announced them.
+    std::shared_ptr<same_host::PeerMemory> holderMemory;
+    std::deque<SameHostRange> toRead;
+    bool reading = false;
   };
   struct GetOp {
     std::string id;
@@ -319,6 +334,18 @@ class Node : public ConnectionObserver {
   void dropFailedCopy(const std::shared_ptr<LocalObject>& object, int rank, const Status& why);
   void finishPull(uint64_t request);
   void failPull(uint64_t request, const Status& why);
+  // --- same-host pulls (node_same_host.cpp) ---
+  // What a server's challenge offers for same-host reads, and whether this
+  // node can take it up (null: it cannot).
+  void offerSameHost(wire::Challenge* challenge) const;
+  std::string sameHostFacts(const wire::Challenge& challenge) const;
+  std::shared_ptr<same_host::PeerMemory> acceptSameHost(int rank, const wire::Challenge& challenge) const;
+  void handleDataAt(Connection& conn, const wire::DataAt& msg);
+  void readNextRange(uint64_t request);
+  void onRangeRead(uint64_t request, uint64_t end, const Status& status);
+  // A pull that ends tells its holder to stop, and a same-host one that the
+  // memory it lent may be reused: once no read of it is in flight.
+  void releaseHolder(uint64_t request, const PullState& pull);
   // Copies a put's bytes into its store copy, in chunks, from `src` or `device`.
   void copyIn(std::shared_ptr<LocalObject> object, const uint8_t* src, std::shared_ptr<DeviceSource> device,
               uint64_t token);
@@ -442,6 +469,7 @@ class Node : public ConnectionObserver {
     std::shared_ptr<LocalObject> object;
     uint64_t listener = 0;
     uint64_t next = 0;
+    bool sameHost = false;  // announce where the bytes are (DataAt) instead of sending them
   };
   using StreamKey = std::pair<uint64_t, uint64_t>;  // (connection id, request)
   void handleRegister(Connection& conn, const wire::Register& msg);
@@ -489,6 +517,14 @@ class Node : public ConnectionObserver {
     EventLoop::TimerId timer;
   };
   std::unordered_map<std::string, std::vector<ParkedPull>> parkedPulls_;
+  // Memory lent to same-host readers, until they cancel or their connection closes.
+  std::map<StreamKey, std::shared_ptr<const Buffer>> lent_;
+  std::atomic<uint64_t> lentCount_{0};  // lent_.size(), for stats()
+  // Same-host pulls that ended while a read was in flight: the holder is told
+  // (Cancel) when it returns. Request → holder rank.
+  std::unordered_map<uint64_t, int> releaseAfterRead_;
+  const std::string hostIdentity_;  // empty when the same-host path is off
+  std::array<uint8_t, 16> memoryProbe_{};  // random; peers read it to test same-host reads
   bool shuttingDown_ = false;
   uint64_t nextReduce_ = 1;
   // Random per process: told in every hello, and part of this node's
@@ -534,6 +570,7 @@ class Node : public ConnectionObserver {
 
   struct Counters {
     std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, pullsServed{0}, pullsCompleted{0};
+    std::atomic<uint64_t> bytesSentSameHost{0}, bytesReceivedSameHost{0};  // of the above, read from memory
     std::atomic<uint64_t> inlineGets{0}, localGets{0}, remoteGets{0}, evictions{0};
     std::atomic<uint64_t> relaysServed{0};  // pulls served from a copy still arriving
     std::atomic<uint64_t> reducesCoordinated{0}, reduceTasks{0}, reduceBytes{0}, probes{0};

@@ -509,7 +509,14 @@ void Node::startPull(int holder, const std::shared_ptr<LocalObject>& obj, int re
   uint64_t request = newRequest();
   const uint64_t offset = obj->watermark();  // 0, or where a failed sender stopped
   pulls_[request] = PullState{holder, obj, offset, resumes};
-  send(holder, wire::Pull{request, obj->id(), offset});
+  // Whether the holder's memory can be read is known once it is connected.
+  whenConnected(holder, [this, request, holder, id = obj->id(), offset](Connection& conn) {
+    auto it = pulls_.find(request);
+    if (it == pulls_.end()) return;
+    auto peer = peers_.find(holder);
+    if (peer != peers_.end()) it->second.holderMemory = peer->second.memory;
+    conn.sendControl(wire::MsgType::kPull, wire::encode(wire::Pull{request, id, offset, it->second.holderMemory != nullptr}));
+  });
 }
 
 uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
@@ -550,6 +557,7 @@ void Node::finishPull(uint64_t request) {
   auto it = pulls_.find(request);
   auto obj = it->second.object;
   int sender = it->second.rank;
+  if (it->second.holderMemory) releaseHolder(request, it->second);
   pulls_.erase(it);
   counters_.pullsCompleted++;
   HLOG(kDebug, "pull of %s from rank %d done at %.3f s (steady clock)", printableId(obj->id()).c_str(), sender, now());
@@ -563,6 +571,7 @@ void Node::failPull(uint64_t request, const Status& why) {
   auto obj = it->second.object;
   int rank = it->second.rank;
   int resumes = it->second.resumes;
+  if (it->second.holderMemory) releaseHolder(request, it->second);
   pulls_.erase(it);
   if (why.code == Code::kPeerFailed && resumes < kMaxResumes && !shuttingDown_ && store_->find(obj->id()) == obj) {
     resumePull(obj, rank, resumes + 1, why);

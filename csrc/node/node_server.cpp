@@ -77,9 +77,8 @@ void Node::dropLocalCopy(const std::string& id, const Status& why) {
     if (pull.object == obj) pulls.push_back(request);
   }
   for (uint64_t request : pulls) {
-    int rank = pulls_.at(request).rank;
+    releaseHolder(request, pulls_.at(request));
     pulls_.erase(request);
-    send(rank, wire::Cancel{request});
   }
   obj->fail(why);  // wakes gets waiting on it and streams serving from it
 }
@@ -146,6 +145,11 @@ void Node::startServing(const std::shared_ptr<Connection>& conn, const wire::Pul
   stream.request = msg.request;
   stream.object = obj;
   stream.next = msg.offset;
+  stream.sameHost = msg.sameHost;
+  if (msg.sameHost) {
+    lent_[key] = obj->buffer();
+    lentCount_ = lent_.size();
+  }
   stream.listener = obj->addListener([this, key] { pump(key); });
   counters_.pullsServed++;
   if (!obj->complete()) counters_.relaysServed++;
@@ -177,9 +181,16 @@ void Node::pump(const StreamKey& key) {
   // A copy still arriving advances a few KB at a time: relay it in frames of
   // at least kMinRelayFrame (or the rest), not one small frame per advance.
   if (ready < object->size() && ready - next < std::min(chunk, kMinRelayFrame)) return;
+  const bool sameHost = stream.sameHost;
   while (next < ready && conn->isOpen()) {
     uint64_t n = std::min(chunk, ready - next);
-    conn->sendData(request, next, object->data() + next, n, object->buffer());
+    if (sameHost) {
+      conn->sendControl(wire::MsgType::kDataAt,
+                        wire::encode(wire::DataAt{request, next, n, reinterpret_cast<uintptr_t>(object->data() + next)}));
+      counters_.bytesSentSameHost += n;
+    } else {
+      conn->sendData(request, next, object->data() + next, n, object->buffer());
+    }
     counters_.bytesSent += n;
     next += n;
   }

@@ -36,6 +36,7 @@ NodeConfig configFromDict(const py::dict& d) {
   c.copyThreads = option<int>(d, "copy_threads", c.copyThreads);
   c.socketBufferBytes = option<int>(d, "socket_buffer_bytes", c.socketBufferBytes);
   c.mailboxBytes = option<uint64_t>(d, "mailbox_bytes", c.mailboxBytes);
+  c.sameHost = option<bool>(d, "same_host", c.sameHost);
   return c;
 }
 

@@ -13,8 +13,8 @@ namespace hoplite {
 namespace wire {
 
 constexpr uint32_t kMagic = 0x544c5048;  // "HPLT" little-endian
-constexpr uint8_t kVersion = 6;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
-                                 // 5: message kinds; 6: message withdrawal
+constexpr uint8_t kVersion = 7;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
+                                 // 5: message kinds; 6: message withdrawal; 7: same-host reads
 constexpr size_t kHeaderSize = 16;
 constexpr size_t kDataSubheaderSize = 16;
 
@@ -42,8 +42,9 @@ enum class MsgType : uint8_t {
   kLocations = 21,
   kMessageReply = 22,
   kMessageWithdrawn = 23,
+  kDataAt = 24,
 };
-constexpr uint8_t kMaxMsgType = 23;
+constexpr uint8_t kMaxMsgType = 24;
 
 struct FrameHeader {
   uint8_t type = 0;

@@ -104,11 +104,19 @@ Hello Hello::decode(Reader& r) {
 void Challenge::encode(Writer& w) const {
   w.str(nonce);
   w.str(proof);
+  w.str(host);
+  w.u32(pid);
+  w.u64(probeAddress);
+  w.str(probe);
 }
 Challenge Challenge::decode(Reader& r) {
   Challenge m;
   m.nonce = fixedBytes(r, kNonceSize, "challenge nonce");
   m.proof = fixedBytes(r, kProofSize, "challenge proof");
+  m.host = r.str(256, "host identity");
+  m.pid = r.u32();
+  m.probeAddress = r.u64();
+  m.probe = r.str(kNonceSize, "memory probe");
   r.expectEnd("challenge");
   return m;
 }
@@ -290,13 +298,32 @@ void Pull::encode(Writer& w) const {
   w.u64(request);
   encodeId(w, id);
   w.u64(offset);
+  w.u8(sameHost ? 1 : 0);
 }
 Pull Pull::decode(Reader& r) {
   Pull m;
   m.request = r.u64();
   m.id = decodeId(r);
   m.offset = r.u64();
+  m.sameHost = decodeBool(r);
   r.expectEnd("pull");
+  return m;
+}
+
+void DataAt::encode(Writer& w) const {
+  w.u64(request);
+  w.u64(offset);
+  w.u64(length);
+  w.u64(address);
+}
+DataAt DataAt::decode(Reader& r) {
+  DataAt m;
+  m.request = r.u64();
+  m.offset = r.u64();
+  m.length = r.u64();
+  m.address = r.u64();
+  if (m.length == 0 || m.offset + m.length < m.offset) throw DecodeError("bad data range");
+  r.expectEnd("data at");
   return m;
 }
 

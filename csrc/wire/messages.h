@@ -40,11 +40,19 @@ struct Hello {
   static Hello decode(Reader& r);
 };
 
-// Server → client: its nonce and its proof.
+// Server → client: its nonce and its proof, and what the client needs to
+// read its memory directly when both run on one host (net/same_host/): the
+// server's host identity (empty: it offers no such reads), its pid, and the
+// address of `probe`, bytes the client reads there to check that it can.
+// The proof covers all of them.
 struct Challenge {
   static constexpr MsgType kType = MsgType::kChallenge;
   std::string nonce;
   std::string proof;
+  std::string host;
+  uint32_t pid = 0;
+  uint64_t probeAddress = 0;
+  std::string probe;
   void encode(Writer& w) const;
   static Challenge decode(Reader& r);
 };
@@ -210,17 +218,35 @@ struct Locations {
 };
 
 // Receiver → holder: stream the object from `offset`. Answered by data frames
-// until the end of the object, or by a StatusReply carrying the error.
+// until the end of the object, or by a StatusReply carrying the error. With
+// `sameHost` (the receiver can read the holder's memory) the holder sends
+// DataAt frames instead of the bytes.
 struct Pull {
   static constexpr MsgType kType = MsgType::kPull;
   uint64_t request = 0;
   std::string id;
   uint64_t offset = 0;
+  bool sameHost = false;
   void encode(Writer& w) const;
   static Pull decode(Reader& r);
 };
 
-// Receiver → holder: stop a pull early.
+// Holder → receiver of a same-host pull: bytes [offset, offset + length) of
+// the object are ready at `address` in the holder's memory. The holder keeps
+// that memory as it is until the receiver cancels the pull (which it does
+// when done reading, also after a failure) or the connection closes.
+struct DataAt {
+  static constexpr MsgType kType = MsgType::kDataAt;
+  uint64_t request = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  uint64_t address = 0;
+  void encode(Writer& w) const;
+  static DataAt decode(Reader& r);
+};
+
+// Receiver → holder: stop a pull early, or, for a same-host pull, release the
+// memory it lent.
 struct Cancel {
   static constexpr MsgType kType = MsgType::kCancel;
   uint64_t request = 0;

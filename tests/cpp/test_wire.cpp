@@ -143,6 +143,12 @@ static void testMessages() {
   CHECK(throwsDecodeError(encode(Hello{kVersion, 2, "cluster", "short"}), [](Reader& r) { Hello::decode(r); }));
   checkTruncations(Challenge{std::string(kNonceSize, 'n'), std::string(kProofSize, 'p')},
                    [](Reader& r) { Challenge::decode(r); }, "challenge");
+  checkTruncations(Challenge{std::string(kNonceSize, 'n'), std::string(kProofSize, 'p'), "boot/net:1/pid:2", 4242,
+                             0x7f0012345000ull, std::string(kNonceSize, 'q')},
+                   [](Reader& r) { Challenge::decode(r); }, "challenge offering same-host reads");
+  CHECK(throwsDecodeError(encode(Challenge{std::string(kNonceSize, 'n'), std::string(kProofSize, 'p'), "h", 1, 2,
+                                           std::string(kNonceSize + 1, 'q')}),
+                          [](Reader& r) { Challenge::decode(r); }));
   checkTruncations(Auth{std::string(kProofSize, 'p')}, [](Reader& r) { Auth::decode(r); }, "auth");
   CHECK(throwsDecodeError(encode(Auth{std::string(kProofSize + 1, 'p')}), [](Reader& r) { Auth::decode(r); }));
   checkTruncations(HelloAck{2, {1, 5}}, [](Reader& r) { HelloAck::decode(r); }, "hello ack");
@@ -182,7 +188,10 @@ static void testMessages() {
     bytes.back() = 2;  // not a boolean
     CHECK(throwsDecodeError(bytes, [](Reader& r) { Delete::decode(r); }));
   }
-  checkTruncations(Pull{1, "id", 4}, [](Reader& r) { Pull::decode(r); }, "pull");
+  checkTruncations(Pull{1, "id", 4, true}, [](Reader& r) { Pull::decode(r); }, "pull");
+  checkTruncations(DataAt{1, 4096, 65536, 0x7f0012345000ull}, [](Reader& r) { DataAt::decode(r); }, "data at");
+  CHECK(throwsDecodeError(encode(DataAt{1, 0, 0, 8}), [](Reader& r) { DataAt::decode(r); }));  // empty range
+  CHECK(throwsDecodeError(encode(DataAt{1, ~0ull, 2, 8}), [](Reader& r) { DataAt::decode(r); }));  // wraps around
   checkTruncations(Cancel{1}, [](Reader& r) { Cancel::decode(r); }, "cancel");
   ReduceTask task;
   task.request = 9;
