@@ -5,12 +5,18 @@ torch_hoplite put/get, gloo send/recv and torch RPC (TensorPipe) rpc_sync.
 
 One round trip: rank 0's tensor reaches rank 1, which sends it back. One pair
 of processes runs hoplite and gloo interleaved trial by trial; torch RPC runs in
-a pair of its own (TensorPipe's polling threads would slow the others).
+a pair of its own (TensorPipe's polling threads would slow the others), and so
+do the hoplite-tcp systems (a node's path is fixed when it starts).
   hoplite:   put(x) on 0; get on 1, put(reply); get of the reply on 0, all
-             with default options (put and get each copy once).
+             with default options (put and get each copy once). On one host
+             a get reads the holder's memory (the same-host path).
              "hoplite-zero-copy": the same with put(copy=False) and
              get(copy=False), for tensors the program leaves unmodified.
+             "hoplite-tcp", "hoplite-tcp-zero-copy": the same with
+             HOPLITE_SAME_HOST=0, every byte through loopback TCP.
              Objects are deleted after each trial, outside the timed region.
+             Each record's "path" says what carried the bytes (from the
+             nodes' counters).
   gloo:      send/recv into preallocated tensors, both directions.
   torch-rpc: rpc_sync of an echo function taking and returning the tensor.
 Reported: median / min / max round-trip time over the trials after warm-up,
@@ -34,7 +40,8 @@ import torch.distributed.rpc as rpc
 
 from torch_hoplite.bench import common
 
-SYSTEMS = ["hoplite", "hoplite-zero-copy", "gloo", "torch-rpc"]
+SYSTEMS = ["hoplite", "hoplite-zero-copy", "gloo", "hoplite-tcp", "hoplite-tcp-zero-copy", "torch-rpc"]
+TCP_ONLY = ("hoplite-tcp", "hoplite-tcp-zero-copy")  # nodes started with same_host=False
 
 
 def trials_for(size: int, minimum: int) -> int:
@@ -96,6 +103,15 @@ class TorchRpc:
         pass
 
 
+def path_of(received: int, same_host: int) -> str:
+    """What carried a system's bytes, from the receivers' counters."""
+    if received == 0:
+        return "inline in the directory (loopback TCP)"
+    if same_host == received:
+        return "same-host memory reads"
+    return "loopback TCP" if same_host == 0 else "mixed"
+
+
 def worker(rank, port, systems, sizes, warmup, minimum, queue):
     """Both processes run the given systems, interleaved trial by trial, so that
     drift in the machine's speed affects them alike. (torch RPC runs in a pair of
@@ -106,13 +122,16 @@ def worker(rank, port, systems, sizes, warmup, minimum, queue):
     # gloo's process group also provides the barrier between trials.
     dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=2)
     if any(s.startswith("hoplite") for s in systems):
-        hop.init(dist.PrefixStore("hoplite", store), rank=rank, world_size=2)
+        same_host = not any(s in TCP_ONLY for s in systems)
+        hop.init(dist.PrefixStore("hoplite", store), rank=rank, world_size=2, same_host=same_host)
     if "torch-rpc" in systems:
         opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port + 1}", rpc_timeout=600)
         rpc.init_rpc(f"w{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
     impls = {
         "hoplite": Hoplite(zero_copy=False),
         "hoplite-zero-copy": Hoplite(zero_copy=True),
+        "hoplite-tcp": Hoplite(zero_copy=False),
+        "hoplite-tcp-zero-copy": Hoplite(zero_copy=True),
         "gloo": Gloo(),
         "torch-rpc": TorchRpc(),
     }
@@ -123,6 +142,8 @@ def worker(rank, port, systems, sizes, warmup, minimum, queue):
         for trial in range(warmup + trials_for(size, minimum)):
             order = systems[trial % len(systems):] + systems[: trial % len(systems)]
             for system in order:
+                counted = system.startswith("hoplite")
+                s0 = hop.stats() if counted else None
                 dist.barrier()
                 c0, t0 = time.process_time(), time.perf_counter()
                 impls[system].round_trip(rank, x, buf)
@@ -131,10 +152,14 @@ def worker(rank, port, systems, sizes, warmup, minimum, queue):
                 c1, t2 = time.process_time(), time.perf_counter()
                 impls[system].cleanup(rank)
                 if trial >= warmup:
-                    times, cores = results.setdefault((system, size), ([], []))
+                    times, cores, moved = results.setdefault((system, size), ([], [], [0, 0]))
                     times.append(t1 - t0)
                     # CPU over the trial and the barrier that closes it, per second of that span.
                     cores.append((c1 - c0) / (t2 - t0))
+                    if counted:
+                        s1 = hop.stats()
+                        moved[0] += s1["bytes_received"] - s0["bytes_received"]
+                        moved[1] += s1["bytes_received_same_host"] - s0["bytes_received_same_host"]
     if "torch-rpc" in systems:
         rpc.shutdown()
     if hop.is_initialized():
@@ -149,15 +174,19 @@ def measure(systems: list[str], sizes: list[int], warmup: int, minimum: int) -> 
     records = []
     for system in systems:
         for size in sizes:
-            times, cores0 = results[0][(system, size)]
-            _, cores1 = results[1][(system, size)]
+            times, cores0, moved0 = results[0][(system, size)]
+            _, cores1, moved1 = results[1][(system, size)]
             median = statistics.median(times)
+            if system.startswith("hoplite"):
+                path = path_of(moved0[0] + moved1[0], moved0[1] + moved1[1])
+            else:  # TensorPipe picks its own transport and channel (shared memory and CMA where it can)
+                path = "loopback TCP" if system == "gloo" else "TensorPipe's choice"
             records.append(
                 {
                     "system": system,
                     "op": "roundtrip",
                     "nodes": 2,
-                    "path": "loopback TCP",
+                    "path": path,
                     "size_bytes": size,
                     "trials": len(times),
                     "median_s": median,
@@ -211,7 +240,9 @@ def main() -> None:
         parser.error(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
 
     records = []
-    groups = [[s for s in systems if s != "torch-rpc"], [s for s in systems if s == "torch-rpc"]]
+    own_pair = ("torch-rpc",) + TCP_ONLY
+    groups = [[s for s in systems if s not in own_pair], [s for s in systems if s in TCP_ONLY],
+              [s for s in systems if s == "torch-rpc"]]
     for group in filter(None, groups):
         print(f"measuring {', '.join(group)} at {', '.join(map(common.human_size, sizes))} ...", flush=True)
         records += measure(group, sizes, args.warmup, args.trials)
@@ -223,7 +254,8 @@ def main() -> None:
     common.print_table(
         records,
         [("system", "system", ""), ("size", "size_bytes", "d"), ("median ms", "median_ms", ".3f"),
-         ("GB/s", "gbps", ".2f"), ("x gloo time", "time_vs_gloo", ".2f"), ("cpu cores", "cpu_cores", ".2f")],
+         ("GB/s", "gbps", ".2f"), ("x gloo time", "time_vs_gloo", ".2f"), ("cpu cores", "cpu_cores", ".2f"),
+         ("path", "path", "")],
     )
     settings = {"sizes": sizes, "systems": systems, "warmup": args.warmup, "min_trials": args.trials}
     common.write_json(args.out + ".json", "p2p", records, settings)

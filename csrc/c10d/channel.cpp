@@ -136,8 +136,13 @@ Channel::Pending Channel::start(int peer, uint64_t subTag, bool isSend) {
 }
 
 namespace {
-Node::MessageCallback completer(const Channel::Pending& op) {
-  return [op](const Status& status, int) {
+// `timeoutSeconds`: the collective's. A send's own deadline (what was left of
+// it when the send started) reports in those terms, as the waits do.
+Node::MessageCallback completer(const Channel::Pending& op, double timeoutSeconds) {
+  return [op, timeoutSeconds](const Status& reported, int) {
+    const Status status = reported.code == Code::kTimeout
+                              ? Status(Code::kTimeout, "timed out after " + printableSeconds(timeoutSeconds))
+                              : reported;
     Channel::Outcome& outcome = *op->outcome;
     {
       std::lock_guard<std::mutex> lock(outcome.mutex);
@@ -158,7 +163,8 @@ Channel::Pending Channel::send(int peer, uint64_t subTag, const void* data, size
   // With the collective's deadline, so that the node withdraws a deferred send
   // whose receiver never asks for it.
   op->handle = node_->sendMessage(globalRank(peer), context_, tagBase_ | subTag, kind_,
-                                  static_cast<const uint8_t*>(data), bytes, memory_, completer(op), secondsLeft());
+                                  static_cast<const uint8_t*>(data), bytes, memory_, completer(op, timeoutSeconds_),
+                                  secondsLeft());
   sends_.push_back(op);
   return op;
 }
@@ -166,7 +172,7 @@ Channel::Pending Channel::send(int peer, uint64_t subTag, const void* data, size
 Channel::Pending Channel::recv(int peer, uint64_t subTag, void* data, size_t bytes) {
   auto op = start(peer, subTag, false);
   op->handle = node_->recvMessage(globalRank(peer), context_, tagBase_ | subTag, kind_, static_cast<uint8_t*>(data), bytes,
-                                  memory_, completer(op));
+                                  memory_, completer(op, timeoutSeconds_));
   receives_.push_back(op);
   return op;
 }
