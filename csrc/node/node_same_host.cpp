@@ -64,16 +64,20 @@ void Node::readNextRange(uint64_t request) {
   if (it == pulls_.end()) return;
   PullState& pull = it->second;
   if (pull.reading || pull.toRead.empty()) return;
-  // Ranges announced back to back are read at once, up to a chunk: fewer
-  // hand-offs, while the watermark still moves often enough for relays.
+  // Reads of up to a chunk, merging ranges announced back to back: few
+  // hand-offs, while the watermark moves often enough for relays and copies.
+  const uint64_t most = chunkFor(pull.object->size());
   SameHostRange range = pull.toRead.front();
   pull.toRead.pop_front();
-  const uint64_t most = std::max(chunkFor(pull.object->size()), range.length);
-  while (!pull.toRead.empty()) {
+  while (!pull.toRead.empty() && range.length < most) {
     const SameHostRange& next = pull.toRead.front();
-    if (next.address != range.address + range.length || range.length + next.length > most) break;
+    if (next.address != range.address + range.length) break;
     range.length += next.length;
     pull.toRead.pop_front();
+  }
+  if (range.length > most) {  // the rest is read next
+    pull.toRead.push_front(SameHostRange{range.offset + most, range.length - most, range.address + most});
+    range.length = most;
   }
   const uint64_t end = range.offset + range.length;
   if (range.length <= kLoopReadBytes) {

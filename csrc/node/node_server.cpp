@@ -183,7 +183,8 @@ void Node::pump(const StreamKey& key) {
   if (ready < object->size() && ready - next < std::min(chunk, kMinRelayFrame)) return;
   const bool sameHost = stream.sameHost;
   while (next < ready && conn->isOpen()) {
-    uint64_t n = std::min(chunk, ready - next);
+    // A same-host reader cuts what is ready into reads of its own.
+    uint64_t n = sameHost ? ready - next : std::min(chunk, ready - next);
     if (sameHost) {
       conn->sendControl(wire::MsgType::kDataAt,
                         wire::encode(wire::DataAt{request, next, n, reinterpret_cast<uintptr_t>(object->data() + next)}));
