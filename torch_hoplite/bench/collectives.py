@@ -171,6 +171,7 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival
             for trial in range(warmup + trials):
                 for system in runs if trial % 2 == 0 else runs[::-1]:
                     tag = f"{op}-{system}-{size}-{trial}"
+                    before = hop.stats() if system.startswith("hoplite") else None
                     buf.copy_(x)
                     dist.barrier()
                     if arrival:
@@ -185,7 +186,8 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival
                     del got
                     cleanup(op, system, rank, tag)
                     if trial >= warmup:
-                        results.setdefault((op, system, size), []).append((t0, t1, (c1 - c0) / (t2 - t0)))
+                        moved = _bytes_moved(before, hop.stats()) if before else (0, 0)
+                        results.setdefault((op, system, size), []).append((t0, t1, (c1 - c0) / (t2 - t0), moved))
                     if bar is not None:
                         bar.update(1)
     if bar is not None:
@@ -194,6 +196,23 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival
     hop.shutdown()
     dist.destroy_process_group()
     return results
+
+
+def _bytes_moved(before: dict, after: dict) -> tuple[int, int]:
+    """Bytes this node received in a trial, and how many of them it read from
+    a peer's memory (the same-host path)."""
+    return (after["bytes_received"] - before["bytes_received"],
+            after["bytes_received_same_host"] - before["bytes_received_same_host"])
+
+
+def _path(base: str, runs: list) -> str:
+    """What carried a system's bytes: the network path, or, where its nodes
+    counted reads of each other's memory, the same-host path."""
+    moved = [trial[3] for run in runs for trial in run if len(trial) > 3]
+    received, same_host = sum(m[0] for m in moved), sum(m[1] for m in moved)
+    if same_host == 0:
+        return base
+    return "same-host memory reads" if same_host == received else f"same-host memory reads and {base}"
 
 
 def _progress(total: int, what: str):
@@ -304,7 +323,7 @@ def summarize(per_rank: dict, world: int, path: str, rate_bps: float, arrival: f
                 "system": system,
                 "op": op,
                 "nodes": world,
-                "path": path,
+                "path": _path(path, runs),
                 "size_bytes": size,
                 "arrival_interval_s": arrival,
                 "ideal_s": ideal,
