@@ -368,3 +368,4 @@ def test_gather_returns_every_tensor_in_order(cluster4):
     assert [t.shape[0] for t in out] == [1, 2, 3, 4]
     for r, t in enumerate(out):
         assert torch.equal(t, torch.full((r + 1, 1000), float(r)))
+

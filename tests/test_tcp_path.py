@@ -1,0 +1,33 @@
+"""Reduce, allreduce and gather with every byte over TCP (same_host=False),
+as between hosts. The other tests run their processes on one host, where pulls
+read the holders' memory; test_resume.py and test_same_host.py cover both paths."""
+
+import torch
+
+import torch_hoplite as hop
+import workers
+from cluster import Cluster
+from torch_hoplite import ReduceOp
+from test_reduce import allreduce_everywhere, check_exact, expected, ints, put_on, uid
+
+
+def test_reduce_allreduce_and_gather_over_tcp():
+    c = Cluster(4, options={"same_host": False})
+    try:
+        tag = uid("tcp")
+        n = (6 << 20) // 4 + 5  # several chunks and an odd tail
+        inputs = {f"{tag}/{r}": ints(r, n, torch.float64) for r in range(4)}
+        for r, (obj_id, tensor) in enumerate(inputs.items()):
+            put_on(c, r, tensor, obj_id)
+        result, _ = hop.reduce(list(inputs), id=f"{tag}/sum", timeout=60)
+        check_exact(result, inputs)
+        gathered = hop.gather(list(inputs))
+        assert all(torch.equal(t, inputs[i]) for t, i in zip(gathered, inputs))
+        out = allreduce_everywhere(c, range(4), lambda r: ints(r, n, torch.float64), f"{tag}-all")
+        want = expected(ReduceOp.SUM, [ints(r, n, torch.float64) for r in range(4)])
+        assert all(torch.equal(out[r], want) for r in range(4))
+        stats = [c.call(r, workers.stats) for r in range(4)]
+        assert all(s["bytes_received_same_host"] == 0 for s in stats)
+        assert sum(s["bytes_received"] for s in stats) >= 3 * n * 8
+    finally:
+        c.close()
