@@ -111,28 +111,9 @@ def test_silent_connection_does_not_block_the_node_and_is_dropped():
 
 
 def _proof(secret: bytes, role: bytes, cluster: bytes, client_nonce: bytes, server_nonce: bytes, client: int,
-           server: int, facts: bytes = b"") -> bytes:
+           server: int) -> bytes:
     message = role + b"\0" + cluster + b"\0" + client_nonce + server_nonce + f"{client}:{server}".encode()
-    return hmac.new(secret, message + b"\0" + facts, hashlib.sha256).digest()
-
-
-def _challenge(payload: bytes) -> tuple[bytes, bytes, bytes]:
-    """Server nonce, server proof, and the same-host offer the proof covers."""
-    fields, at = [], 0
-    for kind in ("str", "str", "str", "u32", "u64", "str"):
-        if kind == "str":
-            (n,) = struct.unpack_from("<I", payload, at)
-            fields.append(payload[at + 4:at + 4 + n])
-            at += 4 + n
-        else:
-            size = 4 if kind == "u32" else 8
-            fields.append(int.from_bytes(payload[at:at + size], "little"))
-            at += size
-    assert at == len(payload)
-    nonce, proof, host, pid, probe_address, probe = fields
-    assert host and pid == os.getpid() and len(probe) == 16  # it offers same-host reads: we share its host
-    facts = host + b"\0" + f"{pid}:{probe_address}:".encode() + probe
-    return nonce, proof, facts
+    return hmac.new(secret, message, hashlib.sha256).digest()
 
 
 def test_handshake_needs_the_secret():
@@ -153,9 +134,9 @@ def test_handshake_needs_the_secret():
                 s.sendall(hello(1, cluster, nonce, rank1_host.encode(), int(rank1_port)))
                 msg_type, payload = read_frame(s)
                 assert msg_type == 17  # challenge: server nonce, server proof
-                server_nonce, server_proof, facts = _challenge(payload)
+                server_nonce, server_proof = payload[4:20], payload[24:56]
                 # The server proved it knows the real secret; a stranger cannot check that.
-                assert (server_proof == _proof(secret, b"server", cluster, nonce, server_nonce, 1, 0, facts)) == accepted
+                assert (server_proof == _proof(secret, b"server", cluster, nonce, server_nonce, 1, 0)) == accepted
                 s.sendall(frame(18, string(_proof(secret, b"client", cluster, nonce, server_nonce, 1, 0))))
                 if accepted:
                     msg_type, payload = read_frame(s)

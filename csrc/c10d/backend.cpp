@@ -87,6 +87,10 @@ Tensors plus(Tensors list, const at::Tensor& t) {
   return list;
 }
 
+// Memory a collective's body made (a contiguous copy, a joined tensor): kept
+// as long as any of the collective's messages may still touch it.
+void hold(Channel& ch, const at::Tensor& t) { ch.hold(std::make_shared<at::Tensor>(t)); }
+
 uint8_t* bytesOf(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
 size_t nbytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
 
@@ -296,7 +300,7 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::allreduce_coalesced(Tensors& te
                    std::vector<at::Tensor> flat;
                    for (const auto& t : work) flat.push_back(t.reshape({-1}));
                    at::Tensor joined = at::cat(flat);
-                   ch.hold(std::make_shared<at::Tensor>(joined));
+                   hold(ch, joined);
                    allreduceInPlace(ch, joined, red);
                    int64_t at = 0;
                    for (const auto& t : work) {
@@ -437,12 +441,12 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::gather(TensorLists& outputs, Te
   return enqueue(::c10d::OpType::GATHER, "gather", keep, outs, opts.timeout, staging,
                  [in = src, outs = work, root](Channel& ch) {
     at::Tensor src = in.contiguous();
-    ch.hold(std::make_shared<at::Tensor>(src));
+    hold(ch, src);
     std::vector<Dense> dense;
     std::vector<uint8_t*> blocks;
     for (const auto& o : outs) {
       dense.emplace_back(o);
-      ch.hold(std::make_shared<at::Tensor>(dense.back().work));
+      hold(ch, dense.back().work);
       blocks.push_back(bytesOf(dense.back().work));
     }
     hoplite::c10d::gather(ch, bytesOf(src), blocks.data(), nbytes(src), root);
@@ -471,11 +475,11 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::scatter(Tensors& outputs, Tenso
     std::vector<const uint8_t*> blocks;
     for (const auto& i : ins) {
       dense.push_back(i.contiguous());
-      ch.hold(std::make_shared<at::Tensor>(dense.back()));
+      hold(ch, dense.back());
       blocks.push_back(bytesOf(dense.back()));
     }
     Dense d(out);
-    ch.hold(std::make_shared<at::Tensor>(d.work));
+    hold(ch, d.work);
     hoplite::c10d::scatter(ch, blocks.data(), bytesOf(d.work), nbytes(d.work), root);
     d.commit();
   });
@@ -597,7 +601,7 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::alltoall_base(at::Tensor& outpu
   return enqueue(::c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {d.work, output, src}, {output}, opts.timeout,
                  staging, [d, input = src, outRows, inRows](Channel& ch) {
                    at::Tensor src = input.contiguous();
-                   ch.hold(std::make_shared<at::Tensor>(src));
+                   hold(ch, src);
                    const int64_t inRow = input.dim() == 0 ? nbytes(input) : nbytes(input) / std::max<int64_t>(input.size(0), 1);
                    const int64_t outRow = d.work.dim() == 0 ? nbytes(d.work) : nbytes(d.work) / std::max<int64_t>(d.work.size(0), 1);
                    Exchange x;
@@ -641,8 +645,8 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::alltoall(Tensors& outputs, Tens
     for (int i = 0; i < ch.size(); ++i) {
       src.push_back(ins[i].contiguous());
       dst.emplace_back(outs[i]);
-      ch.hold(std::make_shared<at::Tensor>(src.back()));
-      ch.hold(std::make_shared<at::Tensor>(dst.back().work));
+      hold(ch, src.back());
+      hold(ch, dst.back().work);
       x.add(bytesOf(src.back()), nbytes(src.back()), bytesOf(dst.back().work), nbytes(dst.back().work));
     }
     x.run(ch);

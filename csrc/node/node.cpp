@@ -317,10 +317,9 @@ void Node::onClosed(Connection& conn, const Status& why) {
 }
 
 Digest Node::handshakeProof(const char* role, const std::string& clientNonce, const std::string& serverNonce,
-                            int clientRank, int serverRank, const std::string& facts) const {
+                            int clientRank, int serverRank) const {
   return hmacSha256(config_.secret, std::string(role) + '\0' + config_.clusterId + '\0' + clientNonce + serverNonce +
-                                        std::to_string(clientRank) + ':' + std::to_string(serverRank) + '\0' +
-                                        facts);
+                                        std::to_string(clientRank) + ':' + std::to_string(serverRank));
 }
 
 namespace {
@@ -343,11 +342,8 @@ void Node::handleHello(Connection& conn, const wire::Hello& msg) {
   }
   Handshake hs{msg.rank, msg.nonce, randomBytes(wire::kNonceSize), msg.host, static_cast<int>(msg.port),
                msg.incarnation};
-  wire::Challenge challenge;
-  challenge.nonce = hs.serverNonce;
-  offerSameHost(&challenge);
-  challenge.proof = bytesOf(handshakeProof("server", hs.clientNonce, hs.serverNonce, hs.rank, config_.rank,
-                                           sameHostFacts(challenge)));
+  wire::Challenge challenge{hs.serverNonce,
+                            bytesOf(handshakeProof("server", hs.clientNonce, hs.serverNonce, hs.rank, config_.rank))};
   handshakes_[conn.id()] = std::move(hs);
   conn.sendControl(wire::MsgType::kChallenge, wire::encode(challenge));
 }
@@ -367,6 +363,7 @@ void Node::handleAuth(Connection& conn, const wire::Auth& msg) {
   adoptPeer(hs.rank, hs, conn.id());
   wire::HelloAck ack{config_.rank, {}};
   ack.deadShards.assign(deadShards_.begin(), deadShards_.end());
+  offerSameHost(&ack);
   conn.sendControl(wire::MsgType::kHelloAck, wire::encode(ack));
 }
 
@@ -412,16 +409,13 @@ void Node::handleChallenge(Connection& conn, const wire::Challenge& msg) {
     return;
   }
   Peer& peer = it->second;
-  if (!equalDigests(handshakeProof("server", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank(),
-                                   sameHostFacts(msg)),
-                    msg.proof)) {
+  if (!equalDigests(handshakeProof("server", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank()), msg.proof)) {
     counters_.handshakesRefused++;
     HLOG(kWarn, "%s does not know the cluster secret: refusing it", peerName(conn.peerRank()).c_str());
     conn.close(Status(Code::kProtocol, "it failed authentication (a different HOPLITE_SECRET?)"));
     return;
   }
   peer.verified = true;
-  peer.memory = acceptSameHost(conn.peerRank(), msg);
   conn.markTrusted();  // data frames from it are accepted from now on
   wire::Auth auth{bytesOf(handshakeProof("client", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank()))};
   peer.helloNonce.clear();
@@ -509,6 +503,7 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
       Peer& peer = it->second;
       peer.ready = true;
       peer.lastHeard = now();
+      peer.memory = acceptSameHost(conn.peerRank(), ack);  // before the queued pulls go out
       for (int32_t rank : ack.deadShards) {
         if (rank >= 0 && rank < config_.worldSize) moveShardFrom(rank);
       }

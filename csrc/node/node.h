@@ -253,9 +253,8 @@ class Node : public ConnectionObserver {
     uint64_t incarnation = 0;
   };
   void adoptPeer(int rank, const Handshake& hello, uint64_t connectionId);
-  // `facts`: what else the proof vouches for (the server's same-host offer).
   Digest handshakeProof(const char* role, const std::string& clientNonce, const std::string& serverNonce,
-                        int clientRank, int serverRank, const std::string& facts = "") const;
+                        int clientRank, int serverRank) const;
   void handleHello(Connection& conn, const wire::Hello& msg);
   void handleChallenge(Connection& conn, const wire::Challenge& msg);
   void handleAuth(Connection& conn, const wire::Auth& msg);
@@ -287,7 +286,9 @@ class Node : public ConnectionObserver {
     // in the order the holder announced them.
     std::shared_ptr<same_host::PeerMemory> holderMemory;
     std::deque<SameHostRange> toRead;
-    bool reading = false;
+    bool reading = false;  // on a copy thread: the pull ends only once it returns
+    std::optional<Status> failure;  // it failed meanwhile: acted on then (a resume must not race the read)
+    bool dropped = false;           // its copy was dropped meanwhile: it just ends then
   };
   struct GetOp {
     std::string id;
@@ -335,17 +336,20 @@ class Node : public ConnectionObserver {
   void finishPull(uint64_t request);
   void failPull(uint64_t request, const Status& why);
   // --- same-host pulls (node_same_host.cpp) ---
-  // What a server's challenge offers for same-host reads, and whether this
+  // What a server's hello ack offers for same-host reads, and whether this
   // node can take it up (null: it cannot).
-  void offerSameHost(wire::Challenge* challenge) const;
-  std::string sameHostFacts(const wire::Challenge& challenge) const;
-  std::shared_ptr<same_host::PeerMemory> acceptSameHost(int rank, const wire::Challenge& challenge) const;
+  void offerSameHost(wire::HelloAck* ack) const;
+  std::shared_ptr<same_host::PeerMemory> acceptSameHost(int rank, const wire::HelloAck& ack) const;
   void handleDataAt(Connection& conn, const wire::DataAt& msg);
   void readNextRange(uint64_t request);
-  void onRangeRead(uint64_t request, uint64_t end, const Status& status);
-  // A pull that ends tells its holder to stop, and a same-host one that the
-  // memory it lent may be reused: once no read of it is in flight.
-  void releaseHolder(uint64_t request, const PullState& pull);
+  // The next read: up to `most` bytes, merging ranges announced back to back
+  // (few hand-offs, while the watermark moves often enough for relays and copies).
+  static SameHostRange takeRead(std::deque<SameHostRange>& queue, uint64_t most);
+  // Applies a finished read; true when the pull goes on.
+  bool onRangeRead(uint64_t request, uint64_t end, const Status& status);
+  // A pull that ended (no read of it in flight) tells its holder to stop, and
+  // a same-host one that the memory it lent may be reused.
+  void releaseHolder(uint64_t request, int rank);
   // Copies a put's bytes into its store copy, in chunks, from `src` or `device`.
   void copyIn(std::shared_ptr<LocalObject> object, const uint8_t* src, std::shared_ptr<DeviceSource> device,
               uint64_t token);
@@ -520,9 +524,6 @@ class Node : public ConnectionObserver {
   // Memory lent to same-host readers, until they cancel or their connection closes.
   std::map<StreamKey, std::shared_ptr<const Buffer>> lent_;
   std::atomic<uint64_t> lentCount_{0};  // lent_.size(), for stats()
-  // Same-host pulls that ended while a read was in flight: the holder is told
-  // (Cancel) when it returns. Request → holder rank.
-  std::unordered_map<uint64_t, int> releaseAfterRead_;
   const std::string hostIdentity_;  // empty when the same-host path is off
   std::array<uint8_t, 16> memoryProbe_{};  // random; peers read it to test same-host reads
   bool shuttingDown_ = false;

@@ -557,8 +557,9 @@ void Node::finishPull(uint64_t request) {
   auto it = pulls_.find(request);
   auto obj = it->second.object;
   int sender = it->second.rank;
-  if (it->second.holderMemory) releaseHolder(request, it->second);
-  pulls_.erase(it);
+  const bool sameHost = it->second.holderMemory != nullptr;
+  pulls_.erase(it);  // first: telling the holder may close the connection, which fails its pulls
+  if (sameHost) releaseHolder(request, sender);
   counters_.pullsCompleted++;
   HLOG(kDebug, "pull of %s from rank %d done at %.3f s (steady clock)", printableId(obj->id()).c_str(), sender, now());
   // This node now holds a complete copy, and its sender is free for others.
@@ -568,11 +569,16 @@ void Node::finishPull(uint64_t request) {
 void Node::failPull(uint64_t request, const Status& why) {
   auto it = pulls_.find(request);
   if (it == pulls_.end()) return;
+  if (it->second.reading) {  // it ends when the read returns: nothing may resume under it
+    if (!it->second.failure) it->second.failure = why;
+    return;
+  }
   auto obj = it->second.object;
   int rank = it->second.rank;
   int resumes = it->second.resumes;
-  if (it->second.holderMemory) releaseHolder(request, it->second);
-  pulls_.erase(it);
+  const bool sameHost = it->second.holderMemory != nullptr;
+  pulls_.erase(it);  // first: telling the holder may close the connection, which fails its pulls
+  if (sameHost) releaseHolder(request, rank);
   if (why.code == Code::kPeerFailed && resumes < kMaxResumes && !shuttingDown_ && store_->find(obj->id()) == obj) {
     resumePull(obj, rank, resumes + 1, why);
     return;

@@ -12,21 +12,19 @@ namespace hoplite {
 namespace {
 // Reads up to this size run on the loop; larger ones on a worker.
 constexpr uint64_t kLoopReadBytes = 256u << 10;
+// Bytes one loop turn reads before it lets other events in.
+constexpr uint64_t kLoopReadBudget = 1u << 20;
 }  // namespace
 
-void Node::offerSameHost(wire::Challenge* challenge) const {
+void Node::offerSameHost(wire::HelloAck* ack) const {
   if (hostIdentity_.empty()) return;
-  challenge->host = hostIdentity_;
-  challenge->pid = static_cast<uint32_t>(::getpid());
-  challenge->probeAddress = reinterpret_cast<uintptr_t>(memoryProbe_.data());
-  challenge->probe.assign(memoryProbe_.begin(), memoryProbe_.end());
+  ack->host = hostIdentity_;
+  ack->pid = static_cast<uint32_t>(::getpid());
+  ack->probeAddress = reinterpret_cast<uintptr_t>(memoryProbe_.data());
+  ack->probe.assign(memoryProbe_.begin(), memoryProbe_.end());
 }
 
-std::string Node::sameHostFacts(const wire::Challenge& c) const {
-  return c.host + '\0' + std::to_string(c.pid) + ':' + std::to_string(c.probeAddress) + ':' + c.probe;
-}
-
-std::shared_ptr<same_host::PeerMemory> Node::acceptSameHost(int rank, const wire::Challenge& c) const {
+std::shared_ptr<same_host::PeerMemory> Node::acceptSameHost(int rank, const wire::HelloAck& c) const {
   if (hostIdentity_.empty() || c.host != hostIdentity_ || c.pid == 0 || c.probe.size() != memoryProbe_.size()) {
     return nullptr;
   }
@@ -46,7 +44,11 @@ std::shared_ptr<same_host::PeerMemory> Node::acceptSameHost(int rank, const wire
 
 void Node::handleDataAt(Connection& conn, const wire::DataAt& msg) {
   auto it = pulls_.find(msg.request);
-  if (it == pulls_.end()) return;  // ended meanwhile: its Cancel releases the memory
+  if (it == pulls_.end()) {
+    // Ended meanwhile (or served late from a parked pull): the memory is not wanted.
+    conn.sendControl(wire::MsgType::kCancel, wire::encode(wire::Cancel{msg.request}));
+    return;
+  }
   PullState& pull = it->second;
   if (conn.peerRank() != pull.rank || !pull.holderMemory || msg.offset != pull.expected ||
       msg.length > pull.object->size() - msg.offset) {
@@ -59,71 +61,85 @@ void Node::handleDataAt(Connection& conn, const wire::DataAt& msg) {
   readNextRange(msg.request);
 }
 
-void Node::readNextRange(uint64_t request) {
-  auto it = pulls_.find(request);
-  if (it == pulls_.end()) return;
-  PullState& pull = it->second;
-  if (pull.reading || pull.toRead.empty()) return;
-  // Reads of up to a chunk, merging ranges announced back to back: few
-  // hand-offs, while the watermark moves often enough for relays and copies.
-  const uint64_t most = chunkFor(pull.object->size());
-  SameHostRange range = pull.toRead.front();
-  pull.toRead.pop_front();
-  while (!pull.toRead.empty() && range.length < most) {
-    const SameHostRange& next = pull.toRead.front();
-    if (next.address != range.address + range.length) break;
-    range.length += next.length;
-    pull.toRead.pop_front();
+Node::SameHostRange Node::takeRead(std::deque<SameHostRange>& queue, uint64_t most) {
+  SameHostRange range = queue.front();
+  queue.pop_front();
+  while (!queue.empty() && range.length < most && queue.front().address == range.address + range.length) {
+    range.length += queue.front().length;
+    queue.pop_front();
   }
   if (range.length > most) {  // the rest is read next
-    pull.toRead.push_front(SameHostRange{range.offset + most, range.length - most, range.address + most});
+    queue.push_front(SameHostRange{range.offset + most, range.length - most, range.address + most});
     range.length = most;
   }
-  const uint64_t end = range.offset + range.length;
-  if (range.length <= kLoopReadBytes) {
-    Status s = pull.holderMemory->read(range.address, pull.object->data() + range.offset, range.length);
-    onRangeRead(request, end, s);
-    return;
-  }
-  pull.reading = true;
-  workers_->submit([this, request, end, memory = pull.holderMemory, range, obj = pull.object] {
-    Status s = memory->read(range.address, obj->data() + range.offset, range.length);
-    loop_.post([this, request, end, s] { onRangeRead(request, end, s); });
-  });
+  return range;
 }
 
-void Node::onRangeRead(uint64_t request, uint64_t end, const Status& status) {
-  auto released = releaseAfterRead_.find(request);
-  if (released != releaseAfterRead_.end()) {
-    const int holder = released->second;
-    releaseAfterRead_.erase(released);
-    if (peers_.count(holder) && peers_[holder].conn) send(holder, wire::Cancel{request});
-    return;
+void Node::readNextRange(uint64_t request) {
+  uint64_t budget = kLoopReadBudget;
+  for (;;) {
+    auto it = pulls_.find(request);
+    if (it == pulls_.end()) return;
+    PullState& pull = it->second;
+    if (pull.reading || pull.failure || pull.toRead.empty()) return;
+    const SameHostRange range = takeRead(pull.toRead, chunkFor(pull.object->size()));
+    const uint64_t end = range.offset + range.length;
+    if (range.length > kLoopReadBytes) {
+      pull.reading = true;
+      workers_->submit([this, request, end, range, memory = pull.holderMemory, obj = pull.object] {
+        Status s = memory->read(range.address, obj->data() + range.offset, range.length);
+        loop_.post([this, request, end, s] {
+          if (onRangeRead(request, end, s)) readNextRange(request);
+        });
+      });
+      return;
+    }
+    if (range.length > budget) {  // the loop has other work too: go on in a later turn
+      pull.toRead.push_front(range);
+      loop_.post([this, request] { readNextRange(request); });
+      return;
+    }
+    budget -= range.length;
+    if (!onRangeRead(request, end, pull.holderMemory->read(range.address, pull.object->data() + range.offset,
+                                                           range.length))) {
+      return;
+    }
   }
+}
+
+bool Node::onRangeRead(uint64_t request, uint64_t end, const Status& status) {
   auto it = pulls_.find(request);
-  if (it == pulls_.end()) return;
+  if (it == pulls_.end()) return false;
   PullState& pull = it->second;
   pull.reading = false;
-  if (!status.ok()) {
-    failPull(request, Status(Code::kPeerFailed, "pull of object " + printableId(pull.object->id()) + " from " +
-                                                    peerName(pull.rank) + ": " + status.message));
-    return;
+  if (pull.dropped) {
+    const int rank = pull.rank;
+    pulls_.erase(it);
+    releaseHolder(request, rank);
+    return false;
+  }
+  if (pull.failure || !status.ok()) {
+    const Status why = pull.failure ? *pull.failure
+                                    : Status(Code::kPeerFailed, "pull of object " + printableId(pull.object->id()) +
+                                                                    " from " + peerName(pull.rank) + ": " +
+                                                                    status.message);
+    failPull(request, why);
+    return false;
   }
   auto obj = pull.object;
   counters_.bytesReceived += end - obj->watermark();
   counters_.bytesReceivedSameHost += end - obj->watermark();
   obj->advance(end);
-  if (end == obj->size()) return finishPull(request);
-  readNextRange(request);
+  if (end == obj->size()) {
+    finishPull(request);
+    return false;
+  }
+  return true;
 }
 
-void Node::releaseHolder(uint64_t request, const PullState& pull) {
-  if (pull.reading) {
-    releaseAfterRead_[request] = pull.rank;
-    return;
-  }
-  auto peer = peers_.find(pull.rank);
-  if (peer != peers_.end() && peer->second.conn) send(pull.rank, wire::Cancel{request});
+void Node::releaseHolder(uint64_t request, int rank) {
+  auto peer = peers_.find(rank);
+  if (peer != peers_.end() && peer->second.conn) send(rank, wire::Cancel{request});
 }
 
 }  // namespace hoplite

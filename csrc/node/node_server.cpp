@@ -77,8 +77,15 @@ void Node::dropLocalCopy(const std::string& id, const Status& why) {
     if (pull.object == obj) pulls.push_back(request);
   }
   for (uint64_t request : pulls) {
-    releaseHolder(request, pulls_.at(request));
-    pulls_.erase(request);
+    auto it = pulls_.find(request);
+    if (it == pulls_.end()) continue;
+    if (it->second.reading) {  // it ends when the read returns
+      it->second.dropped = true;
+      continue;
+    }
+    const int rank = it->second.rank;
+    pulls_.erase(it);
+    releaseHolder(request, rank);
   }
   obj->fail(why);  // wakes gets waiting on it and streams serving from it
 }
@@ -145,8 +152,8 @@ void Node::startServing(const std::shared_ptr<Connection>& conn, const wire::Pul
   stream.request = msg.request;
   stream.object = obj;
   stream.next = msg.offset;
-  stream.sameHost = msg.sameHost;
-  if (msg.sameHost) {
+  stream.sameHost = msg.sameHost && !hostIdentity_.empty();  // offered only then
+  if (stream.sameHost) {
     lent_[key] = obj->buffer();
     lentCount_ = lent_.size();
   }

@@ -104,19 +104,11 @@ Hello Hello::decode(Reader& r) {
 void Challenge::encode(Writer& w) const {
   w.str(nonce);
   w.str(proof);
-  w.str(host);
-  w.u32(pid);
-  w.u64(probeAddress);
-  w.str(probe);
 }
 Challenge Challenge::decode(Reader& r) {
   Challenge m;
   m.nonce = fixedBytes(r, kNonceSize, "challenge nonce");
   m.proof = fixedBytes(r, kProofSize, "challenge proof");
-  m.host = r.str(256, "host identity");
-  m.pid = r.u32();
-  m.probeAddress = r.u64();
-  m.probe = r.str(kNonceSize, "memory probe");
   r.expectEnd("challenge");
   return m;
 }
@@ -132,11 +124,19 @@ Auth Auth::decode(Reader& r) {
 void HelloAck::encode(Writer& w) const {
   w.i32(rank);
   encodeRanks(w, deadShards);
+  w.str(host);
+  w.u32(pid);
+  w.u64(probeAddress);
+  w.str(probe);
 }
 HelloAck HelloAck::decode(Reader& r) {
   HelloAck m;
   m.rank = r.i32();
   m.deadShards = decodeRanks(r, "hello ack");
+  m.host = r.str(256, "host identity");
+  m.pid = r.u32();
+  m.probeAddress = r.u64();
+  m.probe = r.str(kNonceSize, "memory probe");
   r.expectEnd("hello ack");
   return m;
 }

@@ -40,19 +40,11 @@ struct Hello {
   static Hello decode(Reader& r);
 };
 
-// Server → client: its nonce and its proof, and what the client needs to
-// read its memory directly when both run on one host (net/same_host/): the
-// server's host identity (empty: it offers no such reads), its pid, and the
-// address of `probe`, bytes the client reads there to check that it can.
-// The proof covers all of them.
+// Server → client: its nonce and its proof.
 struct Challenge {
   static constexpr MsgType kType = MsgType::kChallenge;
   std::string nonce;
   std::string proof;
-  std::string host;
-  uint32_t pid = 0;
-  uint64_t probeAddress = 0;
-  std::string probe;
   void encode(Writer& w) const;
   static Challenge decode(Reader& r);
 };
@@ -65,10 +57,19 @@ struct Auth {
   static Auth decode(Reader& r);
 };
 
+// Server → client, once the client's proof checked out. Also what the client
+// needs to read the server's memory when both run on one host
+// (net/same_host/): the server's host identity (empty: it offers no such
+// reads), its pid, and the address of `probe`, bytes the client reads there
+// to check that it can. Only an authenticated peer learns them.
 struct HelloAck {
   static constexpr MsgType kType = MsgType::kHelloAck;
   int32_t rank = -1;
   std::vector<int32_t> deadShards;  // ranks whose directory shard moved on, as the server knows them
+  std::string host;
+  uint32_t pid = 0;
+  uint64_t probeAddress = 0;
+  std::string probe;
   void encode(Writer& w) const;
   static HelloAck decode(Reader& r);
 };
