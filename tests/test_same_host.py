@@ -2,6 +2,11 @@
 holder's memory (process_vm_readv) instead of through loopback TCP, with the
 same results, relays and failure behaviour; HOPLITE_SAME_HOST=0 turns it off."""
 
+import json
+import os
+import platform
+import subprocess
+import sys
 import time
 
 import pytest
@@ -102,3 +107,27 @@ def test_a_bad_HOPLITE_SAME_HOST_is_refused_naming_it(monkeypatch, value):
     monkeypatch.setenv("HOPLITE_SAME_HOST", value)
     with pytest.raises(ValueError, match="HOPLITE_SAME_HOST"):
         Config.resolve({})
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the helper calls capget/capset by their x86-64 numbers")
+def test_a_peer_whose_memory_cannot_be_read_is_served_over_tcp(tmp_path):
+    """The kernel refuses the reads (here: a non-dumpable holder and a reader
+    without CAP_SYS_PTRACE, as Yama's ptrace_scope does between siblings on many
+    hosts): the reader finds out at the handshake and pulls over TCP instead."""
+    from torch_hoplite.bench.common import free_port
+
+    port = free_port()
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "same_host_refused.py")
+    procs = [subprocess.Popen([sys.executable, script, str(r), str(port), str(tmp_path / f"{r}.json")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    outputs = []
+    for p in procs:
+        try:
+            outputs.append(p.communicate(timeout=120)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    assert all(p.returncode == 0 for p in procs), "\n".join(outputs)
+    result = json.loads((tmp_path / "1.json").read_text())
+    assert result == {"exact": True, "received": 4 << 20, "same_host": 0}, result
