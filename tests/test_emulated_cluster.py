@@ -10,6 +10,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from cluster import communicate_all
 from torch_hoplite.bench.emulated_cluster import EmulatedCluster, available
 
 pytestmark = pytest.mark.skipif(not available(), reason="needs root and iproute2 for network namespaces")
@@ -25,15 +26,7 @@ def test_broadcast_across_namespaces(tmp_path):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for r in range(world)
         ]
-        outputs = []
-        for p in procs:
-            try:
-                outputs.append(p.communicate(timeout=120)[0])
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                raise
-        assert all(p.returncode == 0 for p in procs), "\n".join(outputs)
+        communicate_all(procs, timeout=120)
         results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     assert all(r["ok"] for r in results)
     assert [r["address"] for r in results] == [cluster.address(r) for r in range(world)]

@@ -14,7 +14,7 @@ import torch
 
 import torch_hoplite as hop
 import workers
-from cluster import Cluster
+from cluster import Cluster, communicate_all
 
 
 def _delta(before: dict, after: dict, key: str) -> int:
@@ -120,14 +120,6 @@ def test_a_peer_whose_memory_cannot_be_read_is_served_over_tcp(tmp_path):
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "same_host_refused.py")
     procs = [subprocess.Popen([sys.executable, script, str(r), str(port), str(tmp_path / f"{r}.json")],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
-    outputs = []
-    for p in procs:
-        try:
-            outputs.append(p.communicate(timeout=120)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-    assert all(p.returncode == 0 for p in procs), "\n".join(outputs)
+    communicate_all(procs, timeout=120)
     result = json.loads((tmp_path / "1.json").read_text())
     assert result == {"exact": True, "received": 4 << 20, "same_host": 0}, result
