@@ -11,7 +11,21 @@ at::Tensor DeviceStaging::stage(const at::Tensor& t, bool in, bool out) {
   c10::impl::VirtualGuardImpl guard(t.device().type());
   // Page-locked, so the copies are DMA transfers, from torch's caching host allocator.
   at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
-  twins_.push_back(Twin{t, host, guard.getStream(t.device()), in, out});
+  Twin twin{t, host, guard.getStream(t.device()), in, out, nullptr};
+  if (in) {
+    // Now, after what the issuing stream has queued so far, without holding it up.
+    const c10::Stream side = guard.getStreamFromGlobalPool(t.device());
+    c10::Event issued(t.device().type());
+    issued.record(twin.stream);
+    issued.block(side);
+    {
+      c10::StreamGuard onSide(side);
+      host.copy_(t, /*non_blocking=*/true);
+    }
+    twin.copied = std::make_shared<c10::Event>(t.device().type());
+    twin.copied->record(side);
+  }
+  twins_.push_back(std::move(twin));
   return host;
 }
 
@@ -22,16 +36,14 @@ std::vector<at::Tensor> DeviceStaging::stage(const std::vector<at::Tensor>& ts, 
   return staged;
 }
 
-// A blocking copy_ between host and device runs on the current stream and
-// synchronizes it before returning.
 void DeviceStaging::copyIn() const {
   for (const auto& twin : twins_) {
-    if (!twin.in) continue;
-    c10::StreamGuard onIssuingStream(twin.stream);
-    twin.host.copy_(twin.device);
+    if (twin.copied) twin.copied->synchronize();
   }
 }
 
+// A blocking copy_ between host and device runs on the current stream and
+// synchronizes it before returning.
 void DeviceStaging::copyOut() const {
   for (const auto& twin : twins_) {
     if (!twin.out) continue;

@@ -1,16 +1,20 @@
 // CUDA tensors in the backend's collectives. The algorithms move host memory,
-// so each device tensor of a collective gets a page-locked host twin: those it
-// reads are copied in on the collective's worker before it runs, those it
-// writes copied back after it succeeded. Both copies run on the stream that
-// was current when the collective was issued (after the kernels that produced
-// its inputs) and are synchronized before the work completes, so whoever waits
-// for the work sees the results on any stream. Written against torch's
-// device-generic stream API: no CUDA header, the same code in CPU builds.
+// so each device tensor of a collective gets a page-locked host twin. Those it
+// reads are copied in when the collective is issued, on a side stream that
+// waits for what the issuing stream had queued until then (the kernels that
+// produced the inputs, and none queued after the call, as with async_op=True):
+// the worker waits for that copy before the collective runs. Those it writes
+// are copied back after it succeeded, on the issuing stream, synchronized
+// before the work completes, so whoever waits for the work sees the results on
+// any stream. Written against torch's device-generic stream and event API: no
+// CUDA header, the same code in CPU builds.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 
+#include <memory>
 #include <vector>
 
 namespace hoplite::c10d {
@@ -22,16 +26,17 @@ class DeviceStaging {
   // issuing thread (its current stream is the one the copies follow).
   at::Tensor stage(const at::Tensor& t, bool in, bool out);
   std::vector<at::Tensor> stage(const std::vector<at::Tensor>& ts, bool in, bool out);
-  // Twins to copy into before the collective; after it, twins to copy back
-  // out of (each blocks until its copies are done).
+  // Waits for the copies into the twins (before the collective); after it,
+  // copies the twins back out (both block until their copies are done).
   void copyIn() const;
   void copyOut() const;
 
  private:
   struct Twin {
     at::Tensor device, host;
-    c10::Stream stream;
+    c10::Stream stream;  // the issuing one
     bool in, out;
+    std::shared_ptr<c10::Event> copied;  // `in`: the copy into `host` is done
   };
   std::vector<Twin> twins_;
 };
