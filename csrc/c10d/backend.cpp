@@ -196,10 +196,27 @@ std::exception_ptr asBackendError(const std::string& message) {
 
 // ---------------------------------------------------------------- HopliteWork
 
+namespace {
+// The devices of a work's outputs other than the CPU: its future then records
+// events on them when it completes, so then() callbacks and wait() on any
+// stream are ordered after the outputs (as with NCCL's works).
+std::vector<c10::Device> deviceOutputs(const std::vector<at::Tensor>& outputs) {
+  std::vector<c10::Device> devices;
+  for (const auto& t : outputs) {
+    if (t.defined() && !t.device().is_cpu() &&
+        std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
+      devices.push_back(t.device());
+    }
+  }
+  return devices;
+}
+}  // namespace
+
 HopliteWork::HopliteWork(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs)
     : Work(rank, type),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       deviceOutputs(outputs_))) {}
 
 void HopliteWork::complete(std::exception_ptr error, int sourceRank) {
   sourceRank_ = sourceRank;
