@@ -1,8 +1,9 @@
 // Same-host pulls (net/same_host/): a holder on this host announces where the
 // bytes of each piece are (DataAt) instead of sending them, and the receiver
-// copies them out of the holder's memory on a worker. The holder keeps that
-// memory until the receiver cancels the pull, so a read never sees memory the
-// holder reused, whatever happened to the object meanwhile.
+// copies them out of the holder's memory, on the loop or a copy thread. The
+// holder keeps that memory until the receiver cancels the pull, which it does
+// only once no read of it is in flight, so a read never sees memory the holder
+// reused, whatever happened to the object meanwhile.
 #include <unistd.h>
 
 #include "common/logging.h"
