@@ -21,8 +21,11 @@ def _delta(before: dict, after: dict, key: str) -> int:
     return after[key] - before[key]
 
 
-def test_a_get_reads_the_holders_memory_and_the_holder_sends_nothing():
-    c = Cluster(2)
+# 64 KiB chunks: every read is small enough for the loop, which then reads
+# 1 MiB per turn and goes on in the next.
+@pytest.mark.parametrize("chunk", [0, 64 << 10], ids=["default-chunks", "64KiB-chunks"])
+def test_a_get_reads_the_holders_memory_and_the_holder_sends_nothing(chunk):
+    c = Cluster(2, options={"chunk_bytes": chunk})
     try:
         n = (8 << 20) // 4
         ref = c.call(1, workers.put, workers.pattern(n, 3), "same-host-8MiB")
