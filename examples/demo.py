@@ -139,7 +139,9 @@ def node(rank: int, world: int, port: int, size: int) -> None:
     hop.barrier()
     if rank == 0:
         s = hop.stats()
-        print(f"\nrank 0 sent {human(s['bytes_sent'])}, received {human(s['bytes_received'])}")
+        print(f"\nrank 0 sent {human(s['bytes_sent'])}, received {human(s['bytes_received'])}"
+              f" ({human(s['bytes_received_same_host'])} of it read from the other processes' memory:"
+              f" the same-host path, HOPLITE_SAME_HOST)")
     hop.barrier()
     hop.shutdown()
 

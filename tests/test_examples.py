@@ -22,3 +22,4 @@ def test_parameter_server_applies_every_gradient_exactly():
 def test_demo_runs():
     out = run_example("demo.py", "--nodes", "3", "--size", "4MB")
     assert "warm: buffers reused from the pool" in out and "broadcast" in out
+    assert "read from the other processes' memory" in out
