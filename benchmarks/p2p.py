@@ -103,15 +103,6 @@ class TorchRpc:
         pass
 
 
-def path_of(received: int, same_host: int) -> str:
-    """What carried a system's bytes, from the receivers' counters."""
-    if received == 0:
-        return "inline in the directory (loopback TCP)"
-    if same_host == received:
-        return "same-host memory reads"
-    return "loopback TCP" if same_host == 0 else "mixed"
-
-
 def worker(rank, port, systems, sizes, warmup, minimum, queue):
     """Both processes run the given systems, interleaved trial by trial, so that
     drift in the machine's speed affects them alike. (torch RPC runs in a pair of
@@ -157,9 +148,9 @@ def worker(rank, port, systems, sizes, warmup, minimum, queue):
                     # CPU over the trial and the barrier that closes it, per second of that span.
                     cores.append((c1 - c0) / (t2 - t0))
                     if counted:
-                        s1 = hop.stats()
-                        moved[0] += s1["bytes_received"] - s0["bytes_received"]
-                        moved[1] += s1["bytes_received_same_host"] - s0["bytes_received_same_host"]
+                        received, same_host = common.bytes_moved(s0, hop.stats())
+                        moved[0] += received
+                        moved[1] += same_host
     if "torch-rpc" in systems:
         rpc.shutdown()
     if hop.is_initialized():
@@ -178,7 +169,7 @@ def measure(systems: list[str], sizes: list[int], warmup: int, minimum: int) -> 
             _, cores1, moved1 = results[1][(system, size)]
             median = statistics.median(times)
             if system.startswith("hoplite"):
-                path = path_of(moved0[0] + moved1[0], moved0[1] + moved1[1])
+                path = common.data_path("loopback TCP", moved0[0] + moved1[0], moved0[1] + moved1[1])
             else:  # TensorPipe picks its own transport and channel (shared memory and CMA where it can)
                 path = "loopback TCP" if system == "gloo" else "TensorPipe's choice"
             records.append(

@@ -283,7 +283,7 @@ class Node : public ConnectionObserver {
     uint64_t expected = 0;  // next offset the holder will send
     int resumes = 0;        // senders lost so far
     // Same-host pulls: read from the holder's memory, one range at a time,
-    // in the order the holder announced them.
+    // in the order the holder announced them, on the loop or a copy thread.
     std::shared_ptr<same_host::PeerMemory> holderMemory;
     std::deque<SameHostRange> toRead;
     bool reading = false;  // on a copy thread: the pull ends only once it returns
@@ -571,7 +571,8 @@ class Node : public ConnectionObserver {
 
   struct Counters {
     std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, pullsServed{0}, pullsCompleted{0};
-    std::atomic<uint64_t> bytesSentSameHost{0}, bytesReceivedSameHost{0};  // of the above, read from memory
+    // Of the above: announced to same-host readers, read from a peer's memory.
+    std::atomic<uint64_t> bytesSentSameHost{0}, bytesReceivedSameHost{0};
     std::atomic<uint64_t> inlineGets{0}, localGets{0}, remoteGets{0}, evictions{0};
     std::atomic<uint64_t> relaysServed{0};  // pulls served from a copy still arriving
     std::atomic<uint64_t> reducesCoordinated{0}, reduceTasks{0}, reduceBytes{0}, probes{0};

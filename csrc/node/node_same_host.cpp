@@ -128,8 +128,9 @@ bool Node::onRangeRead(uint64_t request, uint64_t end, const Status& status) {
     return false;
   }
   auto obj = pull.object;
-  counters_.bytesReceived += end - obj->watermark();
-  counters_.bytesReceivedSameHost += end - obj->watermark();
+  const uint64_t read = end - obj->watermark();
+  counters_.bytesReceived += read;
+  counters_.bytesReceivedSameHost += read;
   obj->advance(end);
   if (end == obj->size()) {
     finishPull(request);

@@ -186,7 +186,7 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival
                     del got
                     cleanup(op, system, rank, tag)
                     if trial >= warmup:
-                        moved = _bytes_moved(before, hop.stats()) if before else (0, 0)
+                        moved = common.bytes_moved(before, hop.stats()) if before else (0, 0)
                         results.setdefault((op, system, size), []).append((t0, t1, (c1 - c0) / (t2 - t0), moved))
                     if bar is not None:
                         bar.update(1)
@@ -198,21 +198,13 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival
     return results
 
 
-def _bytes_moved(before: dict, after: dict) -> tuple[int, int]:
-    """Bytes this node received in a trial, and how many of them it read from
-    a peer's memory (the same-host path)."""
-    return (after["bytes_received"] - before["bytes_received"],
-            after["bytes_received_same_host"] - before["bytes_received_same_host"])
-
-
-def _path(base: str, runs: list) -> str:
-    """What carried a system's bytes: the network path, or, where its nodes
-    counted reads of each other's memory, the same-host path."""
-    moved = [trial[3] for run in runs for trial in run if len(trial) > 3]
-    received, same_host = sum(m[0] for m in moved), sum(m[1] for m in moved)
-    if same_host == 0:
-        return base
-    return "same-host memory reads" if same_host == received else f"same-host memory reads and {base}"
+def _path(system: str, network: str, runs: list) -> str:
+    """What carried a system's bytes (torch_hoplite's: from its nodes'
+    counters, summed over its trials on every rank)."""
+    if not system.startswith("hoplite"):
+        return network
+    moved = [trial[3] for run in runs for trial in run]
+    return common.data_path(network, sum(m[0] for m in moved), sum(m[1] for m in moved))
 
 
 def _progress(total: int, what: str):
@@ -323,7 +315,7 @@ def summarize(per_rank: dict, world: int, path: str, rate_bps: float, arrival: f
                 "system": system,
                 "op": op,
                 "nodes": world,
-                "path": _path(path, runs),
+                "path": _path(system, path, runs),
                 "size_bytes": size,
                 "arrival_interval_s": arrival,
                 "ideal_s": ideal,

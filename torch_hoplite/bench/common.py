@@ -127,3 +127,22 @@ def print_table(records: list[dict], columns: list[tuple[str, str, str]]) -> Non
             v = r.get(key)
             cells.append(("-" if v is None else format(v, fmt)).rjust(w))
         print("  ".join(cells))
+
+
+def bytes_moved(before: dict, after: dict) -> tuple[int, int]:
+    """From two snapshots of a node's stats(): the bytes it received in
+    between, and how many of them it read from a peer's memory (the same-host
+    path)."""
+    return (after["bytes_received"] - before["bytes_received"],
+            after["bytes_received_same_host"] - before["bytes_received_same_host"])
+
+
+def data_path(network: str, received: int, same_host: int) -> str:
+    """What carried a torch_hoplite system's bytes, from its receivers'
+    counters: `network` (e.g. "loopback TCP"), reads of a peer's memory, or,
+    when nothing was pulled, the directory's inline copies."""
+    if received == 0:
+        return f"inline in the directory ({network})"
+    if same_host == 0:
+        return network
+    return "same-host memory reads" if same_host == received else f"same-host memory reads and {network}"

@@ -36,7 +36,6 @@ class PeerMemory {
   // Copies n bytes at address `remote` of the process into `dst`: all of
   // them, read while the process was alive, or an error naming the cause.
   Status read(uint64_t remote, uint8_t* dst, uint64_t n) const;
-  int pid() const { return pid_; }
 
  private:
   PeerMemory(int pid, int pidfd) : pid_(pid), pidfd_(pidfd) {}
