@@ -13,7 +13,9 @@ MiB = 1 << 20
 
 @pytest.fixture
 def small_stores():
-    c = Cluster(3, options={"capacity_bytes": 4 * MiB})
+    # Over TCP: a get that reads a holder on its own host hands its copy to
+    # the caller instead of keeping it (nothing would be cached to evict).
+    c = Cluster(3, options={"capacity_bytes": 4 * MiB, "same_host": False})
     yield c
     c.close()
 

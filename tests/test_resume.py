@@ -53,7 +53,7 @@ def test_the_directory_forgets_a_dead_holder():
     c = Cluster(world)
     try:
         c.call(1, workers.put_zero_copy, data, obj_id)
-        assert torch.equal(c.call(2, workers.get, obj_id, 30), data)  # rank 2 now holds a complete copy
+        assert torch.equal(c.call(2, workers.get_keeping_copy, obj_id, 30), data)  # rank 2 now holds a complete copy
         c.call(1, workers.put, torch.ones(1 << 18), "forget-ping")  # not inline: pulled from rank 1
         hop.get("forget-ping").wait()  # rank 0 (the shard) has a connection to rank 1 to watch
         c.kill(1)  # the origin, which the shard would otherwise pick first (lowest rank)

@@ -44,6 +44,53 @@ def test_a_get_reads_the_holders_memory_and_the_holder_sends_nothing(chunk):
         c.close()
 
 
+def test_a_get_takes_the_copy_it_read_and_the_directory_forgets_it():
+    """A copy=True get that read a holder on its own host returns the copy it
+    pulled instead of copying it once more: the copy leaves this node's store
+    and the directory, and a later get reads the holder again."""
+    c = Cluster(2)
+    try:
+        n = (4 << 20) // 4
+        ref = c.call(1, workers.put, workers.pattern(n, 11), "taken-4MiB")
+        with hop.subscribe(ref) as sub:
+            sub.wait_for(lambda loc: loc.complete == (1,), timeout=10)
+            before = hop.stats()
+            first = hop.get(ref, timeout=30).wait()
+            after = hop.stats()
+            assert torch.equal(first, workers.pattern(n, 11))
+            assert _delta(before, after, "copies_handed_over") == 1
+            assert _delta(before, after, "bytes_received_same_host") == n * 4
+            assert after["store_used_bytes"] == before["store_used_bytes"]
+            # Rank 0 was listed while its copy arrived, and is not any more.
+            sub.wait_for(lambda loc: loc.partial == () and loc.complete == (1,), timeout=10)
+            first.fill_(-1)  # the caller's own memory now
+            second = hop.get(ref, timeout=30).wait()
+            assert torch.equal(second, workers.pattern(n, 11))
+            assert _delta(after, hop.stats(), "copies_handed_over") == 1
+    finally:
+        c.close()
+
+
+def test_a_copy_another_get_uses_is_copied_not_taken():
+    """A zero-copy get and a copy=True get of one object, waiting on the same
+    node: the store keeps the copy the zero-copy result shows, and the other
+    get gets memory of its own."""
+    c = Cluster(2)
+    try:
+        n = (4 << 20) // 4
+        shared = hop.get("shared-4MiB", timeout=30, copy=False)
+        own = hop.get("shared-4MiB", timeout=30)
+        before = hop.stats()
+        c.call(1, workers.put, workers.pattern(n, 12), "shared-4MiB")
+        shared, own = shared.wait(), own.wait()
+        assert _delta(before, hop.stats(), "copies_handed_over") == 0
+        assert shared.data_ptr() != own.data_ptr()
+        own.fill_(-1)
+        assert torch.equal(shared, workers.pattern(n, 12))
+    finally:
+        c.close()
+
+
 def test_turned_off_on_one_side_both_directions_use_tcp():
     """Rank 1 runs with HOPLITE_SAME_HOST=0: it offers no reads of its memory
     and reads no one's, so both directions go over TCP, with the same bytes."""

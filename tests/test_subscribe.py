@@ -27,7 +27,7 @@ def test_locations_follow_an_object_from_before_its_put_to_after_its_delete(shar
             c.call(1, workers.put, data, obj)
             loc = sub.wait_for(lambda loc: loc.complete == (1,), timeout=10)
             assert loc.state == "present" and not loc.inline
-            assert torch.equal(c.call(2, workers.get, obj, 30), data)
+            assert torch.equal(c.call(2, workers.get_keeping_copy, obj, 30), data)
             loc = sub.wait_for(lambda loc: loc.complete == (1, 2), timeout=10)
             assert loc.partial == () and loc.holders == (1, 2)
             # A subscriber on another rank is told too.
@@ -53,7 +53,7 @@ def test_a_dead_holder_leaves_the_list_and_the_last_copy_lost_is_reported():
     c = Cluster(world, options={"heartbeat_timeout": 5})
     try:
         c.call(3, workers.put, torch.ones(1 << 18), shared)
-        c.call(2, workers.get, shared, 30)
+        c.call(2, workers.get_keeping_copy, shared, 30)
         c.call(3, workers.put, torch.ones(1 << 18), alone)
         c.call(2, workers.subscribe_forever, shared)  # a subscriber about to die
         with hop.subscribe(shared) as both, hop.subscribe(alone) as one:
@@ -85,7 +85,7 @@ def test_a_subscription_moves_with_its_shard_when_the_shard_host_dies():
             # The next shard learns of rank 1's copy when rank 1 registers it
             # again, and of rank 3's when it pulls; only it can tell the
             # subscription, which moved there.
-            assert torch.equal(c.call(3, workers.get, obj, 30), data)
+            assert torch.equal(c.call(3, workers.get_keeping_copy, obj, 30), data)
             loc = sub.wait_for(lambda loc: loc.complete == (1, 3), timeout=20)
             assert loc.state == "present"
     finally:

@@ -28,6 +28,7 @@ def test_reduce_allreduce_and_gather_over_tcp():
         assert all(torch.equal(out[r], want) for r in range(4))
         stats = [c.call(r, workers.stats) for r in range(4)]
         assert all(s["bytes_received_same_host"] == 0 for s in stats)
+        assert all(s["copies_handed_over"] == 0 for s in stats)  # copies pulled over TCP stay
         assert sum(s["bytes_received"] for s in stats) >= 3 * n * 8
     finally:
         c.close()

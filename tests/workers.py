@@ -18,6 +18,12 @@ def get(ref, timeout=None, **kwargs):
     return hop.get(ref, timeout=timeout, **kwargs).wait()
 
 
+def get_keeping_copy(ref, timeout=None):
+    """A get after which this node holds a copy: with copy=False the store keeps
+    it (a copy=True get that read a holder on its own host takes it instead)."""
+    return hop.get(ref, timeout=timeout, copy=False).wait().clone()
+
+
 def get_to(ref, device, timeout=None):
     """A get onto `device`: the tensor brought back to the CPU, and the device it arrived on."""
     t = hop.get(ref, device=device, timeout=timeout).wait()

@@ -698,6 +698,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"inline_gets", counters_.inlineGets.load()},
       {"local_gets", counters_.localGets.load()},
       {"remote_gets", counters_.remoteGets.load()},
+      {"copies_handed_over", counters_.copiesHandedOver.load()},
       {"evictions", counters_.evictions.load()},
       {"subscriptions", subscriptions},
       {"store_used_bytes", store_->usedBytes()},

@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -307,6 +308,10 @@ class Node : public ConnectionObserver {
     std::optional<Status> ending;
     uint64_t copied = 0;
     bool copyInFlight = false;
+    // copy=true, the copy pulled for this get by reading a holder on this
+    // host: nothing is copied yet, in the hope of taking the copy's buffer
+    // when the pull ends (handOver); given up once another reader uses it.
+    bool takeOver = false;
     int lookups = 0;  // a holder may have evicted its copy since the lookup: ask again
     int retries = 0;  // times the object was being recomputed (kRetry) and looked up again
   };
@@ -327,8 +332,20 @@ class Node : public ConnectionObserver {
   void fetch(const std::string& id, double timeoutSeconds, FetchCallback done);
   void onFetchLookup(const std::string& id, const Status& status, const wire::LookupReply* reply,
                      const FetchCallback& done);
-  void waitForLocal(uint64_t token, std::shared_ptr<LocalObject> object);
+  // `pulled`: the fetch started a pull for this get (the copy is its own).
+  void waitForLocal(uint64_t token, std::shared_ptr<LocalObject> object, bool pulled);
   void progressGet(uint64_t token);
+  // Whether nothing but the store and its own get uses a copy: no other
+  // listener (gets, streams, reduce tasks) and no other owner of its memory
+  // (lent to a reader, a send in flight, a zero-copy get's tensor).
+  static bool onlyItsGetUses(const LocalObject& object);
+  // The get gives up taking its copy's buffer and copies it like any other.
+  void stopTakeOver(uint64_t token);
+  // A same-host pull for a get ended: the get takes the copy's buffer as its
+  // result and the copy leaves the store and the directory (the holder read
+  // is as close to every reader on this host, and one copy less is made).
+  // False (nothing done) when something else uses the copy.
+  bool handOver(uint64_t token, const std::shared_ptr<LocalObject>& object, int sender);
   void finishGet(uint64_t token, const Status& status, std::shared_ptr<Buffer> result = nullptr);
   void startPull(int holder, const std::shared_ptr<LocalObject>& object, int resumes = 0);
   void resumePull(std::shared_ptr<LocalObject> object, int deadRank, int resumes, Status why);
@@ -521,6 +538,10 @@ class Node : public ConnectionObserver {
     EventLoop::TimerId timer;
   };
   std::unordered_map<std::string, std::vector<ParkedPull>> parkedPulls_;
+  // Copies recently handed to their gets (bounded): a pull that the directory
+  // sent here just before is answered at once instead of parked.
+  std::unordered_set<std::string> handedOver_;
+  std::deque<std::string> handedOverOrder_;
   // Memory lent to same-host readers, until they cancel or their connection closes.
   std::map<StreamKey, std::shared_ptr<const Buffer>> lent_;
   std::atomic<uint64_t> lentCount_{0};  // lent_.size(), for stats()
@@ -574,6 +595,7 @@ class Node : public ConnectionObserver {
     // Of the above: announced to same-host readers, read from a peer's memory.
     std::atomic<uint64_t> bytesSentSameHost{0}, bytesReceivedSameHost{0};
     std::atomic<uint64_t> inlineGets{0}, localGets{0}, remoteGets{0}, evictions{0};
+    std::atomic<uint64_t> copiesHandedOver{0};  // remote gets that took their pulled copy (handOver)
     std::atomic<uint64_t> relaysServed{0};  // pulls served from a copy still arriving
     std::atomic<uint64_t> reducesCoordinated{0}, reduceTasks{0}, reduceBytes{0}, probes{0};
     std::atomic<uint64_t> reduceBytesOnDevice{0};  // of reduceBytes, computed by the DeviceReducer

@@ -14,6 +14,8 @@ constexpr uint64_t kCallerCopyBytes = 1u << 20;
 constexpr uint64_t kLoopCopyBytes = 256u << 10;
 // Lookups one get may make when holders turn out to have dropped their copy.
 constexpr int kMaxLookups = 3;
+// Ids of copies handed to their gets that a node remembers (Node::handedOver_).
+constexpr size_t kHandedOverRemembered = 1024;
 // Senders one pull may lose and replace before it fails.
 constexpr int kMaxResumes = 3;
 // A get of an object being recomputed looks it up again after this delay,
@@ -303,7 +305,7 @@ void Node::startGet(uint64_t token) {
       return;
     }
     if (sender >= 0) op.stage = "transfer from " + peerName(sender);
-    waitForLocal(token, std::move(obj));
+    waitForLocal(token, std::move(obj), sender >= 0);
   });
 }
 
@@ -370,17 +372,25 @@ void Node::onFetchLookup(const std::string& id, const Status& status, const wire
     return;
   }
   obj->recomputable = reply->recomputable;
+  handedOver_.erase(id);  // pulls for this id wait for the new copy again
   counters_.remoteGets++;
   startPull(sender, obj);
   serveParkedPulls(obj);  // later receivers that reached us first
   done(Status(), obj, sender);
 }
 
-void Node::waitForLocal(uint64_t token, std::shared_ptr<LocalObject> obj) {
+void Node::waitForLocal(uint64_t token, std::shared_ptr<LocalObject> obj, bool pulled) {
   GetOp& op = gets_.at(token);
   op.object = obj;
   op.meta = obj->meta();
-  if (op.target.device) {
+  // Whether the pull reads a holder's memory is known only once it is
+  // connected: finishPull decides, and a TCP pull just ends the take-over.
+  const bool mayTakeOver = pulled && op.copy && !op.target.buffer && !op.target.device && obj->size() > 0 &&
+                           !hostIdentity_.empty() && obj->handOverTo == 0;
+  if (mayTakeOver) {
+    op.takeOver = true;
+    obj->handOverTo = token;
+  } else if (op.target.device) {
     Status s = op.target.device->prepare(op.id, op.meta);
     if (!s.ok()) return finishGet(token, s);
   } else if (op.target.buffer) {
@@ -414,10 +424,12 @@ void Node::progressGet(uint64_t token) {
     // answered), or the object is being recomputed (a reduce lost a
     // participant): look the object up again, from its first byte.
     obj->removeListener(op.listener);
+    if (obj->handOverTo == token) obj->handOverTo = 0;
     op.listener = 0;
     op.object.reset();
     op.result.reset();
     op.copied = 0;
+    op.takeOver = false;
     if (!recomputed) return startGet(token);
     op.lookups = 0;
     op.stage = "waiting for the object to be recomputed after a participant failed";
@@ -434,6 +446,11 @@ void Node::progressGet(uint64_t token) {
   if (!op.copy) {
     if (obj->complete()) finishGet(token, Status(), obj->buffer());
     return;
+  }
+  if (op.takeOver) {
+    // Waits for the pull's end (finishPull), unless another reader came.
+    if (onlyItsGetUses(*obj)) return;
+    return stopTakeOver(token);
   }
   while (!op.copyInFlight) {
     const uint64_t size = obj->size();
@@ -470,6 +487,45 @@ void Node::progressGet(uint64_t token) {
       });
     });
   }
+}
+
+bool Node::onlyItsGetUses(const LocalObject& obj) {
+  return !obj.primary() && obj.listenerCount() == 1 && obj.buffer().use_count() == 1;
+}
+
+void Node::stopTakeOver(uint64_t token) {
+  auto it = gets_.find(token);
+  if (it == gets_.end() || !it->second.takeOver) return;
+  GetOp& op = it->second;
+  op.takeOver = false;
+  if (op.object->handOverTo == token) op.object->handOverTo = 0;
+  try {
+    op.result = pool_->allocate(op.object->size());
+  } catch (const std::bad_alloc&) {
+    return finishGet(token, Status(Code::kCapacity, "out of memory for a copy of object " + printableId(op.id)));
+  }
+  progressGet(token);
+}
+
+bool Node::handOver(uint64_t token, const std::shared_ptr<LocalObject>& obj, int sender) {
+  auto it = gets_.find(token);
+  if (it == gets_.end() || !it->second.takeOver || it->second.object != obj || !obj->complete() ||
+      !onlyItsGetUses(*obj) || store_->find(obj->id()) != obj) {
+    return false;
+  }
+  finishGet(token, Status(), obj->buffer());
+  store_->remove(obj->id());
+  if (handedOver_.insert(obj->id()).second) {
+    handedOverOrder_.push_back(obj->id());
+    if (handedOverOrder_.size() > kHandedOverRemembered) {
+      handedOver_.erase(handedOverOrder_.front());
+      handedOverOrder_.pop_front();
+    }
+  }
+  // One message drops this node from the holders and frees its sender.
+  send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kRemoved, sender});
+  counters_.copiesHandedOver++;
+  return true;
 }
 
 Status Node::writeToDevice(DeviceTarget& device, const LocalObject& obj, uint64_t from, uint64_t n) {
@@ -559,9 +615,13 @@ void Node::finishPull(uint64_t request) {
   int sender = it->second.rank;
   const bool sameHost = it->second.holderMemory != nullptr;
   pulls_.erase(it);  // first: telling the holder may close the connection, which fails its pulls
-  if (sameHost) releaseHolder(request, sender);
   counters_.pullsCompleted++;
   HLOG(kDebug, "pull of %s from rank %d done at %.3f s (steady clock)", printableId(obj->id()).c_str(), sender, now());
+  const uint64_t get = std::exchange(obj->handOverTo, 0);
+  const bool handedOver = get && sameHost && handOver(get, obj, sender);  // the get completes first
+  if (sameHost) releaseHolder(request, sender);
+  if (handedOver) return;
+  if (get) stopTakeOver(get);
   // This node now holds a complete copy, and its sender is free for others.
   send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete, sender});
 }

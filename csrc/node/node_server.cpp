@@ -100,6 +100,10 @@ void Node::handlePull(Connection& conn, const wire::Pull& msg) {
     startServing(shared, msg, obj);
     return;
   }
+  if (handedOver_.count(msg.id)) {  // gone, not yet arrived: the reader asks the directory again
+    startServing(shared, msg, nullptr);
+    return;
+  }
   auto& parked = parkedPulls_[msg.id];
   if (parked.size() >= 1024) {  // bounded: a peer cannot park requests without limit
     startServing(shared, msg, nullptr);

@@ -46,11 +46,15 @@ class LocalObject {
   // Listeners run on every advance and on failure; they check the state themselves.
   uint64_t addListener(Listener fn);
   void removeListener(uint64_t token);
+  size_t listenerCount() const { return listeners_.size(); }
 
   std::atomic<bool> abandoned{false};
   // A reduce's result, which its coordinator recomputes if a participant dies:
   // a reader that loses its sender waits for it (loop thread only).
   bool recomputable = false;
+  // The get that pulled this copy and may take its buffer when the pull ends
+  // (0: none); see Node::handOver (loop thread only).
+  uint64_t handOverTo = 0;
 
  private:
   void notify();
