@@ -18,7 +18,7 @@ from cluster import Cluster
 MAGIC = 0x544C5048
 
 
-VERSION = 7  # csrc/wire/frame.h kVersion
+VERSION = 8  # csrc/wire/frame.h kVersion
 
 
 def frame(msg_type: int, payload: bytes, version: int = VERSION) -> bytes:
@@ -116,6 +116,23 @@ def _proof(secret: bytes, role: bytes, cluster: bytes, client_nonce: bytes, serv
     return hmac.new(secret, message, hashlib.sha256).digest()
 
 
+def handshake_as_rank_1(s: socket.socket, secret: bytes) -> bool:
+    """Runs the client side of the handshake with this process's node (rank 0)
+    on `s`, as rank 1 at rank 1's listening address (a new address would mean
+    rank 1 restarted there). Returns whether the server proved it knows
+    `secret`; the server's answer to the proof is left to read."""
+    rt = api._rt()
+    cluster = rt._rendezvous.cluster_id().encode()
+    rank1_host, rank1_port = rt._rendezvous.store.get("addr/1").decode().rsplit(":", 1)
+    nonce = os.urandom(16)
+    s.sendall(hello(1, cluster, nonce, rank1_host.encode(), int(rank1_port)))
+    msg_type, payload = read_frame(s)
+    assert msg_type == 17  # challenge: server nonce, server proof
+    server_nonce, server_proof = payload[4:20], payload[24:56]
+    s.sendall(frame(18, string(_proof(secret, b"client", cluster, nonce, server_nonce, 1, 0))))
+    return server_proof == _proof(secret, b"server", cluster, nonce, server_nonce, 1, 0)
+
+
 def test_handshake_needs_the_secret():
     """A stranger that knows the cluster id but not the secret gets a challenge
     and is dropped after a wrong proof; with the secret (read from the store, as
@@ -124,20 +141,11 @@ def test_handshake_needs_the_secret():
     try:
         rt = api._rt()
         host, port = rt.address
-        cluster = rt._rendezvous.cluster_id().encode()
         refused_before = hop.stats()["handshakes_refused"]
-        # It claims rank 1's listening address too (a new one would mean rank 1 restarted there).
-        rank1_host, rank1_port = rt._rendezvous.store.get("addr/1").decode().rsplit(":", 1)
         for secret, accepted in ((b"wrong secret", False), (rt._rendezvous.secret(None).encode(), True)):
             with socket.create_connection((host, port), timeout=5) as s:
-                nonce = os.urandom(16)
-                s.sendall(hello(1, cluster, nonce, rank1_host.encode(), int(rank1_port)))
-                msg_type, payload = read_frame(s)
-                assert msg_type == 17  # challenge: server nonce, server proof
-                server_nonce, server_proof = payload[4:20], payload[24:56]
                 # The server proved it knows the real secret; a stranger cannot check that.
-                assert (server_proof == _proof(secret, b"server", cluster, nonce, server_nonce, 1, 0)) == accepted
-                s.sendall(frame(18, string(_proof(secret, b"client", cluster, nonce, server_nonce, 1, 0))))
+                assert handshake_as_rank_1(s, secret) == accepted
                 if accepted:
                     msg_type, payload = read_frame(s)
                     assert msg_type == 2 and struct.unpack("<i", payload[:4])[0] == 0  # hello ack from rank 0

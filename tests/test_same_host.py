@@ -71,6 +71,34 @@ def test_a_get_takes_the_copy_it_read_and_the_directory_forgets_it():
         c.close()
 
 
+def test_a_pull_reaching_a_node_after_its_get_took_the_copy_is_sent_elsewhere_at_once():
+    """The directory sent a reader here just before this node's get took its
+    copy: the pull is answered at once with "moved" (status 12; the reader asks
+    the directory again, which is no failure) instead of waiting for a copy."""
+    import socket
+    import struct
+
+    import torch_hoplite.api as api
+    from test_bad_peers import frame, handshake_as_rank_1, read_frame, string
+
+    c = Cluster(2)
+    try:
+        ref = c.call(1, workers.put, workers.pattern((1 << 20) // 4, 13), "moved-1MiB")
+        hop.get(ref, timeout=30).wait()
+        assert hop.stats()["copies_handed_over"] == 1
+        rt = api._rt()
+        with socket.create_connection(rt.address, timeout=5) as s:
+            assert handshake_as_rank_1(s, rt._rendezvous.secret(None).encode())
+            assert read_frame(s)[0] == 2  # hello ack
+            s.sendall(frame(10, struct.pack("<Q", 77) + string(b"moved-1MiB") + struct.pack("<QB", 0, 0)))  # pull
+            s.settimeout(2)  # a parked pull would wait 5 s
+            msg_type, payload = read_frame(s)
+            assert msg_type == 4 and struct.unpack("<QB", payload[:9]) == (77, 12), (msg_type, payload)
+            assert b"moved-1MiB" in payload
+    finally:
+        c.close()
+
+
 def test_a_copy_another_get_uses_is_copied_not_taken():
     """A zero-copy get and a copy=True get of one object, waiting on the same
     node: the store keeps the copy the zero-copy result shows, and the other

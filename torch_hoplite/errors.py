@@ -59,6 +59,7 @@ _BY_CODE: dict[int, type[HopliteError]] = {
     9: HopliteError,  # shutdown
     10: HopliteError,  # internal
     11: PeerFailedError,  # an object being recomputed after a peer failed
+    12: HopliteError,  # a holder handed its copy to a get (pulls look elsewhere; not expected here)
 }
 
 

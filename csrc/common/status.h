@@ -22,8 +22,11 @@ enum class Code : uint8_t {
   // The object is being recomputed (a reduce recovering from a failure): look
   // it up again. Gets retry it themselves; it surfaces only as a last error.
   kRetry = 11,
+  // The holder a pull went to handed its copy to a get just before: ask the
+  // directory for another holder (pulls do so themselves; never surfaces).
+  kMoved = 12,
 };
-constexpr uint8_t kMaxCode = 11;
+constexpr uint8_t kMaxCode = 12;
 
 struct Status {
   Code code = Code::kOk;

@@ -332,8 +332,8 @@ class Node : public ConnectionObserver {
   void fetch(const std::string& id, double timeoutSeconds, FetchCallback done);
   void onFetchLookup(const std::string& id, const Status& status, const wire::LookupReply* reply,
                      const FetchCallback& done);
-  // `pulled`: the fetch started a pull for this get (the copy is its own).
-  void waitForLocal(uint64_t token, std::shared_ptr<LocalObject> object, bool pulled);
+  // `sender`: the holder the fetch started a pull from for this get (-1: none).
+  void waitForLocal(uint64_t token, std::shared_ptr<LocalObject> object, int sender);
   void progressGet(uint64_t token);
   // Whether nothing but the store and its own get uses a copy: no other
   // listener (gets, streams, reduce tasks) and no other owner of its memory
@@ -341,6 +341,8 @@ class Node : public ConnectionObserver {
   static bool onlyItsGetUses(const LocalObject& object);
   // The get gives up taking its copy's buffer and copies it like any other.
   void stopTakeOver(uint64_t token);
+  // Something else starts using a local copy: no get may take it.
+  void keepCopy(LocalObject& object);
   // A same-host pull for a get ended: the get takes the copy's buffer as its
   // result and the copy leaves the store and the directory (the holder read
   // is as close to every reader on this host, and one copy less is made).

@@ -232,10 +232,12 @@ bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t
     *now = Completion{token, Completion::Kind::kGet, s, nullptr, {}};
     return true;
   }
-  // Fast path, on the caller's thread: a complete local copy.
-  if (auto obj = store_->find(id); obj && obj->complete()) {
+  // Fast path, on the caller's thread: a complete local copy. Its memory is
+  // pinned while found, so the loop cannot hand that copy to a get meanwhile.
+  std::shared_ptr<Buffer> pinned;
+  if (auto obj = store_->find(id, &pinned); obj && obj->complete()) {
     counters_.localGets++;
-    *now = Completion{token, Completion::Kind::kGet, Status(), obj->buffer(), obj->meta()};
+    *now = Completion{token, Completion::Kind::kGet, Status(), pinned, obj->meta()};
     if (target && target->device) {
       now->buffer = nullptr;
       now->status = target->device->prepare(id, obj->meta());
@@ -305,12 +307,13 @@ void Node::startGet(uint64_t token) {
       return;
     }
     if (sender >= 0) op.stage = "transfer from " + peerName(sender);
-    waitForLocal(token, std::move(obj), sender >= 0);
+    waitForLocal(token, std::move(obj), sender);
   });
 }
 
 void Node::fetch(const std::string& id, double timeoutSeconds, FetchCallback done) {
   if (auto obj = store_->find(id); obj && !shuttingDown_) {
+    keepCopy(*obj);
     counters_.localGets++;
     done(Status(), obj, -1);
     return;
@@ -352,6 +355,7 @@ void Node::onFetchLookup(const std::string& id, const Status& status, const wire
     return;
   }
   if (auto obj = store_->find(id)) {
+    keepCopy(*obj);
     if (sender >= 0) {
       send(shard, wire::HolderUpdate{id, config_.rank,
                                      obj->complete() ? wire::HolderState::kComplete : wire::HolderState::kPartial, sender});
@@ -379,14 +383,16 @@ void Node::onFetchLookup(const std::string& id, const Status& status, const wire
   done(Status(), obj, sender);
 }
 
-void Node::waitForLocal(uint64_t token, std::shared_ptr<LocalObject> obj, bool pulled) {
+void Node::waitForLocal(uint64_t token, std::shared_ptr<LocalObject> obj, int sender) {
   GetOp& op = gets_.at(token);
   op.object = obj;
   op.meta = obj->meta();
-  // Whether the pull reads a holder's memory is known only once it is
-  // connected: finishPull decides, and a TCP pull just ends the take-over.
-  const bool mayTakeOver = pulled && op.copy && !op.target.buffer && !op.target.device && obj->size() > 0 &&
-                           !hostIdentity_.empty() && obj->handOverTo == 0;
+  // Only a pull from a holder whose memory this node reads. That is known once
+  // connected: until then the get hopes, and startPull ends the hope if not.
+  auto peer = sender >= 0 ? peers_.find(sender) : peers_.end();
+  const bool readable = peer != peers_.end() && !hostIdentity_.empty() && (peer->second.memory || !peer->second.ready);
+  const bool mayTakeOver = readable && op.copy && !op.target.buffer && !op.target.device && obj->size() > 0 &&
+                           obj->handOverTo == 0;
   if (mayTakeOver) {
     op.takeOver = true;
     obj->handOverTo = token;
@@ -493,6 +499,10 @@ bool Node::onlyItsGetUses(const LocalObject& obj) {
   return !obj.primary() && obj.listenerCount() == 1 && obj.buffer().use_count() == 1;
 }
 
+void Node::keepCopy(LocalObject& obj) {
+  if (obj.handOverTo) stopTakeOver(obj.handOverTo);
+}
+
 void Node::stopTakeOver(uint64_t token) {
   auto it = gets_.find(token);
   if (it == gets_.end() || !it->second.takeOver) return;
@@ -509,12 +519,13 @@ void Node::stopTakeOver(uint64_t token) {
 
 bool Node::handOver(uint64_t token, const std::shared_ptr<LocalObject>& obj, int sender) {
   auto it = gets_.find(token);
+  // Listeners first (loop thread); the store then checks the memory's owners
+  // under its lock, which readers on callers' threads take their pin under.
   if (it == gets_.end() || !it->second.takeOver || it->second.object != obj || !obj->complete() ||
-      !onlyItsGetUses(*obj) || store_->find(obj->id()) != obj) {
+      obj->primary() || obj->listenerCount() != 1 || !store_->removeUnshared(*obj)) {
     return false;
   }
   finishGet(token, Status(), obj->buffer());
-  store_->remove(obj->id());
   if (handedOver_.insert(obj->id()).second) {
     handedOverOrder_.push_back(obj->id());
     if (handedOverOrder_.size() > kHandedOverRemembered) {
@@ -571,7 +582,10 @@ void Node::startPull(int holder, const std::shared_ptr<LocalObject>& obj, int re
     if (it == pulls_.end()) return;
     auto peer = peers_.find(holder);
     if (peer != peers_.end()) it->second.holderMemory = peer->second.memory;
-    conn.sendControl(wire::MsgType::kPull, wire::encode(wire::Pull{request, id, offset, it->second.holderMemory != nullptr}));
+    const bool sameHost = it->second.holderMemory != nullptr;
+    const uint64_t get = it->second.object->handOverTo;
+    conn.sendControl(wire::MsgType::kPull, wire::encode(wire::Pull{request, id, offset, sameHost}));
+    if (!sameHost && get) stopTakeOver(get);  // over TCP: the copy stays, the get copies as bytes arrive
   });
 }
 
@@ -639,28 +653,39 @@ void Node::failPull(uint64_t request, const Status& why) {
   const bool sameHost = it->second.holderMemory != nullptr;
   pulls_.erase(it);  // first: telling the holder may close the connection, which fails its pulls
   if (sameHost) releaseHolder(request, rank);
-  if (why.code == Code::kPeerFailed && resumes < kMaxResumes && !shuttingDown_ && store_->find(obj->id()) == obj) {
-    resumePull(obj, rank, resumes + 1, why);
+  // A holder that handed its copy to a get is no failure: not counted.
+  const bool moved = why.code == Code::kMoved;
+  if ((moved || (why.code == Code::kPeerFailed && resumes < kMaxResumes)) && !shuttingDown_ &&
+      store_->find(obj->id()) == obj) {
+    resumePull(obj, rank, moved ? resumes : resumes + 1, why);
     return;
   }
   dropFailedCopy(obj, rank, why);
 }
 
-// The sender died mid-transfer: ask the shard for another holder (it drops the
-// dead one and never picks one fed through this node) and continue from the
-// bytes already here, so only what was in flight moves again.
+// The sender died mid-transfer, or had handed its copy to a get (kMoved): ask
+// the shard for another holder (it skips that one and never picks one fed
+// through this node) and continue from the bytes already here, so only what
+// was in flight moves again.
 void Node::resumePull(std::shared_ptr<LocalObject> obj, int deadRank, int resumes, Status why) {
   requestLookup(obj->id(), config_.connectTimeoutSeconds, /*locate=*/false, deadRank,
                 [this, obj, deadRank, resumes, why](const Status& s, const wire::LookupReply* reply) {
                   if (store_->find(obj->id()) != obj) return;  // dropped meanwhile
                   if (!s.ok() || reply == nullptr || reply->sender < 0 || reply->sender == config_.rank ||
                       reply->sender >= config_.worldSize) {
-                    return dropFailedCopy(obj, -1, why);
+                    if (why.code != Code::kMoved) return dropFailedCopy(obj, -1, why);
+                    // Nothing failed: what the directory said is the news (deleted, no copy left).
+                    return dropFailedCopy(obj, -1, !s.ok() ? s : Status(Code::kNotFound, "no node holds a copy of object " + printableId(obj->id())));
                   }
-                  counters_.pullResumes++;
-                  HLOG(kInfo, "resuming %s from %s at byte %llu after %s failed", printableId(obj->id()).c_str(),
-                       peerName(reply->sender).c_str(), static_cast<unsigned long long>(obj->watermark()),
-                       peerName(deadRank).c_str());
+                  if (why.code == Code::kMoved) {
+                    HLOG(kDebug, "pull of %s goes to %s instead: %s", printableId(obj->id()).c_str(),
+                         peerName(reply->sender).c_str(), why.message.c_str());
+                  } else {
+                    counters_.pullResumes++;
+                    HLOG(kInfo, "resuming %s from %s at byte %llu after %s failed", printableId(obj->id()).c_str(),
+                         peerName(reply->sender).c_str(), static_cast<unsigned long long>(obj->watermark()),
+                         peerName(deadRank).c_str());
+                  }
                   startPull(reply->sender, obj, resumes);
                 });
 }

@@ -101,7 +101,10 @@ void Node::handlePull(Connection& conn, const wire::Pull& msg) {
     return;
   }
   if (handedOver_.count(msg.id)) {  // gone, not yet arrived: the reader asks the directory again
-    startServing(shared, msg, nullptr);
+    conn.sendControl(wire::MsgType::kStatusReply,
+                        wire::encode(wire::StatusReply{msg.request, Status(Code::kMoved, peerName(config_.rank) +
+                                                                             " handed its copy of object " +
+                                                                             printableId(msg.id) + " to a get")}));
     return;
   }
   auto& parked = parkedPulls_[msg.id];

@@ -82,18 +82,30 @@ Status ObjectStore::create(const std::string& id, const ObjectMeta& meta, bool p
   return Status();
 }
 
-std::shared_ptr<LocalObject> ObjectStore::find(const std::string& id) {
+std::shared_ptr<LocalObject> ObjectStore::find(const std::string& id, std::shared_ptr<Buffer>* pin) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = objects_.find(id);
   if (it == objects_.end()) return nullptr;
   lru_.splice(lru_.begin(), lru_, it->second.lru);
+  if (pin) *pin = it->second.object->buffer();
   return it->second.object;
 }
 
 std::shared_ptr<LocalObject> ObjectStore::remove(const std::string& id) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = objects_.find(id);
-  if (it == objects_.end()) return nullptr;
+  return it == objects_.end() ? nullptr : eraseLocked(it);
+}
+
+bool ObjectStore::removeUnshared(const LocalObject& object) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = objects_.find(object.id());
+  if (it == objects_.end() || it->second.object.get() != &object || object.buffer().use_count() != 1) return false;
+  eraseLocked(it);
+  return true;
+}
+
+std::shared_ptr<LocalObject> ObjectStore::eraseLocked(std::unordered_map<std::string, Entry>::iterator it) {
   auto obj = std::move(it->second.object);
   used_ -= it->second.charged;
   lru_.erase(it->second.lru);

@@ -29,8 +29,14 @@ class ObjectStore {
   // stored object's, already counted against the capacity.
   Status create(const std::string& id, const ObjectMeta& meta, bool primary, std::shared_ptr<LocalObject>* out,
                 std::shared_ptr<Buffer> borrowed = nullptr, bool sharedWithStored = false);
-  std::shared_ptr<LocalObject> find(const std::string& id);  // marks it recently used
+  // Marks it recently used. `pin`: also a reference to its memory, taken under
+  // the store's lock, for readers off the loop thread (see removeUnshared).
+  std::shared_ptr<LocalObject> find(const std::string& id, std::shared_ptr<Buffer>* pin = nullptr);
   std::shared_ptr<LocalObject> remove(const std::string& id);
+  // Removes `object` if it is still the stored copy and nothing else owns its
+  // memory (no pinned reader, memory lent, send in flight or tensor handed
+  // out), so that its buffer can be given away; false (nothing done) otherwise.
+  bool removeUnshared(const LocalObject& object);
 
   uint64_t usedBytes() const;
   uint64_t capacityBytes() const { return capacity_; }
@@ -44,6 +50,7 @@ class ObjectStore {
     uint64_t charged;  // bytes counted in used_
   };
   bool makeRoom(uint64_t bytes, std::vector<std::string>* evicted);
+  std::shared_ptr<LocalObject> eraseLocked(std::unordered_map<std::string, Entry>::iterator it);
 
   std::shared_ptr<BufferPool> pool_;
   const uint64_t capacity_;
