@@ -111,7 +111,9 @@ void Channel::awaitCancel(const Pending& op, std::chrono::steady_clock::time_poi
   // Done once the loop thread has run the cancel, which stops every write to
   // the receive's memory (a loop turn; bounded in case the loop is stuck).
   std::unique_lock<std::mutex> lock(op->outcome->mutex);
+  op->outcome->awaited = op.get();
   op->outcome->cv.wait_until(lock, until, [&] { return op->done; });
+  op->outcome->awaited = nullptr;
 }
 
 double Channel::secondsLeft() const {
@@ -144,6 +146,7 @@ Node::MessageCallback completer(const Channel::Pending& op, double timeoutSecond
                               ? Status(Code::kTimeout, "timed out after " + printableSeconds(timeoutSeconds))
                               : reported;
     Channel::Outcome& outcome = *op->outcome;
+    bool wake;
     {
       std::lock_guard<std::mutex> lock(outcome.mutex);
       op->done = true;
@@ -152,8 +155,9 @@ Node::MessageCallback completer(const Channel::Pending& op, double timeoutSecond
         outcome.failure = status;
         outcome.failedOp = op->where;
       }
+      wake = outcome.awaited == op.get() || !status.ok();
     }
-    outcome.cv.notify_all();
+    if (wake) outcome.cv.notify_all();
   };
 }
 }  // namespace
@@ -180,7 +184,10 @@ Channel::Pending Channel::recv(int peer, uint64_t subTag, void* data, size_t byt
 void Channel::wait(const Pending& op) {
   Outcome& outcome = *op->outcome;
   std::unique_lock<std::mutex> lock(outcome.mutex);
-  if (!outcome.cv.wait_until(lock, deadline_, [&] { return op->done || !outcome.failure.ok(); })) {
+  outcome.awaited = op.get();
+  const bool ended = outcome.cv.wait_until(lock, deadline_, [&] { return op->done || !outcome.failure.ok(); });
+  outcome.awaited = nullptr;
+  if (!ended) {
     lock.unlock();
     Status why(Code::kTimeout, op->where + " timed out after " + printableSeconds(timeoutSeconds_));
     if (!op->isSend) {

@@ -108,6 +108,9 @@ struct Channel::Outcome {
   std::condition_variable cv;
   Status failure;  // the first op's that failed
   std::string failedOp;  // which one, for the error
+  // The op the collective's thread waits for (null: none): the others'
+  // completions do not wake it, only this one's or a failure.
+  const Op* awaited = nullptr;
 };
 
 struct Channel::Op {
