@@ -525,6 +525,7 @@ bool Node::handOver(uint64_t token, const std::shared_ptr<LocalObject>& obj, int
       obj->primary() || obj->listenerCount() != 1 || !store_->removeUnshared(*obj)) {
     return false;
   }
+  counters_.copiesHandedOver++;  // before the caller can look
   finishGet(token, Status(), obj->buffer());
   if (handedOver_.insert(obj->id()).second) {
     handedOverOrder_.push_back(obj->id());
@@ -535,7 +536,6 @@ bool Node::handOver(uint64_t token, const std::shared_ptr<LocalObject>& obj, int
   }
   // One message drops this node from the holders and frees its sender.
   send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kRemoved, sender});
-  counters_.copiesHandedOver++;
   return true;
 }
 
