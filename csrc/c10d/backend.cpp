@@ -262,7 +262,7 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::enqueue(::c10d::OpType type, co
     std::exception_ptr error;
     try {
       channel_.begin(label, kind, (seq & kSeqMask) << kSeqShift, seconds, owner);
-      if (staging) staging->copyIn();
+      if (staging) staging->awaitCopiesIn();
       body(channel_);
       if (staging) staging->copyOut();
     } catch (const CommError& e) {
@@ -697,7 +697,7 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::pointToPoint(Tensors& tensors, 
   auto work = c10::make_intrusive<HopliteWork>(getRank(), type, tensors);
   auto staging = std::make_shared<DeviceStaging>();
   Dense d(staging->stage(t, isSend, !isSend));
-  if (isSend) staging->copyIn();  // here: the caller's stream is the current one
+  if (isSend) staging->awaitCopiesIn();  // the bytes leave from the twin as soon as the send starts
   auto keep = std::make_shared<at::Tensor>(d.work);
   const uint64_t tagValue = kPointToPointBit | static_cast<uint32_t>(tag);
   const int global = any ? -1 : channel_.globalRank(peer);

@@ -11,7 +11,7 @@ at::Tensor DeviceStaging::stage(const at::Tensor& t, bool in, bool out) {
   c10::impl::VirtualGuardImpl guard(t.device().type());
   // Page-locked, so the copies are DMA transfers, from torch's caching host allocator.
   at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
-  Twin twin{t, host, guard.getStream(t.device()), in, out, nullptr};
+  Twin twin{t, host, guard.getStream(t.device()), out, nullptr};
   if (in) {
     // Now, after what the issuing stream has queued so far, without holding it up.
     const c10::Stream side = guard.getStreamFromGlobalPool(t.device());
@@ -36,7 +36,7 @@ std::vector<at::Tensor> DeviceStaging::stage(const std::vector<at::Tensor>& ts, 
   return staged;
 }
 
-void DeviceStaging::copyIn() const {
+void DeviceStaging::awaitCopiesIn() const {
   for (const auto& twin : twins_) {
     if (twin.copied) twin.copied->synchronize();
   }

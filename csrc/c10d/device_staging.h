@@ -28,15 +28,15 @@ class DeviceStaging {
   std::vector<at::Tensor> stage(const std::vector<at::Tensor>& ts, bool in, bool out);
   // Waits for the copies into the twins (before the collective); after it,
   // copies the twins back out (both block until their copies are done).
-  void copyIn() const;
+  void awaitCopiesIn() const;
   void copyOut() const;
 
  private:
   struct Twin {
     at::Tensor device, host;
     c10::Stream stream;  // the issuing one
-    bool in, out;
-    std::shared_ptr<c10::Event> copied;  // `in`: the copy into `host` is done
+    bool out;
+    std::shared_ptr<c10::Event> copied;  // read by the collective: the copy into `host` is done
   };
   std::vector<Twin> twins_;
 };

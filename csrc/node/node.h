@@ -341,6 +341,8 @@ class Node : public ConnectionObserver {
   static bool onlyItsGetUses(const LocalObject& object);
   // The get gives up taking its copy's buffer and copies it like any other.
   void stopTakeOver(uint64_t token);
+  // A buffer of the pool for the get's own copy; false (the get failed) if none.
+  bool allocateResult(uint64_t token);
   // Something else starts using a local copy: no get may take it.
   void keepCopy(LocalObject& object);
   // A same-host pull for a get ended: the get takes the copy's buffer as its

@@ -403,13 +403,8 @@ void Node::waitForLocal(uint64_t token, std::shared_ptr<LocalObject> obj, int se
     Status s = checkTarget(op.id, op.meta, op.target);
     if (!s.ok()) return finishGet(token, s);
     op.result = op.target.buffer;
-  } else if (op.copy && obj->size() > 0) {
-    try {
-      op.result = pool_->allocate(obj->size());
-    } catch (const std::bad_alloc&) {
-      finishGet(token, Status(Code::kCapacity, "out of memory for a copy of object " + printableId(op.id)));
-      return;
-    }
+  } else if (op.copy && obj->size() > 0 && !allocateResult(token)) {
+    return;
   }
   op.listener = obj->addListener([this, token] { progressGet(token); });
   progressGet(token);
@@ -509,20 +504,26 @@ void Node::stopTakeOver(uint64_t token) {
   GetOp& op = it->second;
   op.takeOver = false;
   if (op.object->handOverTo == token) op.object->handOverTo = 0;
+  if (allocateResult(token)) progressGet(token);
+}
+
+bool Node::allocateResult(uint64_t token) {
+  GetOp& op = gets_.at(token);
   try {
     op.result = pool_->allocate(op.object->size());
+    return true;
   } catch (const std::bad_alloc&) {
-    return finishGet(token, Status(Code::kCapacity, "out of memory for a copy of object " + printableId(op.id)));
+    finishGet(token, Status(Code::kCapacity, "out of memory for a copy of object " + printableId(op.id)));
+    return false;
   }
-  progressGet(token);
 }
 
 bool Node::handOver(uint64_t token, const std::shared_ptr<LocalObject>& obj, int sender) {
   auto it = gets_.find(token);
-  // Listeners first (loop thread); the store then checks the memory's owners
-  // under its lock, which readers on callers' threads take their pin under.
+  // The store checks the memory's owners again under its lock, which readers
+  // on callers' threads take their pin under.
   if (it == gets_.end() || !it->second.takeOver || it->second.object != obj || !obj->complete() ||
-      obj->primary() || obj->listenerCount() != 1 || !store_->removeUnshared(*obj)) {
+      !onlyItsGetUses(*obj) || !store_->removeUnshared(*obj)) {
     return false;
   }
   counters_.copiesHandedOver++;  // before the caller can look
@@ -675,7 +676,8 @@ void Node::resumePull(std::shared_ptr<LocalObject> obj, int deadRank, int resume
                       reply->sender >= config_.worldSize) {
                     if (why.code != Code::kMoved) return dropFailedCopy(obj, -1, why);
                     // Nothing failed: what the directory said is the news (deleted, no copy left).
-                    return dropFailedCopy(obj, -1, !s.ok() ? s : Status(Code::kNotFound, "no node holds a copy of object " + printableId(obj->id())));
+                    const Status none(Code::kNotFound, "no node holds a copy of object " + printableId(obj->id()));
+                    return dropFailedCopy(obj, -1, s.ok() ? none : s);
                   }
                   if (why.code == Code::kMoved) {
                     HLOG(kDebug, "pull of %s goes to %s instead: %s", printableId(obj->id()).c_str(),

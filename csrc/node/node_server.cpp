@@ -101,10 +101,9 @@ void Node::handlePull(Connection& conn, const wire::Pull& msg) {
     return;
   }
   if (handedOver_.count(msg.id)) {  // gone, not yet arrived: the reader asks the directory again
-    conn.sendControl(wire::MsgType::kStatusReply,
-                        wire::encode(wire::StatusReply{msg.request, Status(Code::kMoved, peerName(config_.rank) +
-                                                                             " handed its copy of object " +
-                                                                             printableId(msg.id) + " to a get")}));
+    const Status moved(Code::kMoved, peerName(config_.rank) + " handed its copy of object " + printableId(msg.id) +
+                                         " to a get");
+    conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, moved}));
     return;
   }
   auto& parked = parkedPulls_[msg.id];
