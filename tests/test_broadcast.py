@@ -3,6 +3,8 @@
 import random
 import time
 
+import pytest
+import torch
 
 import torch_hoplite as hop
 import workers
@@ -44,3 +46,30 @@ def test_simultaneous_receivers_form_a_relay_chain():
         assert relayed >= 1
     finally:
         c.close()
+
+
+def test_get_with_a_source_pulls_from_that_rank_even_before_it_has_a_copy(cluster4):
+    n = (4 << 20) // 4
+    hop.put(workers.pattern(n, 8), "sourced")
+    before = {r: cluster4.call(r, workers.stats)["pulls_served"] for r in range(4)}
+    # Rank 3 asks for rank 2, which has no copy yet: its node holds the pull until it has one.
+    via_2 = cluster4.submit(3, workers.get_from, "sourced", 2, 30)
+    time.sleep(0.3)
+    assert torch.equal(cluster4.call(2, workers.get_keeping_copy, "sourced", 30), workers.pattern(n, 8))
+    assert torch.equal(via_2.result(), workers.pattern(n, 8))
+    served = {r: cluster4.call(r, workers.stats)["pulls_served"] - before[r] for r in range(4)}
+    assert served == {0: 1, 1: 0, 2: 1, 3: 0}, served  # without the source, both pull from rank 0
+
+
+def test_a_source_that_never_gets_a_copy_is_replaced_by_the_directory_s_choice(cluster4):
+    n = (1 << 20) // 4
+    hop.put(workers.pattern(n, 9), "unsourced")
+    start = time.monotonic()
+    assert torch.equal(cluster4.call(3, workers.get_from, "unsourced", 1, 30), workers.pattern(n, 9))
+    assert time.monotonic() - start < 15  # its pull waited at rank 1 (5 s), then went elsewhere
+
+
+@pytest.mark.parametrize("source", [4, -1, True, "1"])
+def test_bad_source_is_refused(cluster4, source):
+    with pytest.raises(ValueError, match="source"):
+        hop.get("anything", source=source)

@@ -25,3 +25,13 @@ def test_reduce_trees_cost_model_and_kernels(tmp_path):
         "test_reduce",
         ["tests/cpp/test_reduce.cpp", "csrc/coll/reduce_plan.cpp", "csrc/coll/reduce_kernels.cpp"],
     )
+
+
+@needs_gxx
+def test_tcp_connection_alternates_flows_and_lets_control_frames_overtake(tmp_path):
+    build_and_run(
+        tmp_path,
+        "test_tcp_queue",
+        ["tests/cpp/test_tcp_queue.cpp", "csrc/net/tcp/tcp_connection.cpp", "csrc/net/event_loop.cpp",
+         "csrc/common/logging.cpp", "csrc/wire/frame.cpp"],
+    )

@@ -226,6 +226,27 @@ def test_forced_degree_builds_that_tree(cluster4, degree):
     assert list(plan.holders) == [int(obj_id.rsplit("/", 1)[1]) % 4 for obj_id in plan.inputs]
 
 
+def test_ordered_reduce_places_each_input_at_its_position_whatever_the_arrival(cluster4):
+    tag = uid("ordered")
+    n = (1 << 20) // 4
+    ids = [f"{tag}/{i}" for i in range(6)]
+    inputs = {obj_id: ints(i, n) for i, obj_id in enumerate(ids)}
+    # The last inputs are put first, the first ones only after the reduce started.
+    holder = lambda i: 1 + i % 3  # noqa: E731  (ranks 1-3, which can put while this one reduces)
+    for i in (5, 4, 3):
+        put_on(cluster4, holder(i), inputs[ids[i]], ids[i])
+    late = [cluster4.submit(holder(i), workers.put_after, 0.3, inputs[ids[i]], ids[i]) for i in (2, 1, 0)]
+    result, unused = hop.reduce(ids, degree=1, ordered=True)
+    for p in late:
+        p.result()
+    plan = result.reduce_plan
+    assert unused == [] and list(plan.inputs) == ids
+    assert list(plan.parents) == [1, 2, 3, 4, 5, -1] and list(plan.holders) == [holder(i) for i in range(6)]
+    check_exact(result, inputs)
+    with pytest.raises(ValueError, match="every input"):
+        hop.reduce(ids, num_objects=5, ordered=True)
+
+
 def test_automatic_degree_follows_the_measured_link_and_the_size(cluster4):
     tag = uid("auto")
     plans = {}

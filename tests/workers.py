@@ -24,6 +24,11 @@ def get_keeping_copy(ref, timeout=None):
     return hop.get(ref, timeout=timeout, copy=False).wait().clone()
 
 
+def get_from(ref, source, timeout=None):
+    """A get that asks to pull from `source`; keeps its copy, as get_keeping_copy."""
+    return hop.get(ref, timeout=timeout, copy=False, source=source).wait().clone()
+
+
 def get_to(ref, device, timeout=None):
     """A get onto `device`: the tensor brought back to the CPU, and the device it arrived on."""
     t = hop.get(ref, device=device, timeout=timeout).wait()

@@ -111,6 +111,7 @@ def get(
     *,
     copy: bool = True,
     out: Optional[torch.Tensor] = None,
+    source: Optional[int] = None,
 ) -> torch.futures.Future:
     """Fetches an object; the future's ``wait()`` gives the tensor with its
     original dtype and shape, on `device` (default: CPU, wherever it was put from).
@@ -129,6 +130,11 @@ def get(
     makes the waiting thread's current stream wait for the copies, without a
     host-side synchronization, like the futures of ``torch.distributed.rpc``.
 
+    ``source=rank`` asks to pull from that rank, which holds a copy or is
+    fetching one (a neighbour in a ring, so that each link carries one flow),
+    instead of the holder the directory would choose; it is a hint: a rank
+    that gets no copy within 5 s, or fails, is replaced by the directory's choice.
+
     The future fails with HopliteTimeoutError (a TimeoutError),
     ObjectDeletedError, PeerFailedError, CapacityError or InvalidArgumentError
     (`out` does not fit the object); messages name the object and the peer involved.
@@ -138,7 +144,11 @@ def get(
         _check_out(out, ref, copy)
     if target.type == "cuda" and not copy:
         raise ValueError(f"get of object {id_of(ref)!r} to {target}: copy=False hands out the store's host copy")
-    return _rt().get(id_of(ref), timeout, copy, out, target)
+    rt = _rt()
+    if source is not None and (isinstance(source, bool) or not isinstance(source, int)
+                               or not 0 <= source < rt.world_size):
+        raise ValueError(f"get of object {id_of(ref)!r}: source must be a rank in [0, {rt.world_size}), got {source!r}")
+    return rt.get(id_of(ref), timeout, copy, out, target, source)
 
 
 def _target_device(

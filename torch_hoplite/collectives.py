@@ -87,6 +87,7 @@ def reduce(
     *,
     degree: Optional[int] = None,
     timeout: Optional[float] = None,
+    ordered: bool = False,
 ) -> tuple[ObjectRef, list[Union[ObjectRef, ObjectId]]]:
     """Reduces the first `num_objects` of `refs` to become ready (default: all).
 
@@ -104,6 +105,10 @@ def reduce(
         degree: tree degree (1 = chain); default chosen by the cost model from
             the measured link latency and bandwidth and the object size.
         timeout: seconds to wait for enough inputs (default ``HOPLITE_TIMEOUT``).
+        ordered: ``refs[i]`` takes tree position ``i`` (leaf first: with
+            ``degree=1`` the chain runs from ``refs[0]`` to the root ``refs[-1]``)
+            instead of the inputs taking positions as they become ready; every
+            input is used (`num_objects` must be ``len(refs)``).
 
     Returns:
         ``(result, unused)``: the result's ref, whose ``reduce_plan`` lists the
@@ -128,7 +133,7 @@ def reduce(
     if id is None:
         id = f"reduce-{rt.rank}-{uuid.uuid4().hex}"
     status, message, plan = rt.node.reduce(
-        id_bytes(id), [id_bytes(id_of(r)) for r in refs], count, int(code), degree or 0, rt.timeout(timeout)
+        id_bytes(id), [id_bytes(id_of(r)) for r in refs], count, int(code), degree or 0, rt.timeout(timeout), ordered
     )
     if status != 0:
         raise error_from_status(status, message)
@@ -212,9 +217,13 @@ def allreduce(
     member fetches every reduced piece while it is computed, so the broadcast of
     the first chunks overlaps the reduce. With one piece each process receives
     twice the tensor; with one piece per member, 2(N-1)/N of it, as in a ring
-    allreduce, but over many more concurrent streams (on the emulated 1 Gbit/s
-    cluster that was not faster; see benchmarks/README.md). The objects it
-    creates (ids starting with `id`) are deleted once every member has the result.
+    allreduce. The members form a ring (group order): every piece's reduce is
+    a chain that ends at its root, and its result travels on around the ring,
+    so each member pulls everything from the member before it and each link
+    carries one connection, which alternates the pieces' streams frame by frame.
+    `degree` other than 1 uses reduce trees placed as inputs become ready and
+    the directory's broadcast trees instead. The objects it creates (ids
+    starting with `id`) are deleted once every member has the result.
     """
     rt = api._rt()
     members = sorted(set(range(rt.world_size) if group is None else group))
@@ -238,17 +247,28 @@ def allreduce(
     on_cpu = flat.device.type == "cpu"
     for j, piece in enumerate(pieces):
         api.put(piece, inputs[j][me], timeout=timeout, copy=not on_cpu)
+    ring = degree in (None, 1)
     for j in range(me, len(pieces), n):
-        reduce(inputs[j], op, id=outputs[j], degree=degree, timeout=timeout)
+        if ring:  # the chain starts after the root (member j % n == me) and ends at it
+            chain = [inputs[j][(me + 1 + i) % n] for i in range(n)]
+            reduce(chain, op, id=outputs[j], degree=1, timeout=timeout, ordered=True)
+        else:
+            reduce(inputs[j], op, id=outputs[j], degree=degree, timeout=timeout)
+    # Around the ring: from the member before this one (the root has its piece).
+    source = members[(me - 1) % n] if ring and n > 1 else None
     # Each piece lands in the result while it arrives (a copy after the end
     # cost ~15% of the time of an 8-node 256 MB allreduce). One piece lands in
     # a buffer of the node's pool: a fresh tensor's first-touch page faults
     # cost another ~8% there (benchmarks/README.md).
+    def source_of(j: int) -> Optional[int]:
+        return None if j % n == me else source
+
     if len(pieces) == 1:
-        result = api.get(outputs[0], device=flat.device, timeout=timeout).wait()
+        result = api.get(outputs[0], device=flat.device, timeout=timeout, source=source_of(0)).wait()
     else:
         result = torch.empty_like(flat)
-        futures = [api.get(out, timeout=timeout, out=piece) for out, piece in zip(outputs, result.tensor_split(len(pieces)))]
+        futures = [api.get(out, timeout=timeout, out=piece, source=source_of(j))
+                   for j, (out, piece) in enumerate(zip(outputs, result.tensor_split(len(pieces))))]
         torch.futures.wait_all(futures)
     for j in range(len(pieces)):  # every piece is reduced, so every input was consumed
         api.delete(inputs[j][me], timeout=timeout)

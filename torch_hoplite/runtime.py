@@ -79,14 +79,16 @@ class Runtime:
         return ObjectRef(obj_id, nbytes, tensor.dtype, tuple(tensor.shape), tensor.device)
 
     def get(self, obj_id: ObjectId, timeout: Optional[float], copy: bool,
-            out: Optional[torch.Tensor] = None, device: Optional[torch.device] = None) -> torch.futures.Future:
+            out: Optional[torch.Tensor] = None, device: Optional[torch.device] = None,
+            source: Optional[int] = None) -> torch.futures.Future:
         cuda = device is not None and device.type == "cuda"
         # A CUDA future makes its consumers' streams wait for the copies (c10's
         # Future records an event when it completes and waits on it in wait()).
         fut: torch.futures.Future = torch.futures.Future(devices=[device] if cuda else None)
         out_dtype = "" if out is None else dtype_name(out.dtype)
         cuda_device = device.index if cuda else -1
-        self.node.get(id_bytes(obj_id), self.timeout(timeout), copy, fut, out, out_dtype, cuda_device)
+        self.node.get(id_bytes(obj_id), self.timeout(timeout), copy, fut, out, out_dtype, cuda_device,
+                      -1 if source is None else source)
         return fut
 
     def delete(self, obj_id: ObjectId, timeout: Optional[float]) -> None:

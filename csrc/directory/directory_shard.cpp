@@ -50,7 +50,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
     waiters_.erase(it);
     for (auto& w : list) {
       loop_.cancelTimer(w.timer);
-      int sender = answerFor(entry, w.asker, w.locate);
+      int sender = answerFor(entry, w.asker, w.locate, w.preferred);
       w.reply(Status(), &entry, sender);
     }
   }
@@ -82,7 +82,7 @@ bool DirectoryShard::updateHolder(const wire::HolderUpdate& msg) {
   return true;
 }
 
-int DirectoryShard::assignSender(DirectoryEntry& entry, int asker, int skip) {
+int DirectoryShard::assignSender(DirectoryEntry& entry, int asker, int skip, int preferred) {
   if (entry.hasInline) return -1;
   // An idle complete copy first, then an idle partial one (an earlier receiver,
   // which relays chunk by chunk), then whoever serves the fewest. A new asker
@@ -90,12 +90,16 @@ int DirectoryShard::assignSender(DirectoryEntry& entry, int asker, int skip) {
   // supply runs through it are skipped: relays form no cycles.
   int best = -1;
   auto rank = [](const Holder& h) { return std::make_pair(h.serving, h.complete ? 0 : 1); };
-  for (const auto& [r, h] : entry.holders) {
-    if (r == asker || r == skip || feedsFrom(entry, r, asker)) continue;
-    if (best < 0 || rank(h) < rank(entry.holders.at(best))) best = r;
+  if (preferred >= 0 && preferred != asker && preferred != skip && !feedsFrom(entry, preferred, asker)) {
+    best = preferred;
+  } else {
+    for (const auto& [r, h] : entry.holders) {
+      if (r == asker || r == skip || feedsFrom(entry, r, asker)) continue;
+      if (best < 0 || rank(h) < rank(entry.holders.at(best))) best = r;
+    }
   }
   if (best >= 0) {
-    entry.holders[best].serving++;
+    if (auto sender = entry.holders.find(best); sender != entry.holders.end()) sender->second.serving++;
     Holder& self = entry.holders[asker];  // a partial holder from now on
     self.complete = false;
     // A second lookup from a node already pulling gives its sender back at
@@ -127,7 +131,7 @@ int DirectoryShard::anyHolder(const DirectoryEntry& entry, int skip) {
 }
 
 void DirectoryShard::lookup(const std::string& id, int asker, bool locate, double timeoutSeconds, LookupCallback reply,
-                            int failedHolder) {
+                            int failedHolder, int preferred) {
   auto it = entries_.find(id);
   if (it != entries_.end() && failedHolder >= 0 && locate) {
     const int holder = anyHolder(it->second, failedHolder);
@@ -146,7 +150,7 @@ void DirectoryShard::lookup(const std::string& id, int asker, bool locate, doubl
     return;
   }
   if (it != entries_.end()) {
-    int sender = answerFor(it->second, asker, locate);
+    int sender = answerFor(it->second, asker, locate, preferred);
     reply(Status(), &it->second, sender);
     if (!locate) tellSubscribers(id);
     return;
@@ -169,7 +173,7 @@ void DirectoryShard::lookup(const std::string& id, int asker, bool locate, doubl
       return;
     }
   });
-  waiters_[id].push_back(Waiter{token, asker, locate, std::move(reply), timer});
+  waiters_[id].push_back(Waiter{token, asker, locate, preferred, std::move(reply), timer});
 }
 
 void DirectoryShard::forgetHolder(int rank) {

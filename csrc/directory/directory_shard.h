@@ -60,8 +60,11 @@ class DirectoryShard {
   // was told of) died; it is skipped for this answer (the shard's own failure
   // detection forgets it for good). A locate that finds no other holder waits
   // as if the object did not exist (it may be put again, e.g. by a rejoined rank).
+  // `preferred` (>= 0): the sender the asker asks for (a neighbour in a ring),
+  // assigned even before it is listed, since its node parks pulls until its
+  // own copy exists; unless its supply runs through the asker.
   void lookup(const std::string& id, int asker, bool locate, double timeoutSeconds, LookupCallback reply,
-              int failedHolder = -1);
+              int failedHolder = -1, int preferred = -1);
   // `rank`'s subscription `request`: it is sent the object's locations now and
   // after every change (whether the object exists yet or not) until it
   // unsubscribes or is forgotten.
@@ -82,6 +85,7 @@ class DirectoryShard {
     uint64_t token;
     int asker;
     bool locate;
+    int preferred;
     LookupCallback reply;
     EventLoop::TimerId timer;
   };
@@ -94,13 +98,14 @@ class DirectoryShard {
   Entries::iterator dropLost(Entries::iterator entry, int lastHolder);
   // Whether the entry has no copy left anywhere (inline bytes count as one).
   static bool lost(const DirectoryEntry& entry) { return entry.holders.empty() && !entry.hasInline; }
-  // Receiver-driven broadcast: picks who serves `asker` and marks it busy.
-  static int assignSender(DirectoryEntry& entry, int asker, int skip = -1);
+  // Receiver-driven broadcast: picks who serves `asker` (`preferred` if it
+  // may) and marks it busy.
+  static int assignSender(DirectoryEntry& entry, int asker, int skip = -1, int preferred = -1);
   // Whether `holder`'s supply chain (source, its source, ...) runs through `asker`.
   static bool feedsFrom(const DirectoryEntry& entry, int holder, int asker);
   static int anyHolder(const DirectoryEntry& entry, int skip = -1);
-  static int answerFor(DirectoryEntry& entry, int asker, bool locate) {
-    return locate ? anyHolder(entry) : assignSender(entry, asker);
+  static int answerFor(DirectoryEntry& entry, int asker, bool locate, int preferred) {
+    return locate ? anyHolder(entry) : assignSender(entry, asker, -1, preferred);
   }
   wire::Locations locationsOf(const std::string& id) const;
   // Tells the object's subscribers where it is, if that changed since they were last told.

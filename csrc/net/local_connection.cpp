@@ -20,7 +20,8 @@ void LocalConnection::sendControl(wire::MsgType type, std::string payload) {
   });
 }
 
-void LocalConnection::sendData(uint64_t request, uint64_t, const uint8_t*, size_t, std::shared_ptr<const void>) {
+void LocalConnection::sendData(uint64_t, uint64_t request, uint64_t, const uint8_t*, size_t,
+                               std::shared_ptr<const void>) {
   HLOG(kError, "internal: data frame for request %llu sent to self", static_cast<unsigned long long>(request));
 }
 

@@ -14,7 +14,7 @@ class LocalConnection : public Connection, public std::enable_shared_from_this<L
 
   void sendControl(wire::MsgType type, std::string payload) override;
   // Objects are never pulled from the node itself; a data frame here is a bug.
-  void sendData(uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
+  void sendData(uint64_t flow, uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
                 std::shared_ptr<const void> keepalive) override;
   void close(const Status& why) override;
   bool isOpen() const override { return open_; }

@@ -75,6 +75,9 @@ struct ReduceRequest {
   ReduceOp op = ReduceOp::kSum;
   int degree = 0;  // 0: chosen by the cost model
   double timeoutSeconds = 0;
+  // Input i takes tree position i (positions in launchReadyInputs' order)
+  // instead of the next one free when it is located; needs count == inputs.
+  bool ordered = false;
 };
 
 // What ran: observable for tests and benchmarks.
@@ -140,8 +143,11 @@ class Node : public ConnectionObserver {
   // when a complete local copy exists: then it is served at once into *now and
   // true is returned. copy=false hands out the store's own buffer (read-only by
   // contract); a `target` receives the copy instead of a buffer from the pool.
+  // `source` (>= 0): the rank to pull from if it holds a copy or gets one
+  // within a few seconds (e.g. a neighbour in a ring); the directory's choice
+  // otherwise, and after any failure.
   bool get(const std::string& id, double timeoutSeconds, bool copy, uint64_t token, Completion* now,
-           const GetTarget* target = nullptr);
+           const GetTarget* target = nullptr, int source = -1);
   Status remove(const std::string& id, double timeoutSeconds);
   // Starts a streaming reduce (node_reduce.cpp) and returns once its inputs are
   // chosen and every tree position has registered its output: the result
@@ -313,6 +319,7 @@ class Node : public ConnectionObserver {
     // when the pull ends (handOver); given up once another reader uses it.
     bool takeOver = false;
     int lookups = 0;  // a holder may have evicted its copy since the lookup: ask again
+    int source = -1;  // the sender the caller prefers, asked for in the first lookup only
     int retries = 0;  // times the object was being recomputed (kRetry) and looked up again
   };
   uint64_t newRequest() { return nextRequest_++; }
@@ -322,14 +329,15 @@ class Node : public ConnectionObserver {
   void requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb);
   // Sends a Lookup to the id's shard; `cb` runs once. Returns the request id.
   uint64_t requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
-                         LookupCallback cb);
+                         LookupCallback cb, int preferred = -1);
   void sendLookup(const wire::Lookup& msg, LookupCallback cb);
   void startGet(uint64_t token);
   // Obtains a local copy of an object: this node's own (complete or still
   // arriving), a copy pulled from the sender the directory assigns (`sender`,
   // else -1), or a standalone one for an inline object. Runs `done` once.
   using FetchCallback = std::function<void(const Status&, std::shared_ptr<LocalObject>, int sender)>;
-  void fetch(const std::string& id, double timeoutSeconds, FetchCallback done);
+  // `preferred`: the sender to ask the directory for (see DirectoryShard::lookup).
+  void fetch(const std::string& id, double timeoutSeconds, FetchCallback done, int preferred = -1);
   void onFetchLookup(const std::string& id, const Status& status, const wire::LookupReply* reply,
                      const FetchCallback& done);
   // `sender`: the holder the fetch started a pull from for this get (-1: none).

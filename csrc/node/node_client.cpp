@@ -64,14 +64,15 @@ void Node::requestShard(const std::string& id, wire::MsgType type, std::string p
 }
 
 uint64_t Node::requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
-                             LookupCallback cb) {
+                             LookupCallback cb, int preferred) {
   const uint64_t request = newRequest();
   if (shuttingDown_) {
     cb(Status(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " is shut down"), nullptr);
     return request;
   }
-  sendLookup(wire::Lookup{request, id, static_cast<uint64_t>(timeoutSeconds * 1000) + 1, locate, failedHolder},
-             std::move(cb));
+  sendLookup(
+      wire::Lookup{request, id, static_cast<uint64_t>(timeoutSeconds * 1000) + 1, locate, failedHolder, preferred},
+      std::move(cb));
   return request;
 }
 
@@ -225,7 +226,7 @@ Status Node::remove(const std::string& id, double timeoutSeconds) {
 // ---------------------------------------------------------------- get
 
 bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t token, Completion* now,
-               const GetTarget* target) {
+               const GetTarget* target, int source) {
   Status s = validateId(id);
   if (s.ok() && stopped()) s = Status(Code::kShutdown, "get of object " + printableId(id) + ": node is shut down");
   if (!s.ok()) {
@@ -257,7 +258,7 @@ bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t
     }
     return true;
   }
-  bool posted = loop_.post([this, id, timeoutSeconds, copy, token, target = target ? *target : GetTarget{}] {
+  bool posted = loop_.post([this, id, timeoutSeconds, copy, token, target = target ? *target : GetTarget{}, source] {
     if (shuttingDown_) {
       pushCompletion(Completion{token, Completion::Kind::kGet, Status(Code::kShutdown, "node is shut down"), nullptr, {}});
       return;
@@ -267,6 +268,7 @@ bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t
     op.copy = copy || target.buffer || target.device;
     op.target = target;
     op.timeoutSeconds = timeoutSeconds;
+    op.source = source;
     op.timer = loop_.addTimer(timeoutSeconds, [this, token] {
       auto it = gets_.find(token);
       if (it == gets_.end()) return;
@@ -291,6 +293,7 @@ void Node::startGet(uint64_t token) {
   GetOp& op = gets_.at(token);
   op.stage.clear();  // at the directory
   op.lookups++;
+  const int preferred = op.lookups == 1 ? op.source : -1;
   fetch(op.id, op.timeoutSeconds, [this, token](const Status& status, std::shared_ptr<LocalObject> obj, int sender) {
     auto it = gets_.find(token);
     if (it == gets_.end()) return;  // timed out meanwhile
@@ -308,20 +311,20 @@ void Node::startGet(uint64_t token) {
     }
     if (sender >= 0) op.stage = "transfer from " + peerName(sender);
     waitForLocal(token, std::move(obj), sender);
-  });
+  }, preferred);
 }
 
-void Node::fetch(const std::string& id, double timeoutSeconds, FetchCallback done) {
+void Node::fetch(const std::string& id, double timeoutSeconds, FetchCallback done, int preferred) {
   if (auto obj = store_->find(id); obj && !shuttingDown_) {
     keepCopy(*obj);
     counters_.localGets++;
     done(Status(), obj, -1);
     return;
   }
-  requestLookup(id, timeoutSeconds, /*locate=*/false, /*failedHolder=*/-1,
-                [this, id, done = std::move(done)](const Status& s, const wire::LookupReply* reply) {
-                  onFetchLookup(id, s, reply, done);
-                });
+  requestLookup(
+      id, timeoutSeconds, /*locate=*/false, /*failedHolder=*/-1,
+      [this, id, done = std::move(done)](const Status& s, const wire::LookupReply* reply) { onFetchLookup(id, s, reply, done); },
+      preferred);
 }
 
 void Node::onFetchLookup(const std::string& id, const Status& status, const wire::LookupReply* reply,
@@ -602,7 +605,9 @@ uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offs
   if (it == pulls_.end()) return nullptr;  // cancelled or failed: discard
   PullState& pull = it->second;
   if (conn.peerRank() != pull.rank || offset != pull.expected || size > pull.object->size() - offset) {
-    HLOG(kWarn, "out-of-order data for %s from %s", printableId(pull.object->id()).c_str(), conn.describe().c_str());
+    HLOG(kWarn, "out-of-order data for %s from %s: request %llu offset %llu size %llu, expected offset %llu from rank %d",
+         printableId(pull.object->id()).c_str(), conn.describe().c_str(), (unsigned long long)request,
+         (unsigned long long)offset, (unsigned long long)size, (unsigned long long)pull.expected, pull.rank);
     conn.close(Status(Code::kProtocol, "data frame out of order"));
     return nullptr;
   }

@@ -37,6 +37,9 @@ namespace {
 // Larger messages are always deferred. The pipelined collectives send pieces of
 // at most 1 MiB, so they stay eager while their receivers keep up.
 constexpr uint64_t kEagerMessageBytes = 1u << 20;
+// All messages to a peer are one flow of its connection (in order, alternating
+// with pulls it serves); pull streams use their request ids, which never reach this.
+constexpr uint64_t kMessageFlow = ~uint64_t{0};
 
 std::string describeMessage(uint64_t context, uint64_t tag) {
   return "message (context " + std::to_string(context) + ", tag " + std::to_string(tag) + ")";
@@ -112,7 +115,9 @@ class SendGuard {
 
 void sendFrames(Connection& c, uint64_t request, const uint8_t* data, uint64_t size, uint64_t chunk,
                 const std::shared_ptr<SendGuard>& frames) {
-  for (uint64_t off = 0; off < size; off += chunk) c.sendData(request, off, data + off, std::min(chunk, size - off), frames);
+  for (uint64_t off = 0; off < size; off += chunk) {
+    c.sendData(kMessageFlow, request, off, data + off, std::min(chunk, size - off), frames);
+  }
 }
 
 }  // namespace

@@ -33,6 +33,9 @@ Status Node::reduce(const ReduceRequest& request, ReducePlan* plan) {
   }
   if (s.ok() && static_cast<uint8_t>(request.op) > kMaxReduceOp) s = Status(Code::kInvalidArgument, "unknown reduce op");
   if (s.ok() && request.degree < 0) s = Status(Code::kInvalidArgument, "reduce tree degree must be >= 0");
+  if (s.ok() && request.ordered && request.count != n) {
+    s = Status(Code::kInvalidArgument, "an ordered reduce uses every input: num_objects must be " + std::to_string(n));
+  }
   if (!s.ok()) return s;
   if (stopped()) return Status(Code::kShutdown, "reduce into " + printableId(request.resultId) + ": node is shut down");
   auto result = std::make_shared<ReducePlan>();
@@ -230,6 +233,16 @@ void Node::launchReadyInputs(uint64_t key) {
       continue;
     }
     if (c.filled == k) break;
+    if (c.request.ordered) {  // the next position waits for its own input
+      auto next = std::find_if(c.ready.begin(), c.ready.end(), [&](const ReduceInput& r) { return r.index == c.filled; });
+      if (next == c.ready.end()) break;
+      ReduceInput ready = std::move(*next);
+      c.ready.erase(next);
+      if (!planInput(key, ready)) return;
+      assignInput(key, c.filled, ready);
+      if (!sendTask(key, c.filled++)) return;
+      continue;
+    }
     // The caller wants the result here: an input this node holds takes the
     // root position, which saves the result a hop over this node's link.
     if (c.planned && c.filled == c.plan->tree.root && c.reserved) {

@@ -17,6 +17,7 @@ void Node::handleLookup(Connection& conn, const wire::Lookup& msg) {
   uint64_t request = msg.request;
   // The asker's timeout, within bounds: a peer must not park requests forever.
   double timeout = std::min(static_cast<double>(msg.timeoutMs) / 1000.0, kMaxTimeoutSeconds);
+  const int preferred = msg.preferred < config_.worldSize ? msg.preferred : -1;
   directory_->lookup(msg.id, conn.peerRank(), msg.locate, timeout, [weak, request](const Status& s, const DirectoryEntry* entry,
                                                                       int sender) {
     auto c = weak.lock();
@@ -32,7 +33,7 @@ void Node::handleLookup(Connection& conn, const wire::Lookup& msg) {
       reply.recomputable = entry->recomputable;
     }
     c->sendControl(wire::MsgType::kLookupReply, wire::encode(reply));
-  }, msg.failedHolder);
+  }, msg.failedHolder, preferred);
 }
 
 void Node::handleDelete(Connection& conn, const wire::Delete& msg) {
@@ -203,7 +204,7 @@ void Node::pump(const StreamKey& key) {
                         wire::encode(wire::DataAt{request, next, n, reinterpret_cast<uintptr_t>(object->data() + next)}));
       counters_.bytesSentSameHost += n;
     } else {
-      conn->sendData(request, next, object->data() + next, n, object->buffer());
+      conn->sendData(request, request, next, object->data() + next, n, object->buffer());
     }
     counters_.bytesSent += n;
     next += n;

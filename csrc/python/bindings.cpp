@@ -62,7 +62,7 @@ py::dict planDict(const hoplite::ReducePlan& plan) {
 
 // Returns (code, message, plan); plan is None unless code is 0.
 py::tuple reduce(NodeHandle& h, const py::bytes& resultId, const std::vector<py::bytes>& inputIds, int count, int op,
-                 int degree, double timeout) {
+                 int degree, double timeout, bool ordered) {
   hoplite::ReduceRequest request;
   request.resultId = resultId;
   for (const auto& id : inputIds) request.inputIds.push_back(id);
@@ -70,6 +70,7 @@ py::tuple reduce(NodeHandle& h, const py::bytes& resultId, const std::vector<py:
   request.op = static_cast<hoplite::ReduceOp>(op);
   request.degree = degree;
   request.timeoutSeconds = timeout;
+  request.ordered = ordered;
   hoplite::ReducePlan plan;
   Status s;
   {
@@ -130,7 +131,8 @@ PYBIND11_MODULE(_C, m) {
       .def("put", &NodeHandle::put, py::arg("id"), py::arg("dtype"), py::arg("tensor"), py::arg("timeout"),
            py::arg("blocking"), py::arg("copy"))
       .def("get", &NodeHandle::get, py::arg("id"), py::arg("timeout"), py::arg("copy"), py::arg("future"),
-           py::arg("out") = py::none(), py::arg("out_dtype") = "", py::arg("cuda_device") = -1)
+           py::arg("out") = py::none(), py::arg("out_dtype") = "", py::arg("cuda_device") = -1,
+           py::arg("source") = -1)
       .def(
           "delete",
           [](NodeHandle& h, const py::bytes& id, double timeout) {
@@ -144,7 +146,7 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("id"), py::arg("timeout"))
       .def("reduce", &reduce, py::arg("result_id"), py::arg("input_ids"), py::arg("count"), py::arg("op"),
-           py::arg("degree"), py::arg("timeout"))
+           py::arg("degree"), py::arg("timeout"), py::arg("ordered") = false)
       .def("reduce_outcome", &reduceOutcome, py::arg("result_id"), py::arg("timeout"))
       .def(
           "announce",

@@ -205,7 +205,7 @@ py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const p
 }
 
 void NodeHandle::get(const py::bytes& id, double timeout, bool copy, const py::object& future, const py::object& out,
-                     const std::string& outDtype, int cudaDevice) {
+                     const std::string& outDtype, int cudaDevice, int source) {
   auto wrapper = future.cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>();
   std::string key = id;
   PendingGet pending{wrapper->fut, at::Tensor(), nullptr};
@@ -241,7 +241,7 @@ void NodeHandle::get(const py::bytes& id, double timeout, bool copy, const py::o
   }
   Completion now;
   try {
-    if (!node_->get(key, timeout, copy, token, &now, targeted ? &target : nullptr)) return;
+    if (!node_->get(key, timeout, copy, token, &now, targeted ? &target : nullptr, source)) return;
   } catch (const std::exception& e) {
     now = Completion{token, Completion::Kind::kGet, Status(Code::kInternal, e.what()), nullptr, {}};
   }

@@ -28,8 +28,9 @@ class NodeHandle {
   // With `out` (a contiguous tensor of dtype `outDtype` on the get's device,
   // or None) the bytes land in `out`, which the future then gives back.
   // cudaDevice >= 0: the tensor is on that CUDA device (CUDA builds).
+  // source >= 0: the rank to pull from if it holds a copy (Node::get).
   void get(const pybind11::bytes& id, double timeout, bool copy, const pybind11::object& future,
-           const pybind11::object& out, const std::string& outDtype, int cudaDevice);
+           const pybind11::object& out, const std::string& outDtype, int cudaDevice, int source);
   void shutdown();
 
   struct State;  // internal: what the completer thread shares with the handle

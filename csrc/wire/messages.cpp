@@ -216,6 +216,7 @@ void Lookup::encode(Writer& w) const {
   w.u64(timeoutMs);
   w.u8(locate);
   w.i32(failedHolder);
+  w.i32(preferred);
 }
 Lookup Lookup::decode(Reader& r) {
   Lookup m;
@@ -224,6 +225,7 @@ Lookup Lookup::decode(Reader& r) {
   m.timeoutMs = r.u64();
   m.locate = decodeBool(r);
   m.failedHolder = r.i32();
+  m.preferred = r.i32();
   r.expectEnd("lookup");
   return m;
 }

@@ -141,6 +141,7 @@ struct Lookup {
   uint64_t timeoutMs = 0;
   bool locate = false;
   int32_t failedHolder = -1;
+  int32_t preferred = -1;  // the sender the asker would like (see DirectoryShard::lookup)
   void encode(Writer& w) const;
   static Lookup decode(Reader& r);
 };

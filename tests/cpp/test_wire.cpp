@@ -176,7 +176,7 @@ static void testMessages() {
                    "status reply");
   checkTruncations(HolderUpdate{"id", 1, HolderState::kRemoved, 3}, [](Reader& r) { HolderUpdate::decode(r); },
                    "holder update");
-  checkTruncations(Lookup{1, "id", 500, true}, [](Reader& r) { Lookup::decode(r); }, "lookup");
+  checkTruncations(Lookup{1, "id", 500, true, 2, 3}, [](Reader& r) { Lookup::decode(r); }, "lookup");
   checkTruncations(Delete{1, "id"}, [](Reader& r) { Delete::decode(r); }, "delete");
   checkTruncations(DropCopy{1, "id", true}, [](Reader& r) { DropCopy::decode(r); }, "drop copy");
   {

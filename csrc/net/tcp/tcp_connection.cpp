@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "common/logging.h"
 
@@ -74,7 +75,7 @@ void TcpConnection::sendControl(wire::MsgType type, std::string payload) {
   if (!connecting_) flush();
 }
 
-void TcpConnection::sendData(uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
+void TcpConnection::sendData(uint64_t flow, uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
                              std::shared_ptr<const void> keepalive) {
   if (closed_) return;
   Outgoing out;
@@ -84,8 +85,27 @@ void TcpConnection::sendData(uint64_t request, uint64_t offset, const uint8_t* d
   out.data = data;
   out.dataSize = size;
   out.keepalive = std::move(keepalive);
-  outq_.push_back(std::move(out));
+  out.flow = flow;
+  auto at = dataSlot(out);
+  outq_.insert(at, std::move(out));
   if (!connecting_) flush();
+}
+
+std::deque<TcpConnection::Outgoing>::iterator TcpConnection::dataSlot(Outgoing& frame) {
+  // Start-time fair queueing over bytes: flows that have data share the
+  // connection equally whatever their frame sizes (a relay sends what has
+  // arrived, a few hundred KB; a finished copy whole chunks of MBs), each flow's
+  // frames stay in order, and an idle flow builds up no credit. Few frames
+  // share a connection: linear scans.
+  uint64_t start = sentStart_;
+  bool first = true;
+  for (const Outgoing& o : outq_) {
+    if (o.data == nullptr) continue;
+    if (std::exchange(first, false)) start = std::max(start, o.start);  // the frame being sent
+    if (o.flow == frame.flow) start = std::max(start, o.start + o.dataSize);
+  }
+  frame.start = start;
+  return std::find_if(outq_.begin(), outq_.end(), [&](const Outgoing& o) { return o.data != nullptr && o.start > start; });
 }
 
 void TcpConnection::close(const Status& why) {
@@ -176,6 +196,7 @@ void TcpConnection::flush() {
       size_t rest = front.total() - front.sent;
       if (left >= rest) {
         left -= rest;
+        if (front.data != nullptr) sentStart_ = front.start;
         outq_.pop_front();
       } else {
         front.sent += left;

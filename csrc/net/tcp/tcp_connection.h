@@ -1,6 +1,6 @@
 // A non-blocking TCP connection driven by the event loop: a write queue of
 // frames sent with writev straight from their buffers (control frames ahead of
-// data frames not yet started), and a read state machine
+// data frames not yet started, data frames of different flows alternating), and a read state machine
 // that receives data-frame payloads straight into the destination buffer.
 #pragma once
 
@@ -26,7 +26,7 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
   void open();
 
   void sendControl(wire::MsgType type, std::string payload) override;
-  void sendData(uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
+  void sendData(uint64_t flow, uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
                 std::shared_ptr<const void> keepalive) override;
   void abandonData(uint64_t request) override;
   void close(const Status& why) override;
@@ -45,6 +45,8 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
     const uint8_t* data = nullptr;  // data payload (borrowed, kept alive by keepalive)
     size_t dataSize = 0;
     std::shared_ptr<const void> keepalive;
+    uint64_t flow = 0;   // data frames only
+    uint64_t start = 0;  // data frames only: the queue is sorted by it (fair queueing by bytes)
     size_t sent = 0;  // over head + payload
     size_t total() const { return headSize + (data ? dataSize : owned.size()); }
   };
@@ -55,6 +57,10 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
   // SO_RCVLOWAT: how many bytes must be queued before the socket reads as ready.
   void setLowWater(size_t bytes);
   size_t lowWaterFor(size_t payloadLeft) const;
+  // Gives a data frame its start tag (where its flow's last frame ends, or the
+  // tag of the frame being sent if later) and returns where it joins the
+  // queue: after every frame with a tag up to its own.
+  std::deque<Outgoing>::iterator dataSlot(Outgoing& frame);
   void flush();
   void updateInterest();
   void onHeader();
@@ -69,6 +75,7 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
   bool trusted_;
 
   std::deque<Outgoing> outq_;
+  uint64_t sentStart_ = 0;  // the start tag of the last data frame sent
   bool wantWrite_ = false;
 
   ReadState readState_ = ReadState::kHeader;
