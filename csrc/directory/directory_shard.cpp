@@ -21,7 +21,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
     // previous shard failed, and also re-announced its copy) is no conflict.
     const bool again = entry.holders.count(msg.holder) && sameContents(entry.meta, msg.meta);
     if (!msg.reannounce && !again) return Status(Code::kAlreadyExists, "object " + printableId(msg.id) + " already exists");
-    Holder& h = entry.holders[msg.holder];
+    Holder& h = listHolder(entry, msg.holder);
     h.complete = h.complete || msg.complete;
     h.origin = h.origin || msg.primary;
     if (msg.complete) entry.recomputable = false;
@@ -75,6 +75,7 @@ bool DirectoryShard::updateHolder(const wire::HolderUpdate& msg) {
     h.complete = msg.state == wire::HolderState::kComplete;
     if (h.complete) {
       h.source = -1;
+      h.sourceNamed = false;
       it->second.recomputable = false;  // a reduce's result is complete: nothing recomputes it any more
     }
   }
@@ -99,14 +100,31 @@ int DirectoryShard::assignSender(DirectoryEntry& entry, int asker, int skip, int
     }
   }
   if (best >= 0) {
-    if (auto sender = entry.holders.find(best); sender != entry.holders.end()) sender->second.serving++;
-    Holder& self = entry.holders[asker];  // a partial holder from now on
+    const bool listed = entry.holders.count(best) > 0;
+    if (listed) entry.holders[best].serving++;
+    Holder& self = listHolder(entry, asker);  // a partial holder from now on
     self.complete = false;
     // A second lookup from a node already pulling gives its sender back at
-    // once: the first assignment stays the one its supply runs through.
-    if (self.source < 0 || !entry.holders.count(self.source)) self.source = best;
+    // once: the first assignment stays the one its supply runs through
+    // (unless that sender was forgotten since, which a named one not yet
+    // listed was not).
+    if (self.source < 0 || !(entry.holders.count(self.source) || self.sourceNamed)) {
+      self.source = best;
+      self.sourceNamed = !listed;
+    }
   }
   return best;
+}
+
+Holder& DirectoryShard::listHolder(DirectoryEntry& entry, int rank) {
+  auto [it, added] = entry.holders.try_emplace(rank);
+  if (!added) return it->second;
+  for (auto& [r, h] : entry.holders) {
+    if (h.complete || h.source != rank) continue;
+    it->second.serving++;
+    h.sourceNamed = false;  // listed now: forgotten like any holder if it fails
+  }
+  return it->second;
 }
 
 bool DirectoryShard::feedsFrom(const DirectoryEntry& entry, int holder, int asker) {
@@ -144,7 +162,10 @@ void DirectoryShard::lookup(const std::string& id, int asker, bool locate, doubl
   if (it != entries_.end() && failedHolder >= 0 && !locate) {
     DirectoryEntry& entry = it->second;
     auto self = entry.holders.find(asker);
-    if (self != entry.holders.end() && self->second.source == failedHolder) self->second.source = -1;
+    if (self != entry.holders.end() && self->second.source == failedHolder) {
+      self->second.source = -1;
+      self->second.sourceNamed = false;
+    }
     reply(Status(), &entry, assignSender(entry, asker, failedHolder));
     tellSubscribers(id);  // the asker is a partial holder now
     return;

@@ -24,6 +24,7 @@ struct Holder {
   int serving = 0;      // receivers this holder was assigned and has not been released from
   bool origin = false;  // registered the object (its source, unlike receivers still pulling)
   int source = -1;      // the sender it was assigned while partial, for cycle checks
+  bool sourceNamed = false;  // that sender was asked for and not yet listed (kept while unlisted)
 };
 
 struct DirectoryEntry {
@@ -104,6 +105,9 @@ class DirectoryShard {
   // Whether `holder`'s supply chain (source, its source, ...) runs through `asker`.
   static bool feedsFrom(const DirectoryEntry& entry, int holder, int asker);
   static int anyHolder(const DirectoryEntry& entry, int skip = -1);
+  // The entry's holder `rank`, listed now if it was not: then already busy
+  // with the receivers that asked for it by name before.
+  static Holder& listHolder(DirectoryEntry& entry, int rank);
   static int answerFor(DirectoryEntry& entry, int asker, bool locate, int preferred) {
     return locate ? anyHolder(entry) : assignSender(entry, asker, -1, preferred);
   }

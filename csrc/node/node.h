@@ -319,7 +319,7 @@ class Node : public ConnectionObserver {
     // when the pull ends (handOver); given up once another reader uses it.
     bool takeOver = false;
     int lookups = 0;  // a holder may have evicted its copy since the lookup: ask again
-    int source = -1;  // the sender the caller prefers, asked for in the first lookup only
+    int source = -1;  // the sender the caller prefers, until the first lookup asks for it
     int retries = 0;  // times the object was being recomputed (kRetry) and looked up again
   };
   uint64_t newRequest() { return nextRequest_++; }

@@ -1,6 +1,7 @@
 // What a node asks of others: put, get (lookup + pull), delete.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "common/logging.h"
 #include "node/node.h"
@@ -293,7 +294,7 @@ void Node::startGet(uint64_t token) {
   GetOp& op = gets_.at(token);
   op.stage.clear();  // at the directory
   op.lookups++;
-  const int preferred = op.lookups == 1 ? op.source : -1;
+  const int preferred = std::exchange(op.source, -1);  // asked for once
   fetch(op.id, op.timeoutSeconds, [this, token](const Status& status, std::shared_ptr<LocalObject> obj, int sender) {
     auto it = gets_.find(token);
     if (it == gets_.end()) return;  // timed out meanwhile

@@ -217,16 +217,24 @@ void Node::launchReadyInputs(uint64_t key) {
   if (!c.linkKnown || c.rollCall || c.retracting) return;
   const int k = c.request.count;
   using State = ReducePosition::State;
+  // The input for position p: the next ready one, or in an ordered reduce its own.
+  auto inputFor = [&c](int p) {
+    if (!c.request.ordered) return c.ready.begin();
+    return std::find_if(c.ready.begin(), c.ready.end(), [p](const ReduceInput& r) { return r.index == p; });
+  };
   while (true) {
     // Positions vacated by a failure first, then the first pass in arrival order.
     int vacancy = -1;
-    for (int p = 0; p < c.filled && vacancy < 0; ++p) {
-      if (c.positions[p].state == State::kVacant) vacancy = p;
+    auto input = c.ready.end();
+    for (int p = 0; p < c.filled && input == c.ready.end(); ++p) {
+      if (c.positions[p].state != State::kVacant) continue;
+      vacancy = p;
+      input = inputFor(p);
     }
     if (vacancy >= 0) {
-      if (c.ready.empty()) break;
-      ReduceInput ready = std::move(c.ready.front());
-      c.ready.pop_front();
+      if (input == c.ready.end()) break;
+      ReduceInput ready = std::move(*input);
+      c.ready.erase(input);
       if (!planInput(key, ready)) return;
       assignInput(key, vacancy, ready);
       if (!sendTask(key, vacancy)) return;
@@ -234,7 +242,7 @@ void Node::launchReadyInputs(uint64_t key) {
     }
     if (c.filled == k) break;
     if (c.request.ordered) {  // the next position waits for its own input
-      auto next = std::find_if(c.ready.begin(), c.ready.end(), [&](const ReduceInput& r) { return r.index == c.filled; });
+      auto next = inputFor(c.filled);
       if (next == c.ready.end()) break;
       ReduceInput ready = std::move(*next);
       c.ready.erase(next);

@@ -130,41 +130,50 @@ void randomFlowsKeepTheirOrder() {
 
 }  // namespace
 
-int main() {
-  randomFlowsKeepTheirOrder();
-  int fds[2];
-  EventLoop loop;  // not started: the tests drive the connection themselves
+struct Send {
+  uint64_t flow;  // also the request
+  int frames;
+  size_t bytes;  // each
+};
+
+// Queues `sends` in order (and a control frame after them, if asked) while the
+// socket is full, then checks the order of what arrives: (request, index of
+// the frame within its flow), request 0 for the control frame.
+void checkOrder(const std::vector<Send>& sends, bool control, const std::vector<std::pair<uint64_t, uint64_t>>& expected) {
+  EventLoop loop;  // not started: the test drives the connection itself
   NullObserver observer;
+  int fds[2];
   auto conn = connectionWithSmallBuffer(loop, observer, fds);
-
-  constexpr size_t kFrame = 64 << 10;
-  std::vector<uint8_t> data(8 * kFrame, 7);
-  // Flow 1 queues six frames, then flow 2 three and a control frame follows.
-  for (uint64_t i = 0; i < 6; ++i) conn->sendData(1, 11, i * kFrame, data.data() + i * kFrame, kFrame, nullptr);
-  for (uint64_t i = 0; i < 3; ++i) conn->sendData(2, 22, i * kFrame, data.data() + i * kFrame, kFrame, nullptr);
-  conn->sendControl(wire::MsgType::kCancel, std::string(8, '\0'));
-
-  std::vector<Frame> got = receiveFrames(*conn, fds[1], 10);
-  CHECK(got.size() == 10);
-  if (got.size() == 10) {
-    // The first data frame had started when the rest were queued.
-    const uint64_t expected[][2] = {{11, 0}, {0, 0}, {22, 0}, {11, 1}, {22, 1}, {11, 2},
-                                    {22, 2}, {11, 3}, {11, 4}, {11, 5}};
-    for (size_t i = 0; i < got.size(); ++i) {
-      const bool control = expected[i][0] == 0;
-      CHECK(control == (got[i].type != static_cast<uint8_t>(wire::MsgType::kData)));
-      if (!control) {
-        CHECK(got[i].request == expected[i][0]);
-        CHECK(got[i].offset == expected[i][1] * kFrame);
-      }
-      if (control != (got[i].type != static_cast<uint8_t>(wire::MsgType::kData)) ||
-          (!control && got[i].request != expected[i][0])) {
-        std::fprintf(stderr, "frame %zu: type %u request %llu\n", i, got[i].type,
-                     static_cast<unsigned long long>(got[i].request));
-      }
-    }
+  std::vector<uint8_t> data(1 << 20, 7);
+  std::map<uint64_t, size_t> size;
+  for (const Send& s : sends) {
+    size[s.flow] = s.bytes;
+    for (int i = 0; i < s.frames; ++i) conn->sendData(s.flow, s.flow, i * s.bytes, data.data(), s.bytes, nullptr);
+  }
+  if (control) conn->sendControl(wire::MsgType::kCancel, std::string(8, '\0'));
+  std::vector<Frame> got = receiveFrames(*conn, fds[1], expected.size());
+  CHECK(got.size() == expected.size());
+  for (size_t i = 0; i < got.size() && i < expected.size(); ++i) {
+    const bool isControl = got[i].type != static_cast<uint8_t>(wire::MsgType::kData);
+    const bool ok = isControl ? expected[i].first == 0
+                              : got[i].request == expected[i].first &&
+                                    got[i].offset == expected[i].second * size[expected[i].first];
+    CHECK(ok);
+    if (!ok) std::fprintf(stderr, "frame %zu: request %llu offset %llu\n", i,
+                          static_cast<unsigned long long>(got[i].request), static_cast<unsigned long long>(got[i].offset));
   }
   conn->close(Status());
   ::close(fds[1]);
+}
+
+int main() {
+  randomFlowsKeepTheirOrder();
+  // The first data frame has started when the rest are queued; frames of equal
+  // size alternate, and the control frame goes right after the started one.
+  checkOrder({{11, 6, 64 << 10}, {22, 3, 64 << 10}}, true,
+             {{11, 0}, {0, 0}, {22, 0}, {11, 1}, {22, 1}, {11, 2}, {22, 2}, {11, 3}, {11, 4}, {11, 5}});
+  // Shares are in bytes: four 16 KiB frames of flow 22 per 64 KiB frame of flow 11.
+  checkOrder({{11, 4, 64 << 10}, {22, 8, 16 << 10}}, false,
+             {{11, 0}, {22, 0}, {22, 1}, {22, 2}, {22, 3}, {11, 1}, {22, 4}, {22, 5}, {22, 6}, {22, 7}, {11, 2}, {11, 3}});
   return finish("test_tcp_queue");
 }

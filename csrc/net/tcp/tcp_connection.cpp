@@ -94,18 +94,25 @@ void TcpConnection::sendData(uint64_t flow, uint64_t request, uint64_t offset, c
 std::deque<TcpConnection::Outgoing>::iterator TcpConnection::dataSlot(Outgoing& frame) {
   // Start-time fair queueing over bytes: flows that have data share the
   // connection equally whatever their frame sizes (a relay sends what has
-  // arrived, a few hundred KB; a finished copy whole chunks of MBs), each flow's
-  // frames stay in order, and an idle flow builds up no credit. Few frames
-  // share a connection: linear scans.
-  uint64_t start = sentStart_;
-  bool first = true;
-  for (const Outgoing& o : outq_) {
-    if (o.data == nullptr) continue;
-    if (std::exchange(first, false)) start = std::max(start, o.start);  // the frame being sent
-    if (o.flow == frame.flow) start = std::max(start, o.start + o.dataSize);
+  // arrived, a few hundred KB; a finished copy whole chunks of MBs), each
+  // flow's frames stay in order, and an idle flow builds up no credit.
+  // Control frames sit before every data frame not started, so those after
+  // them are sorted by tag.
+  auto unstarted = outq_.begin();
+  uint64_t now = sentStart_;  // the tag of the frame being sent, or of the last one sent
+  bool seen = false;
+  for (; unstarted != outq_.end() && (unstarted->data == nullptr || unstarted->sent > 0); ++unstarted) {
+    if (unstarted->data != nullptr && !std::exchange(seen, true)) now = unstarted->start;
   }
-  frame.start = start;
-  return std::find_if(outq_.begin(), outq_.end(), [&](const Outgoing& o) { return o.data != nullptr && o.start > start; });
+  if (!seen && unstarted != outq_.end()) now = unstarted->start;
+  uint64_t& flowEnd = flowEnds_[frame.flow];
+  frame.start = std::max(now, flowEnd);
+  flowEnd = frame.start + frame.dataSize;
+  if (flowEnds_.size() > 64) {  // flows that ended before now weigh nothing any more
+    for (auto it = flowEnds_.begin(); it != flowEnds_.end();) it = it->second <= now ? flowEnds_.erase(it) : std::next(it);
+  }
+  return std::upper_bound(unstarted, outq_.end(), frame.start,
+                          [](uint64_t start, const Outgoing& o) { return start < o.start; });
 }
 
 void TcpConnection::close(const Status& why) {
