@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from torch_hoplite import api
-from torch_hoplite._tensors import _DTYPES
+from torch_hoplite._tensors import _DTYPES, dtype_name
 from torch_hoplite.errors import ObjectNotFoundError, error_from_status
 from torch_hoplite.object_ref import ObjectId, ObjectRef, id_bytes, id_of
 
@@ -204,7 +204,7 @@ def allreduce(
     *,
     group: Optional[Iterable[int]] = None,
     op: Union[ReduceOp, str, "dist.ReduceOp.RedOpType"] = ReduceOp.SUM,
-    shards: int = 1,
+    shards: Optional[int] = None,
     degree: Optional[int] = None,
     timeout: Optional[float] = None,
 ) -> torch.Tensor:
@@ -212,7 +212,8 @@ def allreduce(
     result, a new tensor, on each of them; every member calls it with the same `id`.
 
     The group is chosen per call, not set up in advance. The tensor is split into
-    `shards` pieces (default 1). Member ``j % len(group)`` reduces piece ``j``
+    `shards` pieces (default: one per member, or fewer so that each piece has
+    at least 1 MiB; a small tensor is one piece). Member ``j % len(group)`` reduces piece ``j``
     of every member's tensor with a streaming reduce rooted at itself, and every
     member fetches every reduced piece while it is computed, so the broadcast of
     the first chunks overlaps the reduce. With one piece each process receives
@@ -231,12 +232,14 @@ def allreduce(
         raise ValueError(f"rank {rt.rank} called allreduce {id!r} but is not in its group {members}")
     if members[0] < 0 or members[-1] >= rt.world_size:
         raise ValueError(f"allreduce group {members} has ranks outside [0, {rt.world_size})")
-    if not isinstance(shards, int) or shards < 1:
+    if shards is not None and (not isinstance(shards, int) or isinstance(shards, bool) or shards < 1):
         raise ValueError(f"shards must be a positive int, got {shards!r}")
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"allreduce expects a torch.Tensor, got {type(tensor).__name__}")
     n, me = len(members), members.index(rt.rank)
     flat = tensor.detach().contiguous().view(-1)
+    if shards is None:  # each member's link then carries 2(N-1)/N of the tensor, not twice it
+        shards = max(1, min(n, flat.numel() * flat.element_size() // _MIN_SHARD_BYTES))
     pieces = flat.tensor_split(max(1, min(shards, flat.numel())))
     key = id_bytes(id)
     inputs = [[key + b"/in/%d/%d" % (m, j) for m in range(n)] for j in range(len(pieces))]
@@ -257,16 +260,16 @@ def allreduce(
     # Around the ring: from the member before this one (the root has its piece).
     source = members[(me - 1) % n] if ring and n > 1 else None
     # Each piece lands in the result while it arrives (a copy after the end
-    # cost ~15% of the time of an 8-node 256 MB allreduce). One piece lands in
-    # a buffer of the node's pool: a fresh tensor's first-touch page faults
-    # cost another ~8% there (benchmarks/README.md).
+    # cost ~15% of the time of an 8-node 256 MB allreduce), in a buffer of the
+    # node's pool: a fresh tensor's first-touch page faults cost another ~8%
+    # there (benchmarks/README.md).
     def source_of(j: int) -> Optional[int]:
         return None if j % n == me else source
 
     if len(pieces) == 1:
         result = api.get(outputs[0], device=flat.device, timeout=timeout, source=source_of(0)).wait()
     else:
-        result = torch.empty_like(flat)
+        result = rt.node.empty(flat.numel(), dtype_name(flat.dtype)) if on_cpu else torch.empty_like(flat)
         futures = [api.get(out, timeout=timeout, out=piece, source=source_of(j))
                    for j, (out, piece) in enumerate(zip(outputs, result.tensor_split(len(pieces))))]
         torch.futures.wait_all(futures)
@@ -274,6 +277,10 @@ def allreduce(
         api.delete(inputs[j][me], timeout=timeout)
     _release_when_all_done(key, members, me, [outputs[j] for j in range(me, len(pieces), n)], timeout)
     return result.view(tensor.shape)
+
+
+# Smaller pieces cost more in per-piece round trips than they save in bytes.
+_MIN_SHARD_BYTES = 1 << 20
 
 
 def _release_when_all_done(key: bytes, members: list[int], me: int, owned: list[bytes],

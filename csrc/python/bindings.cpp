@@ -165,6 +165,7 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "unsubscribe", [](NodeHandle& h, uint64_t handle) { h.node().unsubscribe(handle); }, py::arg("handle"))
       .def("stats", [](NodeHandle& h) { return h.node().stats(); })
+      .def("empty", &NodeHandle::empty, py::arg("numel"), py::arg("dtype"))
       .def("shutdown", &NodeHandle::shutdown);
   m.def(
       "hmac_sha256",

@@ -204,6 +204,20 @@ py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const p
   return py::make_tuple(static_cast<int>(s.code), s.message);
 }
 
+py::object NodeHandle::empty(int64_t numel, const std::string& dtype) {
+  const c10::ScalarType type = scalarType(dtype);
+  if (numel < 0) throw py::value_error("empty: numel must be >= 0");
+  const auto options = at::TensorOptions().dtype(type);
+  at::Tensor tensor;
+  if (numel == 0) {
+    tensor = at::empty({0}, options);
+  } else {
+    std::shared_ptr<Buffer> keep = node_->allocate(static_cast<size_t>(numel) * c10::elementSize(type));
+    tensor = at::from_blob(keep->data(), {numel}, [keep](void*) mutable { keep.reset(); }, options);
+  }
+  return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(tensor)));
+}
+
 void NodeHandle::get(const py::bytes& id, double timeout, bool copy, const py::object& future, const py::object& out,
                      const std::string& outDtype, int cudaDevice, int source) {
   auto wrapper = future.cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>();

@@ -31,6 +31,9 @@ class NodeHandle {
   // source >= 0: the rank to pull from if it holds a copy (Node::get).
   void get(const pybind11::bytes& id, double timeout, bool copy, const pybind11::object& future,
            const pybind11::object& out, const std::string& outDtype, int cudaDevice, int source);
+  // A 1-D CPU tensor of `numel` elements of `dtype` over a buffer of the
+  // node's pool (returned to it when the tensor is freed): contents undefined.
+  pybind11::object empty(int64_t numel, const std::string& dtype);
   void shutdown();
 
   struct State;  // internal: what the completer thread shares with the handle

@@ -20,8 +20,10 @@ the same node, static algorithms): the same dist.* call as gloo's. "mpi" is
 Open MPI's MPI_Bcast / MPI_Reduce / MPI_Allreduce (mpi_peer.c, compiled with
 mpicc), run after the torch systems of each node count (it busy-polls).
 "hoplite-zero-copy" puts and gets with copy=False (broadcast, reduce, gather);
-"hoplite-sharded" is allreduce(shards=N): N reduces of 1/N each, one rooted at
-every rank, then every rank gets every piece. Reduce-tree ablation: "hoplite-d1"
+"hoplite" allreduce cuts tensors of N MiB or more into N pieces (N reduces of
+1/N each, one rooted at every rank, every rank gets every piece, all around a
+ring); "hoplite-one-piece" is allreduce(shards=1): one reduce, whose result
+every rank gets. Reduce-tree ablation: "hoplite-d1"
 (chain), "hoplite-d2" (binary), "hoplite-dn" (flat: one node receives from all)
 force the degree that the cost model otherwise picks ("hoplite").
 All systems run in the same processes, interleaved trial by trial; time = from
@@ -58,12 +60,12 @@ import torch.distributed as dist
 from torch_hoplite.bench import common, mpi_peer
 
 OPS = ["broadcast", "reduce", "allreduce", "gather", "allgather"]
-SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-sharded", "hoplite-d1", "hoplite-d2", "hoplite-dn",
+SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-one-piece", "hoplite-d1", "hoplite-d2", "hoplite-dn",
            "hoplite-c10d", "gloo", "mpi"]
 DEFAULT_SYSTEMS = "hoplite,gloo"
 ONLY_FOR = {
     "hoplite-zero-copy": {"broadcast", "reduce", "gather"},
-    "hoplite-sharded": {"allreduce"},
+    "hoplite-one-piece": {"allreduce"},
     "hoplite-d1": {"reduce"},
     "hoplite-d2": {"reduce"},
     "hoplite-dn": {"reduce"},
@@ -107,7 +109,7 @@ def run_op(op: str, system: str, rank: int, world: int, x: torch.Tensor, buf: to
             return None
         return hop.get(tag, copy=copy).wait()
     if op == "allreduce":
-        return hop.allreduce(x, tag, shards=world if system == "hoplite-sharded" else 1)
+        return hop.allreduce(x, tag, shards=1 if system == "hoplite-one-piece" else None)
     hop.put(x, f"{tag}/{rank}", copy=copy)
     ids = [f"{tag}/{r}" for r in range(world)]
     if op == "allgather":
