@@ -28,7 +28,7 @@ def test_reduce_trees_cost_model_and_kernels(tmp_path):
 
 
 @needs_gxx
-def test_tcp_connection_alternates_flows_and_lets_control_frames_overtake(tmp_path):
+def test_tcp_connection_shares_by_bytes_between_flows_and_lets_control_frames_overtake(tmp_path):
     build_and_run(
         tmp_path,
         "test_tcp_queue",

@@ -221,7 +221,7 @@ def allreduce(
     allreduce. The members form a ring (group order): every piece's reduce is
     a chain that ends at its root, and its result travels on around the ring,
     so each member pulls everything from the member before it and each link
-    carries one connection, which alternates the pieces' streams frame by frame.
+    carries one connection, shared by bytes between the pieces' streams.
     `degree` other than 1 uses reduce trees placed as inputs become ready and
     the directory's broadcast trees instead. The objects it creates (ids
     starting with `id`) are deleted once every member has the result.
@@ -257,21 +257,20 @@ def allreduce(
             reduce(chain, op, id=outputs[j], degree=1, timeout=timeout, ordered=True)
         else:
             reduce(inputs[j], op, id=outputs[j], degree=degree, timeout=timeout)
-    # Around the ring: from the member before this one (the root has its piece).
-    source = members[(me - 1) % n] if ring and n > 1 else None
+    # Around the ring, each piece comes from the member before this one (the
+    # pieces this member roots are here).
+    before = members[(me - 1) % n] if ring else None
+    sources = [None if j % n == me else before for j in range(len(pieces))]
     # Each piece lands in the result while it arrives (a copy after the end
     # cost ~15% of the time of an 8-node 256 MB allreduce), in a buffer of the
     # node's pool: a fresh tensor's first-touch page faults cost another ~8%
     # there (benchmarks/README.md).
-    def source_of(j: int) -> Optional[int]:
-        return None if j % n == me else source
-
     if len(pieces) == 1:
-        result = api.get(outputs[0], device=flat.device, timeout=timeout, source=source_of(0)).wait()
+        result = api.get(outputs[0], device=flat.device, timeout=timeout, source=sources[0]).wait()
     else:
         result = rt.node.empty(flat.numel(), dtype_name(flat.dtype)) if on_cpu else torch.empty_like(flat)
-        futures = [api.get(out, timeout=timeout, out=piece, source=source_of(j))
-                   for j, (out, piece) in enumerate(zip(outputs, result.tensor_split(len(pieces))))]
+        futures = [api.get(out, timeout=timeout, out=piece, source=source)
+                   for out, piece, source in zip(outputs, result.tensor_split(len(pieces)), sources)]
         torch.futures.wait_all(futures)
     for j in range(len(pieces)):  # every piece is reduced, so every input was consumed
         api.delete(inputs[j][me], timeout=timeout)

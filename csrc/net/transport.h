@@ -36,9 +36,9 @@ class Connection {
   virtual ~Connection() = default;
   virtual void sendControl(wire::MsgType type, std::string payload) = 0;
   // Sends [data, data+size) as one data frame; `keepalive` holds the memory until written.
-  // Frames of one `flow` go out in the order sent; frames of different flows
-  // queued on one connection alternate, so no flow's backlog delays another's
-  // by more than a frame (a relay and a partial result pulled over one connection
+  // Frames of one `flow` go out in the order sent; flows with frames queued on
+  // one connection share it equally by bytes, so no flow's backlog holds
+  // another back (a relay and a partial result pulled over one connection
   // must both keep up).
   virtual void sendData(uint64_t flow, uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
                         std::shared_ptr<const void> keepalive) = 0;

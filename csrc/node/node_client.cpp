@@ -606,9 +606,9 @@ uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offs
   if (it == pulls_.end()) return nullptr;  // cancelled or failed: discard
   PullState& pull = it->second;
   if (conn.peerRank() != pull.rank || offset != pull.expected || size > pull.object->size() - offset) {
-    HLOG(kWarn, "out-of-order data for %s from %s: request %llu offset %llu size %llu, expected offset %llu from rank %d",
-         printableId(pull.object->id()).c_str(), conn.describe().c_str(), (unsigned long long)request,
-         (unsigned long long)offset, (unsigned long long)size, (unsigned long long)pull.expected, pull.rank);
+    HLOG(kWarn, "out-of-order data for %s from %s: offset %llu, expected %llu from rank %d",
+         printableId(pull.object->id()).c_str(), conn.describe().c_str(), static_cast<unsigned long long>(offset),
+         static_cast<unsigned long long>(pull.expected), pull.rank);
     conn.close(Status(Code::kProtocol, "data frame out of order"));
     return nullptr;
   }

@@ -37,7 +37,7 @@ namespace {
 // Larger messages are always deferred. The pipelined collectives send pieces of
 // at most 1 MiB, so they stay eager while their receivers keep up.
 constexpr uint64_t kEagerMessageBytes = 1u << 20;
-// All messages to a peer are one flow of its connection (in order, alternating
+// All messages to a peer are one flow of its connection (in order, sharing it
 // with pulls it serves); pull streams use their request ids, which never reach this.
 constexpr uint64_t kMessageFlow = ~uint64_t{0};
 

@@ -241,18 +241,9 @@ void Node::launchReadyInputs(uint64_t key) {
       continue;
     }
     if (c.filled == k) break;
-    if (c.request.ordered) {  // the next position waits for its own input
-      auto next = inputFor(c.filled);
-      if (next == c.ready.end()) break;
-      ReduceInput ready = std::move(*next);
-      c.ready.erase(next);
-      if (!planInput(key, ready)) return;
-      assignInput(key, c.filled, ready);
-      if (!sendTask(key, c.filled++)) return;
-      continue;
-    }
     // The caller wants the result here: an input this node holds takes the
-    // root position, which saves the result a hop over this node's link.
+    // root position, which saves the result a hop over this node's link
+    // (unless the caller ordered the positions).
     if (c.planned && c.filled == c.plan->tree.root && c.reserved) {
       ReduceInput reserved = std::move(*c.reserved);
       c.reserved.reset();
@@ -260,11 +251,12 @@ void Node::launchReadyInputs(uint64_t key) {
       if (!sendTask(key, c.filled++)) return;
       continue;
     }
-    if (c.ready.empty()) break;
-    ReduceInput ready = std::move(c.ready.front());
-    c.ready.pop_front();
+    auto next = inputFor(c.filled);
+    if (next == c.ready.end()) break;
+    ReduceInput ready = std::move(*next);
+    c.ready.erase(next);
     if (!planInput(key, ready)) return;  // failed the reduce
-    if (ready.reply.sender == config_.rank && !c.reserved && c.filled < c.plan->tree.root) {
+    if (!c.request.ordered && ready.reply.sender == config_.rank && !c.reserved && c.filled < c.plan->tree.root) {
       c.reserved = std::move(ready);
       continue;
     }

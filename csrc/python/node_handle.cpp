@@ -28,6 +28,16 @@ c10::ScalarType scalarType(const std::string& name) {
   return *type;
 }
 
+// A tensor over `buffer`'s memory that keeps the buffer alive (an empty tensor
+// when there is no memory to point at).
+at::Tensor tensorOver(std::shared_ptr<Buffer> buffer, at::IntArrayRef shape, const at::TensorOptions& options,
+                      uint64_t nbytes) {
+  if (!buffer || nbytes == 0) return at::empty(shape, options);
+  void* data = buffer->data();
+  return at::from_blob(
+      data, shape, [keep = std::move(buffer)](void*) mutable { keep.reset(); }, options);
+}
+
 // The bytes of a completed get as a tensor that owns a reference to them.
 at::Tensor tensorOf(const Completion& c) {
   c10::ScalarType type = scalarType(c.meta.dtype);
@@ -35,11 +45,7 @@ at::Tensor tensorOf(const Completion& c) {
     throw std::invalid_argument("object metadata says " + c.meta.dtype + " with " + std::to_string(c.meta.itemsize) +
                                 "-byte elements");
   }
-  auto options = at::TensorOptions().dtype(type);
-  if (!c.buffer || c.meta.nbytes == 0) return at::empty(c.meta.shape, options);
-  std::shared_ptr<Buffer> keep = c.buffer;
-  return at::from_blob(
-      keep->data(), c.meta.shape, [keep](void*) mutable { keep.reset(); }, options);
+  return tensorOver(c.buffer, c.meta.shape, at::TensorOptions().dtype(type), c.meta.nbytes);
 }
 
 // A contiguous tensor's memory as a Buffer that keeps the tensor alive.
@@ -207,14 +213,9 @@ py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const p
 py::object NodeHandle::empty(int64_t numel, const std::string& dtype) {
   const c10::ScalarType type = scalarType(dtype);
   if (numel < 0) throw py::value_error("empty: numel must be >= 0");
+  const uint64_t nbytes = static_cast<uint64_t>(numel) * c10::elementSize(type);
   const auto options = at::TensorOptions().dtype(type);
-  at::Tensor tensor;
-  if (numel == 0) {
-    tensor = at::empty({0}, options);
-  } else {
-    std::shared_ptr<Buffer> keep = node_->allocate(static_cast<size_t>(numel) * c10::elementSize(type));
-    tensor = at::from_blob(keep->data(), {numel}, [keep](void*) mutable { keep.reset(); }, options);
-  }
+  at::Tensor tensor = tensorOver(nbytes ? node_->allocate(nbytes) : nullptr, {numel}, options, nbytes);
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(tensor)));
 }
 

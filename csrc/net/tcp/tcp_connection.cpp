@@ -7,7 +7,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <utility>
 
 #include "common/logging.h"
 
@@ -96,15 +95,13 @@ std::deque<TcpConnection::Outgoing>::iterator TcpConnection::dataSlot(Outgoing& 
   // connection equally whatever their frame sizes (a relay sends what has
   // arrived, a few hundred KB; a finished copy whole chunks of MBs), each
   // flow's frames stay in order, and an idle flow builds up no credit.
-  // Control frames sit before every data frame not started, so those after
-  // them are sorted by tag.
-  auto unstarted = outq_.begin();
-  uint64_t now = sentStart_;  // the tag of the frame being sent, or of the last one sent
-  bool seen = false;
-  for (; unstarted != outq_.end() && (unstarted->data == nullptr || unstarted->sent > 0); ++unstarted) {
-    if (unstarted->data != nullptr && !std::exchange(seen, true)) now = unstarted->start;
-  }
-  if (!seen && unstarted != outq_.end()) now = unstarted->start;
+  auto isData = [](const Outgoing& o) { return o.data != nullptr; };
+  auto first = std::find_if(outq_.begin(), outq_.end(), isData);
+  // The tag of the frame being sent (or next), else of the last one sent.
+  const uint64_t now = first != outq_.end() ? first->start : sentStart_;
+  // Control frames sit before every data frame not started, so the frames
+  // from the first unstarted one on are data frames sorted by tag.
+  auto unstarted = std::find_if(first, outq_.end(), [](const Outgoing& o) { return o.data != nullptr && o.sent == 0; });
   uint64_t& flowEnd = flowEnds_[frame.flow];
   frame.start = std::max(now, flowEnd);
   flowEnd = frame.start + frame.dataSize;

@@ -1,7 +1,8 @@
 // A non-blocking TCP connection driven by the event loop: a write queue of
 // frames sent with writev straight from their buffers (control frames ahead of
-// data frames not yet started, data frames of different flows alternating), and a read state machine
-// that receives data-frame payloads straight into the destination buffer.
+// data frames not yet started; data frames fair-queued by bytes between flows),
+// and a read state machine that receives data-frame payloads straight into the
+// destination buffer.
 #pragma once
 
 #include <sys/uio.h>
