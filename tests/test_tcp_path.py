@@ -2,9 +2,13 @@
 as between hosts. The other tests run their processes on one host, where pulls
 read the holders' memory; test_resume.py and test_same_host.py cover both paths."""
 
+import subprocess
+
+import pytest
 import torch
 
 import torch_hoplite as hop
+from torch_hoplite import api
 import workers
 from cluster import Cluster
 from torch_hoplite import ReduceOp
@@ -32,3 +36,37 @@ def test_reduce_allreduce_and_gather_over_tcp():
         assert sum(s["bytes_received"] for s in stats) >= 3 * n * 8
     finally:
         c.close()
+
+
+def _congestion_of_connections(port: int) -> list[str]:
+    """The congestion control of every established TCP connection from or to `port` (from `ss -ti`)."""
+    out = subprocess.run(["ss", "-tinH", "state", "established"], capture_output=True, text=True, check=True).stdout
+    lines = out.splitlines()
+    found = []
+    for head, info in zip(lines, lines[1:]):
+        if f":{port} " in head + " " and info[:1].isspace():
+            found.append(info.split()[0])
+    return found
+
+
+def test_tcp_congestion_applies_to_every_connection():
+    c = Cluster(3, options={"same_host": False, "tcp_congestion": "reno"})
+    try:
+        tag = uid("cc")
+        n = (4 << 20) // 4
+        inputs = {f"{tag}/{r}": ints(r, n, torch.float32) for r in range(3)}
+        for r, (obj_id, tensor) in enumerate(inputs.items()):
+            put_on(c, r, tensor, obj_id)
+        assert all(torch.equal(t, inputs[i]) for t, i in zip(hop.gather(list(inputs)), inputs))
+        port = api._runtime.address[1]
+        algorithms = _congestion_of_connections(port)
+        assert len(algorithms) >= 2, algorithms  # accepted from or connected to both peers
+        assert set(algorithms) == {"reno"}, algorithms
+    finally:
+        c.close()
+
+
+def test_unknown_tcp_congestion_is_refused():
+    with pytest.raises(ValueError, match="tcp_congestion 'no-such-algorithm'.*this kernel has"):
+        Cluster(1, options={"tcp_congestion": "no-such-algorithm"})
+    assert not hop.is_initialized()

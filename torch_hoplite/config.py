@@ -28,6 +28,10 @@ HOPLITE_COPY_THREADS           threads for a get's copies and reduce       2
                      copy_threads  steps (puts copy on their own thread)
 HOPLITE_SOCKET_BUFFER          SO_SNDBUF/SO_RCVBUF bytes (0: autotune)     0
                      socket_buffer_bytes
+HOPLITE_TCP_CONGESTION         TCP congestion control of the node's        system's
+                     tcp_congestion  connections (TCP_CONGESTION), e.g.
+                               cubic; must be in the kernel's allowed
+                               list (or the process has CAP_NET_ADMIN)
 HOPLITE_MAILBOX_BYTES          backend messages sent to one peer ahead     64MiB
                      mailbox   of their receives; later ones (and any
                      _bytes    over 1 MiB) wait for the receive
@@ -107,6 +111,7 @@ class Config:
     heartbeat_timeout: float = 10.0
     copy_threads: int = 2
     socket_buffer_bytes: int = 0
+    tcp_congestion: str = ""
     mailbox_bytes: int = 64 << 20
     same_host: bool = True
     secret: Optional[str] = dataclasses.field(default=None, repr=False)
@@ -126,6 +131,7 @@ class Config:
         "heartbeat_timeout": ("HOPLITE_HEARTBEAT_TIMEOUT", float),
         "copy_threads": ("HOPLITE_COPY_THREADS", int),
         "socket_buffer_bytes": ("HOPLITE_SOCKET_BUFFER", parse_size),
+        "tcp_congestion": ("HOPLITE_TCP_CONGESTION", str),
         "mailbox_bytes": ("HOPLITE_MAILBOX_BYTES", parse_size),
         "same_host": ("HOPLITE_SAME_HOST", parse_bool),
         "secret": ("HOPLITE_SECRET", str),

@@ -43,6 +43,7 @@ class Runtime:
                 "heartbeat_timeout": config.heartbeat_timeout,
                 "copy_threads": config.copy_threads,
                 "socket_buffer_bytes": config.socket_buffer_bytes,
+                "tcp_congestion": config.tcp_congestion,
                 "mailbox_bytes": config.mailbox_bytes,
                 "same_host": config.same_host,
             }

@@ -106,10 +106,10 @@ class HopliteBackend : public ::c10d::Backend {
   std::atomic<std::chrono::milliseconds> timeout_;
   std::mutex issueMutex_;  // numbers and queues a collective in one step
   uint64_t seq_ = 0;       // collectives issued: identical on every member
-  WorkerPool worker_{1};  // collectives, one at a time in issue order
+  WorkerPool worker_{"hoplite-c10d", 1};  // collectives, one at a time in issue order
   // Completes send/recv Works off the loop thread; shared with their callbacks,
   // which may outlive the backend (after stop() it runs them inline).
-  std::shared_ptr<WorkerPool> completer_ = std::make_shared<WorkerPool>(1);
+  std::shared_ptr<WorkerPool> completer_ = std::make_shared<WorkerPool>("hoplite-c10d-end", 1);
 };
 
 }  // namespace hoplite::c10d

@@ -1,5 +1,6 @@
 #include "common/worker_pool.h"
 
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -31,13 +32,14 @@ struct WorkerPool::State {
   }
 };
 
-WorkerPool::WorkerPool(int threads, int nice) : state_(std::make_shared<State>()) {
+WorkerPool::WorkerPool(const char* name, int threads, int nice) : state_(std::make_shared<State>()) {
   if (threads < 1) threads = 1;
   for (int i = 0; i < threads; ++i) {
     threads_.emplace_back([state = state_, nice] {
       if (nice > 0) ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), nice);
       state->run();
     });
+    ::pthread_setname_np(threads_.back().native_handle(), name);
   }
 }
 

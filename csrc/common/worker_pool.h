@@ -11,8 +11,9 @@ namespace hoplite {
 
 class WorkerPool {
  public:
-  // `nice` > 0 lowers the threads' scheduling priority (Linux per-thread nice).
-  explicit WorkerPool(int threads, int nice = 0);
+  // `name` (at most 15 characters) names the threads for top and perf; `nice`
+  // > 0 lowers their scheduling priority (Linux per-thread nice).
+  WorkerPool(const char* name, int threads, int nice = 0);
   ~WorkerPool();
   // After stop() the task runs on the caller's thread instead of never.
   void submit(std::function<void()> task);

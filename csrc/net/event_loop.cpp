@@ -1,5 +1,6 @@
 #include "net/event_loop.h"
 
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -32,6 +33,7 @@ EventLoop::~EventLoop() {
 void EventLoop::start() {
   running_ = true;
   thread_ = std::thread([this] { run(); });
+  ::pthread_setname_np(thread_.native_handle(), "hoplite-loop");
 }
 
 void EventLoop::stop() {

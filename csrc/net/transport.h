@@ -71,6 +71,7 @@ class Connection {
 struct TransportOptions {
   wire::FrameLimits limits;
   int socketBufferBytes = 0;  // 0: leave the kernel's autotuning on
+  std::string congestion;     // TCP congestion control (TCP_CONGESTION); empty: the system's
 };
 
 class Listener {

@@ -40,7 +40,7 @@ Node::Node(NodeConfig config)
   while (incarnation_ == 0) incarnation_ = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
   limits_.maxControl = std::max<uint64_t>(config_.inlineThresholdBytes, 1u << 20) + (64u << 10);
   limits_.maxData = kMaxDataFrame;
-  TransportOptions options{limits_, config_.socketBufferBytes};
+  TransportOptions options{limits_, config_.socketBufferBytes, config_.tcpCongestion};
   transport_ = std::make_unique<TcpTransport>(loop_, options);
   pool_ = std::make_shared<BufferPool>(config_.poolCacheBytes);
   store_ = std::make_unique<ObjectStore>(pool_, config_.capacityBytes, [this](const std::string& id) {
@@ -50,8 +50,8 @@ Node::Node(NodeConfig config)
     });
   });
   directory_ = std::make_unique<DirectoryShard>(loop_, [this](int rank, const wire::Locations& msg) { send(rank, msg); });
-  workers_ = std::make_unique<WorkerPool>(config_.copyThreads);
-  putCopies_ = std::make_unique<WorkerPool>(1, kPutCopyNice);
+  workers_ = std::make_unique<WorkerPool>("hoplite-copy", config_.copyThreads);
+  putCopies_ = std::make_unique<WorkerPool>("hoplite-putcopy", 1, kPutCopyNice);
   self_ = std::make_shared<LocalConnection>(loop_, this, config_.rank);
   listener_ = transport_->listen(config_.host, config_.port, this, [this](std::shared_ptr<Connection> conn) {
     // A connection that does not complete the handshake in time is dropped, so

@@ -59,6 +59,8 @@ struct NodeConfig {
   double heartbeatTimeoutSeconds = 10;
   int copyThreads = 2;
   int socketBufferBytes = 0;
+  // TCP congestion control of this node's connections (e.g. "cubic"); empty: the system's default.
+  std::string tcpCongestion;
   // Bytes of tagged messages this node sends to one peer ahead of their
   // receives; messages beyond (and any over 1 MiB) wait for their receive.
   uint64_t mailboxBytes = 64ull << 20;

@@ -35,6 +35,7 @@ NodeConfig configFromDict(const py::dict& d) {
   c.heartbeatTimeoutSeconds = option<double>(d, "heartbeat_timeout", c.heartbeatTimeoutSeconds);
   c.copyThreads = option<int>(d, "copy_threads", c.copyThreads);
   c.socketBufferBytes = option<int>(d, "socket_buffer_bytes", c.socketBufferBytes);
+  c.tcpCongestion = option<std::string>(d, "tcp_congestion", c.tcpCongestion);
   c.mailboxBytes = option<uint64_t>(d, "mailbox_bytes", c.mailboxBytes);
   c.sameHost = option<bool>(d, "same_host", c.sameHost);
   return c;

@@ -12,6 +12,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <pthread.h>
+
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -134,6 +136,7 @@ NodeHandle::NodeHandle(const NodeConfig& config)
     : node_(std::make_shared<Node>(config)), state_(std::make_shared<State>()) {
   state_->errorFromStatus = py::module_::import("torch_hoplite.errors").attr("error_from_status");
   state_->completer = std::thread([node = node_, state = state_] { completeLoop(*node, *state); });
+  ::pthread_setname_np(state_->completer.native_handle(), "hoplite-done");
 #ifdef HOPLITE_WITH_CUDA
   node_->setHostMemoryLocker(cuda::hostMemoryLocker());
   node_->setDeviceReducer(cuda::deviceReducer());

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 
 #include "common/logging.h"
@@ -94,11 +95,39 @@ class TcpListener : public Listener, public EventHandler {
   TransportOptions options_;
 };
 
+bool setCongestion(int fd, const std::string& name) {
+  return setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), static_cast<socklen_t>(name.size())) == 0;
+}
+
+std::string procLine(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
 }  // namespace
+
+TcpTransport::TcpTransport(EventLoop& loop, TransportOptions options) : loop_(loop), options_(std::move(options)) {
+  if (options_.congestion.empty()) return;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  const bool ok = setCongestion(fd, options_.congestion);
+  const int err = errno;
+  ::close(fd);
+  if (!ok) {
+    throw std::invalid_argument("tcp_congestion '" + options_.congestion + "': " + std::strerror(err) +
+                                " (this kernel has: " + procLine("/proc/sys/net/ipv4/tcp_available_congestion_control") +
+                                "; without CAP_NET_ADMIN only: " +
+                                procLine("/proc/sys/net/ipv4/tcp_allowed_congestion_control") + ")");
+  }
+}
 
 void configureSocket(int fd, const TransportOptions& options) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // Checked when the transport was made.
+  if (!options.congestion.empty()) setCongestion(fd, options.congestion);
   if (options.socketBufferBytes > 0) {
     int size = options.socketBufferBytes;
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof(size));

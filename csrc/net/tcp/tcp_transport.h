@@ -11,7 +11,9 @@ namespace hoplite {
 
 class TcpTransport : public Transport {
  public:
-  TcpTransport(EventLoop& loop, TransportOptions options) : loop_(loop), options_(options) {}
+  // Throws std::invalid_argument if options.congestion is set but this kernel
+  // does not offer it to this process.
+  TcpTransport(EventLoop& loop, TransportOptions options);
 
   // Binds and listens at once (on the caller's thread) so the address is known;
   // accepting runs on the loop. Throws std::runtime_error if the bind fails.
@@ -25,7 +27,7 @@ class TcpTransport : public Transport {
   TransportOptions options_;
 };
 
-// Socket options every connection gets: non-blocking, TCP_NODELAY, buffer sizes.
+// Socket options every connection gets: TCP_NODELAY, buffer sizes, congestion control.
 void configureSocket(int fd, const TransportOptions& options);
 
 }  // namespace hoplite
