@@ -33,3 +33,18 @@ def test_broadcast_across_namespaces(tmp_path):
     assert sum(r["served"] for r in results) == world - 1  # one transfer per receiver
     # Separate network namespaces are separate hosts: nothing was read from a peer's memory.
     assert all(r["same_host_bytes"] == 0 for r in results)
+
+
+def test_nodes_default_to_the_congestion_control_asked_for():
+    allowed_path = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
+    available = open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split()
+    allowed = open(allowed_path).read().split()
+    # One the host does not allow namespaces to default to exercises the temporary addition.
+    wanted = next((cc for cc in available if cc not in allowed), "reno")
+    with EmulatedCluster(2, rate="1gbit", name="hplcc", congestion=wanted) as cluster:
+        assert [cluster.node_congestion(i) for i in range(2)] == [wanted, wanted]
+    assert open(allowed_path).read().split() == allowed
+    with pytest.raises(ValueError, match="no-such-cc.*this kernel has"):
+        with EmulatedCluster(1, rate="1gbit", name="hplcc", congestion="no-such-cc"):
+            pass
+    assert "hplcc-n0" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

@@ -53,6 +53,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -156,6 +157,9 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival
     import torch_hoplite as hop
 
     systems = [s for s in systems if s != "mpi"]
+    # N ranks share the host's cores: intra-op threads would spin-wait (OpenMP)
+    # after the untimed buffer resets, taking CPU from the timed calls.
+    torch.set_num_threads(1)
     store = dist.TCPStore(host, port, world, is_master=(rank == 0), timeout=datetime.timedelta(seconds=900))
     dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=world)
     hop.init(dist.PrefixStore("hoplite", store), rank=rank, world_size=world)
@@ -236,15 +240,20 @@ MIN_LINK_SHARE = 0.85
 
 
 def run_emulated(world: int, ops: list[str], sizes: list[int], trials: int, warmup: int, systems: list[str],
-                 rate: str, link_checks: dict, arrival: float = 0.0) -> dict:
+                 rate: str, link_checks: dict, arrival: float = 0.0, congestion: Optional[str] = None,
+                 congestion_used: Optional[dict] = None) -> dict:
     """One process per network namespace, links limited to `rate` each way,
-    after checking what one TCP flow gets through them (in link_checks[world])."""
+    after checking what one TCP flow gets through them (in link_checks[world]);
+    the nodes' kernels default to `congestion` (None: the host's default; what
+    they used goes in congestion_used[world])."""
     import json
     import tempfile
 
     from torch_hoplite.bench.emulated_cluster import EmulatedCluster
 
-    with EmulatedCluster(world, rate=rate) as cluster, tempfile.TemporaryDirectory() as tmp:
+    with EmulatedCluster(world, rate=rate, congestion=congestion) as cluster, tempfile.TemporaryDirectory() as tmp:
+        if congestion_used is not None:
+            congestion_used[world] = cluster.node_congestion()
         if world >= 2:
             achieved = cluster.measure_rate()
             share = achieved / _rate_bps(rate)
@@ -402,6 +411,9 @@ def main() -> None:
     parser.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"from {','.join(SYSTEMS)}")
     parser.add_argument("--rate", default=None,
                         help="run on an emulated cluster with this per-node rate (e.g. 1gbit); default: loopback")
+    parser.add_argument("--tcp-congestion", default=None,
+                        help="with --rate: the TCP congestion control every emulated node defaults to, for every "
+                             "system alike (e.g. cubic); default: the host's")
     parser.add_argument("--arrival-interval", type=float, default=0.0,
                         help="asynchrony: rank r becomes ready r times this many seconds late; times are then "
                              "from the last arrival to the end (no ratio to the ideal)")
@@ -443,12 +455,12 @@ def main() -> None:
             print(f"--rate {rate}: no emulated cluster here (it needs root, iproute2 and network namespaces); "
                   "measuring on loopback instead, without ratios to the ideal", flush=True)
             rate = None
-    records, link_checks = [], {}
+    records, link_checks, congestion_used = [], {}, {}
     for world in worlds:
         if rate:
             print(f"measuring {','.join(ops)} with {world} nodes at {rate} ...", flush=True)
             per_rank = run_emulated(world, ops, sizes, args.trials, args.warmup, systems, rate, link_checks,
-                                    args.arrival_interval)
+                                    args.arrival_interval, args.tcp_congestion, congestion_used)
             path, rate_bps = f"emulated cluster, tbf {rate} per node each way", _rate_bps(rate)
         else:
             print(f"measuring {','.join(ops)} with {world} processes ...", flush=True)
@@ -468,7 +480,8 @@ def main() -> None:
     settings = {"ops": ops, "sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup,
                 "rate": rate, "requested_rate": args.rate, "systems": systems,
                 "arrival_interval_s": args.arrival_interval,
-                "link_check_bps": {str(n): bps for n, bps in link_checks.items()}}
+                "link_check_bps": {str(n): bps for n, bps in link_checks.items()},
+                "tcp_congestion": {str(n): cc for n, cc in congestion_used.items()}}
     common.write_json(json_path, "collectives", records, settings)
     plot(records, plot_path)
     print(f"wrote {json_path} and {plot_path}")

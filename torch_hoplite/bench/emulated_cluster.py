@@ -54,6 +54,14 @@ c.close()
 """
 
 
+_AVAILABLE = "/proc/sys/net/ipv4/tcp_available_congestion_control"
+_ALLOWED = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
+
+
+def _run_in(ns: str, *args: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", ns, *args], check=True, capture_output=True, text=True).stdout
+
+
 def _ip(*args: str, ns: Optional[str] = None) -> None:
     cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
     subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -72,13 +80,20 @@ def available() -> bool:
 
 
 class EmulatedCluster:
-    def __init__(self, nodes: int, rate: str = "1gbit", name: str = "hpl"):
+    """`congestion`: the TCP congestion control every node's kernel defaults to
+    (None: what a new namespace gets, the host's default). A namespace may only
+    default to one in the host's allowed list; one missing there is added for
+    the cluster's lifetime."""
+
+    def __init__(self, nodes: int, rate: str = "1gbit", name: str = "hpl", congestion: Optional[str] = None):
         if not 1 <= nodes <= 200:
             raise ValueError(f"nodes must be in 1..200, got {nodes}")
         self.nodes = nodes
         self.rate = rate
         self.name = name
         self.switch = f"{name}-sw"
+        self.congestion = congestion
+        self._allowed_before: Optional[str] = None
 
     def ns(self, i: int) -> str:
         return f"{self.name}-n{i}"
@@ -116,12 +131,32 @@ class EmulatedCluster:
             _ip("ip", "link", "set", port, "up", ns=self.switch)
             _ip("tc", "qdisc", "replace", "dev", "eth0", "root", *tbf, ns=ns)  # egress
             _ip("tc", "qdisc", "replace", "dev", port, "root", *tbf, ns=self.switch)  # ingress of the node
+            if self.congestion:
+                self._default_congestion(ns)
+
+    def node_congestion(self, i: int = 0) -> str:
+        """The congestion control node i's kernel gives new connections."""
+        return _run_in(self.ns(i), "cat", "/proc/sys/net/ipv4/tcp_congestion_control").strip()
+
+    def _default_congestion(self, ns: str) -> None:
+        if self.congestion not in open(_AVAILABLE).read().split():
+            raise ValueError(f"congestion control {self.congestion!r}: this kernel has {open(_AVAILABLE).read().strip()}")
+        allowed = open(_ALLOWED).read().split()
+        if self.congestion not in allowed:
+            self._allowed_before = " ".join(allowed)
+            with open(_ALLOWED, "w") as f:
+                f.write(" ".join(allowed + [self.congestion]))
+        _ip("sysctl", "-qw", f"net.ipv4.tcp_congestion_control={self.congestion}", ns=ns)
 
     def _teardown(self) -> None:
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
         for ns in names:
             if ns == self.switch or ns.startswith(f"{self.name}-n"):
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        if self._allowed_before is not None:
+            with open(_ALLOWED, "w") as f:
+                f.write(self._allowed_before)
+            self._allowed_before = None
 
     def measure_rate(self, megabytes: int = 24) -> float:
         """Bits per second that one TCP flow from node 1 to node 0 gets through
