@@ -2,13 +2,13 @@
 as between hosts. The other tests run their processes on one host, where pulls
 read the holders' memory; test_resume.py and test_same_host.py cover both paths."""
 
+import os
 import subprocess
 
 import pytest
 import torch
 
 import torch_hoplite as hop
-from torch_hoplite import api
 import workers
 from cluster import Cluster
 from torch_hoplite import ReduceOp
@@ -38,15 +38,18 @@ def test_reduce_allreduce_and_gather_over_tcp():
         c.close()
 
 
-def _congestion_of_connections(port: int) -> list[str]:
-    """The congestion control of every established TCP connection from or to `port` (from `ss -ti`)."""
-    out = subprocess.run(["ss", "-tinH", "state", "established"], capture_output=True, text=True, check=True).stdout
+def _congestion_of_connections(skip_port: int) -> list[str]:
+    """The congestion control of every established TCP connection of this process
+    that does not involve `skip_port`, from `ss -tip`."""
+    known = set(open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split())
+    out = subprocess.run(["ss", "-tinpH", "state", "established"], capture_output=True, text=True, check=True).stdout
     lines = out.splitlines()
-    found = []
-    for head, info in zip(lines, lines[1:]):
-        if f":{port} " in head + " " and info[:1].isspace():
-            found.append(info.split()[0])
-    return found
+    # Each connection is an address line (with its process) and an indented line of TCP info naming its algorithm.
+    return [
+        next(t for t in info.split() if t in known)
+        for head, info in zip(lines, lines[1:])
+        if f"pid={os.getpid()}," in head and f":{skip_port} " not in head + " " and info[:1].isspace()
+    ]
 
 
 def test_tcp_congestion_applies_to_every_connection():
@@ -58,9 +61,8 @@ def test_tcp_congestion_applies_to_every_connection():
         for r, (obj_id, tensor) in enumerate(inputs.items()):
             put_on(c, r, tensor, obj_id)
         assert all(torch.equal(t, inputs[i]) for t, i in zip(hop.gather(list(inputs)), inputs))
-        port = api._runtime.address[1]
-        algorithms = _congestion_of_connections(port)
-        assert len(algorithms) >= 2, algorithms  # accepted from or connected to both peers
+        algorithms = _congestion_of_connections(skip_port=c.store.port)  # the store's client is torch's
+        assert len(algorithms) >= 2, algorithms  # the gather pulled from both peers
         assert set(algorithms) == {"reno"}, algorithms
     finally:
         c.close()
