@@ -1,5 +1,7 @@
 #include "coll/reduce_kernels.h"
 
+#include <immintrin.h>
+
 #include <complex>
 #include <cstring>
 #include <type_traits>
@@ -92,9 +94,11 @@ namespace baseline {
 
 #pragma GCC push_options
 #pragma GCC target("avx2,f16c,fma")
+#define HOPLITE_LOOPS_F16C
 namespace avx2 {
 #include "coll/reduce_loops.inc"
 }  // namespace avx2
+#undef HOPLITE_LOOPS_F16C
 #pragma GCC pop_options
 
 bool haveAvx2() {

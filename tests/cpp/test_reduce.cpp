@@ -181,9 +181,63 @@ static void testKernels() {
   CHECK(!reduceKernel(static_cast<ReduceOp>(9), "float32", &k).ok());
 }
 
+static float halfToFloat(uint16_t bits) {
+  _Float16 h;
+  std::memcpy(&h, &bits, 2);
+  return static_cast<float>(h);
+}
+
+static uint16_t floatToHalf(float x) {
+  _Float16 h = static_cast<_Float16>(x);  // round to nearest even
+  uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+}
+
+// float16 SUM, PROD and AVG over many values, so that the AVX2 build's
+// eight-at-a-time blocks and its scalar tail both run: every result must be
+// the float computation rounded to nearest even, bit for bit (NaN as NaN).
+static void testHalfBlocks() {
+  const size_t n = 4099;  // 512 blocks of eight and a tail of three
+  std::vector<uint16_t> a(n), b(n);
+  uint32_t state = 12345;
+  auto next = [&state] { return state = state * 1664525u + 1013904223u; };
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = static_cast<uint16_t>(next() >> 16);
+    b[i] = static_cast<uint16_t>(next() >> 16);
+  }
+  a[0] = 0x3c00, b[0] = 0x1400;  // 1 + 2^-10 (one ulp of 1): exact
+  a[1] = 0x3c00, b[1] = 0x1000;  // 1 + 2^-11: a tie, to even (1)
+  a[2] = 0x3c01, b[2] = 0x1000;  // (1 + 2^-10) + 2^-11: a tie, to even (1 + 2^-9)
+  a[3] = 0x7bff, b[3] = 0x7bff;  // 65504 + 65504 overflows to inf
+  auto isNan = [](uint16_t h) { return (h & 0x7fff) > 0x7c00; };
+  auto same = [&](uint16_t got, float want) {
+    const uint16_t w = floatToHalf(want);
+    return isNan(w) ? isNan(got) : got == w;
+  };
+  auto sum = run(ReduceOp::kSum, "float16", a, b);
+  auto prod = run(ReduceOp::kProd, "float16", a, b);
+  bool sums = true, prods = true;
+  for (size_t i = 0; i < n; ++i) {
+    sums = sums && same(sum[i], halfToFloat(a[i]) + halfToFloat(b[i]));
+    prods = prods && same(prod[i], halfToFloat(a[i]) * halfToFloat(b[i]));
+  }
+  CHECK(sums);
+  CHECK(prods);
+  CHECK(sum[0] == 0x3c01 && sum[1] == 0x3c00 && sum[2] == 0x3c02 && sum[3] == 0x7c00);
+  ReduceKernel k;
+  CHECK(reduceKernel(ReduceOp::kAvg, "float16", &k).ok() && k.divide != nullptr);
+  std::vector<uint16_t> avg = a;
+  k.divide(avg.data(), n, 3);
+  bool divided = true;
+  for (size_t i = 0; i < n; ++i) divided = divided && same(avg[i], halfToFloat(a[i]) / 3.0f);
+  CHECK(divided);
+}
+
 int main() {
   testTrees();
   testCostModel();
   testKernels();
+  testHalfBlocks();
   return finish("reduce");
 }
