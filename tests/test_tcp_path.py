@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import torch_hoplite as hop
+from torch_hoplite import api
 import workers
 from cluster import Cluster
 from torch_hoplite import ReduceOp
@@ -38,9 +39,9 @@ def test_reduce_allreduce_and_gather_over_tcp():
         c.close()
 
 
-def _congestion_of_connections(skip_port: int) -> list[str]:
-    """The congestion control of every established TCP connection of this process
-    that does not involve `skip_port`, from `ss -tip`."""
+def _congestion_of_connections(ports: set[int]) -> list[str]:
+    """The congestion control of every established TCP connection of this
+    process from or to one of `ports`, from `ss -tip`."""
     known = set(open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split())
     out = subprocess.run(["ss", "-tinpH", "state", "established"], capture_output=True, text=True, check=True).stdout
     lines = out.splitlines()
@@ -48,7 +49,7 @@ def _congestion_of_connections(skip_port: int) -> list[str]:
     return [
         next(t for t in info.split() if t in known)
         for head, info in zip(lines, lines[1:])
-        if f"pid={os.getpid()}," in head and f":{skip_port} " not in head + " " and info[:1].isspace()
+        if f"pid={os.getpid()}," in head and any(f":{p} " in head for p in ports) and info[:1].isspace()
     ]
 
 
@@ -61,7 +62,9 @@ def test_tcp_congestion_applies_to_every_connection():
         for r, (obj_id, tensor) in enumerate(inputs.items()):
             put_on(c, r, tensor, obj_id)
         assert all(torch.equal(t, inputs[i]) for t, i in zip(hop.gather(list(inputs)), inputs))
-        algorithms = _congestion_of_connections(skip_port=c.store.port)  # the store's client is torch's
+        # This process is rank 0: its connections to the other ranks' ports and theirs to its own.
+        ports = {api._runtime.address[1]} | {c.call(r, workers.node_port) for r in (1, 2)}
+        algorithms = _congestion_of_connections(ports)
         assert len(algorithms) >= 2, algorithms  # the gather pulled from both peers
         assert set(algorithms) == {"reno"}, algorithms
     finally:

@@ -74,6 +74,13 @@ def put_error(tensor, obj_id):
     return None, None
 
 
+def node_port():
+    """The TCP port this rank's node listens on."""
+    from torch_hoplite import api
+
+    return api._runtime.address[1]
+
+
 def stats():
     return hop.stats()
 
