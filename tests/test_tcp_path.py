@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import torch_hoplite as hop
-from torch_hoplite import api
 import workers
 from cluster import Cluster
 from torch_hoplite import ReduceOp
@@ -63,7 +62,7 @@ def test_tcp_congestion_applies_to_every_connection():
             put_on(c, r, tensor, obj_id)
         assert all(torch.equal(t, inputs[i]) for t, i in zip(hop.gather(list(inputs)), inputs))
         # This process is rank 0: its connections to the other ranks' ports and theirs to its own.
-        ports = {api._runtime.address[1]} | {c.call(r, workers.node_port) for r in (1, 2)}
+        ports = {workers.node_port()} | {c.call(r, workers.node_port) for r in (1, 2)}
         algorithms = _congestion_of_connections(ports)
         assert len(algorithms) >= 2, algorithms  # the gather pulled from both peers
         assert set(algorithms) == {"reno"}, algorithms

@@ -58,13 +58,9 @@ _AVAILABLE = "/proc/sys/net/ipv4/tcp_available_congestion_control"
 _ALLOWED = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
 
 
-def _run_in(ns: str, *args: str) -> str:
-    return subprocess.run(["ip", "netns", "exec", ns, *args], check=True, capture_output=True, text=True).stdout
-
-
-def _ip(*args: str, ns: Optional[str] = None) -> None:
+def _ip(*args: str, ns: Optional[str] = None) -> str:
     cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
 
 
 def available() -> bool:
@@ -116,6 +112,8 @@ class EmulatedCluster:
         signal.signal(signal.SIGTERM, self._old_sigterm)
 
     def _setup(self) -> None:
+        if self.congestion:
+            self._allow_congestion()
         _ip("ip", "netns", "add", self.switch)
         _ip("ip", "link", "add", "br0", "type", "bridge", ns=self.switch)
         _ip("ip", "link", "set", "br0", "up", ns=self.switch)
@@ -132,21 +130,22 @@ class EmulatedCluster:
             _ip("tc", "qdisc", "replace", "dev", "eth0", "root", *tbf, ns=ns)  # egress
             _ip("tc", "qdisc", "replace", "dev", port, "root", *tbf, ns=self.switch)  # ingress of the node
             if self.congestion:
-                self._default_congestion(ns)
+                _ip("sysctl", "-qw", f"net.ipv4.tcp_congestion_control={self.congestion}", ns=ns)
 
     def node_congestion(self, i: int = 0) -> str:
         """The congestion control node i's kernel gives new connections."""
-        return _run_in(self.ns(i), "cat", "/proc/sys/net/ipv4/tcp_congestion_control").strip()
+        return _ip("cat", "/proc/sys/net/ipv4/tcp_congestion_control", ns=self.ns(i)).strip()
 
-    def _default_congestion(self, ns: str) -> None:
-        if self.congestion not in open(_AVAILABLE).read().split():
-            raise ValueError(f"congestion control {self.congestion!r}: this kernel has {open(_AVAILABLE).read().strip()}")
+    def _allow_congestion(self) -> None:
+        """Lets namespaces default to self.congestion (the host's allowed list)."""
+        available = open(_AVAILABLE).read().split()
+        if self.congestion not in available:
+            raise ValueError(f"congestion control {self.congestion!r}: this kernel has {' '.join(available)}")
         allowed = open(_ALLOWED).read().split()
         if self.congestion not in allowed:
             self._allowed_before = " ".join(allowed)
             with open(_ALLOWED, "w") as f:
                 f.write(" ".join(allowed + [self.congestion]))
-        _ip("sysctl", "-qw", f"net.ipv4.tcp_congestion_control={self.congestion}", ns=ns)
 
     def _teardown(self) -> None:
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
