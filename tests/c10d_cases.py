@@ -416,6 +416,30 @@ def run_killed_peer(rank: int, world: int, port: int, conn) -> None:
     os._exit(0)  # the process group cannot be destroyed cleanly with a dead member
 
 
+def run_leave_at_once(rank: int, world: int, port: int, conn) -> None:
+    """Large allreduces, then every rank leaves as soon as its own last one
+    completed: a rank that finished first must not take with it the last
+    pieces the others still receive from it."""
+    dist.init_process_group(
+        "hoplite", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    t = torch.full((16 << 20,), float(rank + 1))
+    outcome = "completed"
+    try:
+        for _ in range(3):
+            dist.all_reduce(t)
+    except Exception as e:  # noqa: BLE001  (reported to the test)
+        outcome = f"{type(e).__name__}: {e}"
+    dist.destroy_process_group()
+    torch_hoplite.shutdown()
+    # Checked only now: checking first would give the others time to finish.
+    expected = float(sum(range(1, world + 1)) * world**2)  # three sums of sums
+    if outcome == "completed" and not torch.equal(t, torch.full_like(t, expected)):
+        outcome = f"wrong values: {t.unique().tolist()[:4]}"
+    conn.send(outcome)
+
+
 def run_mismatched(rank: int, world: int, port: int, conn) -> None:
     """Rank 0 calls all_reduce while the others call all_gather_into_tensor
     (both rings, so their messages meet); each reports how its call ended."""

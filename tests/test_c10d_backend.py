@@ -87,6 +87,13 @@ def test_killed_rank_makes_the_others_raise_within_the_timeout():
         assert seconds < 10 + 5, f"rank {rank} took {seconds:.1f} s (timeout 10 s)"
 
 
+# A race (before the fix about half of the runs lost bytes): three tries.
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_rank_that_leaves_right_after_its_last_collective_loses_none_of_its_bytes(attempt: int):
+    outcomes = _spawn(c10d_cases.run_leave_at_once, 4, timeout=180)
+    assert outcomes == ["completed"] * 4, outcomes
+
+
 def test_ranks_calling_different_collectives_raise_instead_of_mixing_data():
     results = _spawn(c10d_cases.run_mismatched, 2, timeout=60)
     for rank, (mine, theirs) in enumerate([("allreduce", "all_gather_into_tensor"),

@@ -53,7 +53,9 @@ def init(
 
 def shutdown() -> None:
     """Stops this node. Pending gets fail; objects only this node held become
-    unreachable, so call :func:`barrier` first when others may still need them."""
+    unreachable, so call :func:`barrier` first when others may still need them.
+    What the node already sent (e.g. its part of a collective that completed
+    here) still reaches the peers: it waits up to 2 s for them to take it."""
     global _runtime
     if _runtime is None:
         return

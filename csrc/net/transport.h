@@ -47,6 +47,13 @@ class Connection {
   // up on it and may reuse it as soon as this returns.
   virtual void abandonData(uint64_t request) { (void)request; }
   virtual void close(const Status& why) = 0;
+  // Ends the connection without losing what was handed to the kernel: frames
+  // still queued are dropped, the stream is ended, and what the peer still
+  // sends is read and dropped until it ends its side too; then it closes with
+  // `why`. (Closing at once while the peer's bytes still arrive makes the
+  // kernel reset the connection and throw away what it has not transmitted,
+  // e.g. the last message of a collective that already completed here.)
+  virtual void closeGracefully(const Status& why) { close(why); }
   virtual bool isOpen() const = 0;
   // Whether the connection was ever set up (TCP: the connect completed), so a
   // close means the peer went away rather than that it is not listening yet.

@@ -19,6 +19,9 @@ constexpr uint64_t kMaxDataFrame = 64ull << 20;
 // A put's copy thread yields to the loop and copy workers when the cores are
 // busy (weight ~110 against 1024 at nice 0), yet is never starved outright.
 constexpr int kPutCopyNice = 10;
+// How long shutdown waits for peers to take what was sent and end their side
+// of each connection (normally a round trip).
+constexpr double kShutdownLingerSeconds = 2;
 
 }  // namespace
 
@@ -267,6 +270,7 @@ std::shared_ptr<Connection> Node::sharedConnection(Connection& conn) {
 }
 
 void Node::onClosed(Connection& conn, const Status& why) {
+  if (shuttingDown_) noteEnded();
   handshakes_.erase(conn.id());
   if (incoming_.erase(conn.id())) {
     // A sender that went away sends nothing more (a peer never redials after
@@ -709,6 +713,15 @@ std::map<std::string, uint64_t> Node::stats() {
   };
 }
 
+void Node::noteEnded() {
+  if (allEndedKept_) return;
+  for (const auto& conn : ending_) {
+    if (conn->isOpen()) return;
+  }
+  allEndedKept_ = true;
+  allEnded_.set_value();
+}
+
 void Node::shutdown() {
   if (stopped_.exchange(true)) return;
   std::promise<void> done;
@@ -719,12 +732,15 @@ void Node::shutdown() {
     std::vector<uint64_t> gets;
     for (const auto& entry : gets_) gets.push_back(entry.first);
     for (uint64_t token : gets) finishGet(token, why);
+    // What this node sent before it shut down still reaches its peers (e.g.
+    // the last pieces of a collective that completed here): see closeGracefully.
     for (auto& [rank, peer] : peers_) {
-      if (peer.conn) peer.conn->close(why);
+      if (peer.conn) ending_.push_back(peer.conn);
       peer.queued.clear();  // also of peers waiting to redial: their sends fail now
     }
-    auto incoming = incoming_;
-    for (auto& [id, conn] : incoming) conn->close(why);
+    for (auto& [id, conn] : incoming_) ending_.push_back(conn);
+    for (auto& conn : std::vector(ending_)) conn->closeGracefully(why);
+    noteEnded();
     self_->close(why);
     auto pending = std::move(pending_);
     pending_.clear();
@@ -742,6 +758,17 @@ void Node::shutdown() {
     done.set_value();
   });
   done.get_future().wait();
+  // Bounded: a hung peer that never ends its side does not hold shutdown.
+  if (allEnded_.get_future().wait_for(std::chrono::duration<double>(kShutdownLingerSeconds)) !=
+      std::future_status::ready) {
+    std::promise<void> forced;
+    const bool posted = loop_.post([this, &forced] {
+      for (auto& conn : ending_) conn->close(Status(Code::kShutdown, "node shut down before its peer ended the connection"));
+      forced.set_value();
+    });
+    if (posted) forced.get_future().wait();
+  }
+  ending_.clear();
   loop_.stop();
   workers_->stop();
   putCopies_->stop();

@@ -565,6 +565,12 @@ class Node : public ConnectionObserver {
   const std::string hostIdentity_;  // empty when the same-host path is off
   std::array<uint8_t, 16> memoryProbe_{};  // random; peers read it to test same-host reads
   bool shuttingDown_ = false;
+  // At shutdown: the connections ending gracefully, and the promise kept once
+  // none of them is open (noteEnded).
+  std::vector<std::shared_ptr<Connection>> ending_;
+  std::promise<void> allEnded_;
+  bool allEndedKept_ = false;
+  void noteEnded();
   uint64_t nextReduce_ = 1;
   // Random per process: told in every hello, and part of this node's
   // partial-result ids (unique across restarts).

@@ -59,7 +59,7 @@ std::string TcpConnection::describe() const {
 }
 
 void TcpConnection::sendControl(wire::MsgType type, std::string payload) {
-  if (closed_) return;
+  if (closed_ || ending_) return;
   Outgoing out;
   wire::encodeHeader(out.head, type, payload.size());
   out.headSize = wire::kHeaderSize;
@@ -76,7 +76,7 @@ void TcpConnection::sendControl(wire::MsgType type, std::string payload) {
 
 void TcpConnection::sendData(uint64_t flow, uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
                              std::shared_ptr<const void> keepalive) {
-  if (closed_) return;
+  if (closed_ || ending_) return;
   Outgoing out;
   wire::encodeHeader(out.head, wire::MsgType::kData, wire::kDataSubheaderSize + size);
   wire::encodeDataSubheader(out.head + wire::kHeaderSize, request, offset);
@@ -133,9 +133,43 @@ void TcpConnection::close(const Status& why) {
   observer_->onClosed(*this, why);
 }
 
+void TcpConnection::closeGracefully(const Status& why) {
+  if (closed_ || ending_) return;
+  if (connecting_ || ::shutdown(fd_, SHUT_WR) != 0) {
+    close(why);
+    return;
+  }
+  ending_ = true;
+  endWhy_ = why;
+  outq_.clear();  // their senders were not told they were sent, and are failed
+  wantWrite_ = false;
+  loop_.modifyFd(fd_, EPOLLIN | EPOLLRDHUP, this);
+  if (lowWater_ > 1) setLowWater(1);  // the end of stream may follow a partial frame
+  dropInput();
+}
+
+void TcpConnection::dropInput() {
+  char sink[64 << 10];
+  for (size_t budget = kReadBudget; budget > 0;) {  // a peer still sending must not hold the loop
+    const ssize_t got = ::recv(fd_, sink, sizeof sink, MSG_DONTWAIT);
+    if (got > 0) {
+      budget -= std::min(budget, static_cast<size_t>(got));
+      continue;
+    }
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    close(endWhy_);  // the peer's end, or its reset: nothing more will come
+    return;
+  }
+}
+
 void TcpConnection::handleEvents(uint32_t events) {
   if (closed_) return;
   auto self = shared_from_this();
+  if (ending_) {
+    dropInput();
+    return;
+  }
   if (connecting_) {
     if (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) finishConnect();
     return;

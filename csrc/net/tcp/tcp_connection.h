@@ -32,6 +32,7 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
                 std::shared_ptr<const void> keepalive) override;
   void abandonData(uint64_t request) override;
   void close(const Status& why) override;
+  void closeGracefully(const Status& why) override;
   bool isOpen() const override { return fd_ >= 0; }
   bool wasEstablished() const override { return !connecting_; }
   std::string describe() const override;
@@ -56,6 +57,7 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
 
   void finishConnect();
   void readSome();
+  void dropInput();  // while ending: reads and drops until the peer's end of stream
   // SO_RCVLOWAT: how many bytes must be queued before the socket reads as ready.
   void setLowWater(size_t bytes);
   size_t lowWaterFor(size_t payloadLeft) const;
@@ -74,6 +76,8 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
   ConnectionObserver* observer_;
   TransportOptions options_;
   bool closed_ = false;
+  bool ending_ = false;  // closeGracefully was called: only waiting for the peer's end
+  Status endWhy_;
   bool trusted_;
 
   std::deque<Outgoing> outq_;
