@@ -499,14 +499,14 @@ def run_flood(rank: int, world: int, port: int, conn) -> None:
 
 
 def run_withdrawn_send(rank: int, world: int, port: int, conn) -> None:
-    """Rank 0's send of 4 MiB (deferred: its bytes wait for a receive) times out
+    """Rank 0's send of 8 MiB (deferred: its bytes wait for a receive) times out
     before rank 1 posts a receive; rank 1 then receives on that tag and must get
     rank 0's next message, not wait for the abandoned one's bytes."""
     dist.init_process_group(
         "hoplite", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TIMEOUT
     )
     quick = dist.new_group(backend="hoplite", timeout=datetime.timedelta(seconds=2))
-    n = 1 << 20  # float32 elements: 4 MiB
+    n = 2 << 20  # float32 elements: 8 MiB, over the 4 MiB sent ahead of a receive
     report: dict = {}
     if rank == 0:
         try:
@@ -534,7 +534,7 @@ def run_withdrawn_send(rank: int, world: int, port: int, conn) -> None:
 
 
 def run_abandoned_alltoall(rank: int, world: int, port: int, conn) -> None:
-    """Ranks 0 and 1 call all_to_all with 4 MiB blocks (deferred sends), rank 2,
+    """Ranks 0 and 1 call all_to_all with 8 MiB blocks (deferred sends), rank 2,
     a second later, a scatter from itself, which only sends. The receives from
     rank 2 meet its scatter message and fail at once (rank 2's sends are
     refused); rank 0's and 1's sends to rank 2, which nobody will ever receive,
@@ -544,7 +544,7 @@ def run_abandoned_alltoall(rank: int, world: int, port: int, conn) -> None:
         "hoplite", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
         timeout=datetime.timedelta(seconds=60),
     )
-    n = 1 << 20  # float32 elements per block: 4 MiB
+    n = 2 << 20  # float32 elements per block: 8 MiB, over the 4 MiB sent ahead of a receive
     report: dict = {}
     dist.barrier()
     if rank == 2:

@@ -55,13 +55,13 @@ def test_mpi_peer_on_loopback(tmp_path):
     out = tmp_path / "mpi.json"
     cmd = [sys.executable, "-m", "torch_hoplite.bench", "--nodes", "3", "--sizes", "256KB", "--ops",
            "broadcast,reduce,allreduce,gather", "--systems", "gloo,mpi", "--trials", "2", "--warmup", "1",
-           "--json", str(out), "--plot", str(tmp_path / "mpi.png")]
+           "--settle", "0.3", "--json", str(out), "--plot", str(tmp_path / "mpi.png")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = json.loads(out.read_text())["records"]
     mpi = {r["op"] for r in records if r["system"] == "mpi"}
     assert mpi == {"broadcast", "reduce", "allreduce"}  # MPI has no gather here; its results were checked
-    assert all(r["median_s"] > 0 and r["nodes"] == 3 for r in records)
+    assert all(0 < r["median_s"] < 0.15 and r["nodes"] == 3 for r in records)  # the settling is not timed
 
 
 def test_staggered_arrivals_time_from_the_last_arrival(tmp_path):
@@ -71,6 +71,13 @@ def test_staggered_arrivals_time_from_the_last_arrival(tmp_path):
         assert r["arrival_interval_s"] == 0.2 and r["ratio_to_ideal"] is None
         # From the last arrival, not from the start: well under the 0.2 s the second rank slept.
         assert 0 < r["median_s"] < 0.15, r
+
+
+def test_settling_after_the_barrier_is_recorded_and_not_timed(tmp_path):
+    result, _ = run_bench(tmp_path, "256KB", "--settle", "0.3")
+    assert result["settings"]["settle_s"] == 0.3
+    for r in result["records"]:
+        assert 0 < r["median_s"] < 0.15, r  # every rank slept 0.3 s before its call, outside the timing
 
 
 def test_a_point_too_big_for_the_machine_is_refused_before_anything_starts():

@@ -34,7 +34,7 @@ HOPLITE_TCP_CONGESTION         TCP congestion control of the node's        syste
                                list (or the process has CAP_NET_ADMIN)
 HOPLITE_MAILBOX_BYTES          backend messages sent to one peer ahead     64MiB
                      mailbox   of their receives; later ones (and any
-                     _bytes    over 1 MiB) wait for the receive
+                     _bytes    over 4 MiB) wait for the receive
 HOPLITE_SAME_HOST    same      processes of one host (same kernel, pid     1
                      _host     and network namespace) read each other's
                                objects from memory (process_vm_readv)

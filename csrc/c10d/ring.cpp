@@ -17,11 +17,13 @@ constexpr int kPieceBits = 20;  // sub-tag = step << 20 | piece
 // Bytes per message of a segment. The pass is pipelined across steps, so
 // filling it costs about one piece whatever their number, and a piece is
 // forwarded while the rest of its segment still arrives as long as a segment
-// has a few. Each message costs CPU (~70 us over both ends and their threads,
-// measured at 64 KiB pieces: 1.6 cores against gloo's 0.6 at 16 MB, N = 8), so
-// pieces are as large as that allows, up to 512 KiB: 1 MiB pieces made the
-// 256 MB allreduce at N = 8 1.1-1.3% slower than gloo under BBR (0.1% at 512).
-size_t ringPieceBytes(size_t segmentBytes) { return std::clamp<size_t>(segmentBytes / 8, 256u << 10, 512u << 10); }
+// has a few. Each message costs CPU at both ends (thread wake-ups, syscalls,
+// bookkeeping), so pieces are as large as that allows: an eighth of a segment,
+// up to 4 MiB (the largest message sent ahead of its receive). At 256 MB, N = 8
+// (32 MB segments): 512 KiB pieces 0.66-0.70 cores against gloo's 0.56-0.60,
+// 4 MiB 0.49-0.55 and the same time after the last rank's start as gloo;
+// 8 MiB (a quarter) was 7 ms slower.
+size_t ringPieceBytes(size_t segmentBytes) { return std::clamp<size_t>(segmentBytes / 8, 256u << 10, 4u << 20); }
 
 void ringPass(Channel& ch, uint8_t* data, const std::vector<size_t>& begin, const Elements& e, int reduceSteps,
               int steps, int shift) {

@@ -62,7 +62,7 @@ struct NodeConfig {
   // TCP congestion control of this node's connections (e.g. "cubic"); empty: the system's default.
   std::string tcpCongestion;
   // Bytes of tagged messages this node sends to one peer ahead of their
-  // receives; messages beyond (and any over 1 MiB) wait for their receive.
+  // receives; messages beyond (and any over 4 MiB) wait for their receive.
   uint64_t mailboxBytes = 64ull << 20;
   // Pull objects from peers on this host by reading their memory
   // (net/same_host/) where the kernel allows it; false: always over TCP.

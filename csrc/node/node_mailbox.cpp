@@ -1,7 +1,7 @@
 // Tagged messages between ranks: an announce (control frame) followed by the
 // bytes as data frames, read straight into the posted receive's memory, or into
 // a mailbox buffer when the message arrives before its receive. Only eager
-// messages can wait in a mailbox: up to 1 MiB each, and at most
+// messages can wait in a mailbox: up to 4 MiB each, and at most
 // NodeConfig::mailboxBytes of them per sender not yet taken by a receive. The
 // rest are deferred: announced at once, their bytes sent when the receiver
 // answers that a receive took them, so nothing large waits in memory twice.
@@ -35,8 +35,8 @@ struct Node::Inbound {
 namespace {
 
 // Larger messages are always deferred. The pipelined collectives send pieces of
-// at most 1 MiB, so they stay eager while their receivers keep up.
-constexpr uint64_t kEagerMessageBytes = 1u << 20;
+// at most 4 MiB, so they stay eager while their receivers keep up.
+constexpr uint64_t kEagerMessageBytes = 4u << 20;
 // All messages to a peer are one flow of its connection (in order, sharing it
 // with pulls it serves); pull streams use their request ids, which never reach this.
 constexpr uint64_t kMessageFlow = ~uint64_t{0};

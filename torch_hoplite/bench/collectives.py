@@ -153,7 +153,9 @@ def check(op: str, rank: int, world: int, x: torch.Tensor, got) -> None:
 
 def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival=0.0) -> dict:
     """Every torch system (all but mpi, which runs on its own after them).
-    arrival > 0: rank r becomes ready (calls its part) r * arrival seconds after the others' start."""
+    arrival > 0: rank r becomes ready (calls its part) r * arrival seconds after the others' start.
+    Every rank waits --settle seconds between the barrier and its call."""
+    settle = common.settle_seconds()
     import torch_hoplite as hop
 
     systems = [s for s in systems if s != "mpi"]
@@ -180,8 +182,8 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival
                     before = hop.stats() if system.startswith("hoplite") else None
                     buf.copy_(x)
                     dist.barrier()
-                    if arrival:
-                        time.sleep(rank * arrival)
+                    if settle or arrival:
+                        time.sleep(settle + rank * arrival)
                     c0, t0 = time.process_time(), time.monotonic()
                     got = run_op(op, system, rank, world, x, buf, tag, groups)
                     t1 = time.monotonic()
@@ -417,9 +419,16 @@ def main() -> None:
     parser.add_argument("--arrival-interval", type=float, default=0.0,
                         help="asynchrony: rank r becomes ready r times this many seconds late; times are then "
                              "from the last arrival to the end (no ratio to the ideal)")
+    parser.add_argument("--settle", type=float, default=0.0,
+                        help="seconds every rank of every system waits between the barrier and its timed call, so "
+                             "that all have left the barrier before any starts (emulated nodes share this host's "
+                             "cores: a rank that starts early slows the others' exit from the barrier); default 0")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--master", default="127.0.0.1", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.settle < 0:
+        parser.error("--settle: seconds, at least 0")
+    os.environ[common.SETTLE_ENV] = str(args.settle)  # every rank process inherits it
     systems = [s for s in args.systems.split(",") if s]
     if set(systems) - set(SYSTEMS) or "gloo" not in systems:
         parser.error(f"--systems: choose from {SYSTEMS}, gloo included (ratios are to it)")
@@ -479,7 +488,7 @@ def main() -> None:
     )
     settings = {"ops": ops, "sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup,
                 "rate": rate, "requested_rate": args.rate, "systems": systems,
-                "arrival_interval_s": args.arrival_interval,
+                "arrival_interval_s": args.arrival_interval, "settle_s": args.settle,
                 "link_check_bps": {str(n): bps for n, bps in link_checks.items()},
                 "tcp_congestion": {str(n): cc for n, cc in congestion_used.items()}}
     common.write_json(json_path, "collectives", records, settings)

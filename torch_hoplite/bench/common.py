@@ -21,6 +21,13 @@ def _results_dir() -> str:
 
 
 RESULTS = _results_dir()
+# The collectives harness's --settle (seconds between the barrier and each
+# timed call), as its rank processes read it from their environment.
+SETTLE_ENV = "HOPLITE_BENCH_SETTLE"
+
+
+def settle_seconds() -> float:
+    return float(os.environ.get(SETTLE_ENV, "0"))
 
 
 def free_port() -> int:

@@ -4,10 +4,11 @@
  * shares; CPU time of this process). Rank r holds r + 1 (broadcast: the root
  * holds ones); the first warm-up trial checks the result exactly.
  *
- *   mpi_peer OPS SIZES WARMUP TRIALS ARRIVAL   (OPS, SIZES: comma lists; sizes in bytes)
+ *   mpi_peer OPS SIZES WARMUP TRIALS ARRIVAL SETTLE   (OPS, SIZES: comma lists; sizes in bytes)
  *
- * ARRIVAL > 0 (seconds): rank r calls the op r * ARRIVAL after the barrier
- * (participants becoming ready one by one).
+ * Rank r calls the op SETTLE + r * ARRIVAL seconds after the barrier
+ * (ARRIVAL > 0: participants becoming ready one by one; SETTLE: every rank has
+ * left the barrier before any starts).
  *
  * Rank 0 prints one JSON object per (op, size):
  *   {"op": "...", "size": N, "runs": [[[t0, t1, cores] for each rank] for each trial]}
@@ -49,12 +50,13 @@ int main(int argc, char** argv) {
   int rank, world;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (argc != 6) {
-    if (rank == 0) fprintf(stderr, "usage: mpi_peer OPS SIZES WARMUP TRIALS ARRIVAL\n");
+  if (argc != 7) {
+    if (rank == 0) fprintf(stderr, "usage: mpi_peer OPS SIZES WARMUP TRIALS ARRIVAL SETTLE\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const int warmup = atoi(argv[3]), trials = atoi(argv[4]);
   const double arrival = atof(argv[5]);
+  const double settle = atof(argv[6]);
   char* ops = strdup(argv[1]);
   for (char* op = strtok(ops, ","); op; op = strtok(NULL, ",")) {
     char* sizes = strdup(argv[2]);
@@ -70,7 +72,7 @@ int main(int argc, char** argv) {
         const float v = strcmp(op, "broadcast") == 0 ? (rank == 0 ? 1.0f : 0.0f) : (float)(rank + 1);
         for (int i = 0; i < count; ++i) buf[i] = v, out[i] = 0.0f;
         MPI_Barrier(MPI_COMM_WORLD);
-        if (arrival > 0) usleep((useconds_t)(rank * arrival * 1e6));
+        if (settle > 0 || arrival > 0) usleep((useconds_t)((settle + rank * arrival) * 1e6));
         const double c0 = now(CLOCK_PROCESS_CPUTIME_ID), t0 = now(CLOCK_MONOTONIC);
         run_op(op, buf, out, count, rank);
         const double t1 = now(CLOCK_MONOTONIC);

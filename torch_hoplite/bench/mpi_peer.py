@@ -18,6 +18,8 @@ import subprocess
 import tempfile
 from typing import Optional
 
+from torch_hoplite.bench import common
+
 OPS = {"broadcast", "reduce", "allreduce"}
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_peer.c")
 _LAUNCH_ATTEMPTS = 3
@@ -63,7 +65,7 @@ def _launch(cmd: list[str], popen, what: str) -> str:
 
 def _args(binary: str, ops: list[str], sizes: list[int], warmup: int, trials: int, arrival: float) -> list[str]:
     return [binary, ",".join(op for op in ops if op in OPS), ",".join(map(str, sizes)), str(warmup), str(trials),
-            str(arrival)]
+            str(arrival), str(common.settle_seconds())]
 
 
 def run_loopback(world: int, ops: list[str], sizes: list[int], trials: int, warmup: int, arrival: float = 0.0) -> dict:
