@@ -69,3 +69,19 @@ def test_heartbeat_settings_are_checked():
         Config.resolve({"heartbeat_interval": 2.0, "heartbeat_timeout": 1.0})
     with pytest.raises(ValueError, match="heartbeat_interval"):
         Config.resolve({"heartbeat_interval": 0.0})
+
+
+def test_shutdown_waits_for_a_stopped_peer_no_longer_than_its_bound(cluster3):
+    """Shutdown ends each connection gracefully (the peer reads what was sent,
+    then ends its side); a peer that never does holds it ~2 s, not longer."""
+    ref = cluster3.call(1, workers.put, torch.ones(1 << 18), "linger")
+    assert torch.equal(hop.get(ref).wait(), torch.ones(1 << 18))  # a connection to rank 1
+    cluster3.freeze(1)
+    try:
+        start = time.monotonic()
+        hop.shutdown()
+        elapsed = time.monotonic() - start
+        assert 1.5 < elapsed < 5, elapsed  # waited for rank 1's end, then gave up at the bound
+    finally:
+        os.kill(cluster3.pids[1], signal.SIGCONT)
+        cluster3.kill(1)
