@@ -48,13 +48,25 @@ void EventLoop::stop() {
 }
 
 bool EventLoop::post(std::function<void()> fn) {
+  bool first;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!accepting_) return false;
+    first = posted_.empty();
     posted_.push_back(std::move(fn));
   }
-  wake();
+  if (first) wake();  // else the one who posted first wakes the loop
   return true;
+}
+
+void EventLoop::runSoon(std::function<void()> fn) { soon_.push_back(std::move(fn)); }
+
+void EventLoop::runSoonTasks() {
+  while (!soon_.empty()) {  // a task may queue more
+    std::vector<std::function<void()>> batch;
+    batch.swap(soon_);
+    for (auto& fn : batch) guarded(fn);
+  }
 }
 
 void EventLoop::wake() {
@@ -140,9 +152,15 @@ void EventLoop::run() {
   epoll_event events[kMaxEvents];
   while (true) {
     runPosted();
-    int timeoutMs = runDueTimers();
+    int timeoutMs;
+    while (true) {  // what soon tasks arm counts for the wait
+      timeoutMs = runDueTimers();
+      if (soon_.empty()) break;
+      runSoonTasks();
+    }
     if (!running_) {
       runPosted();
+      runSoonTasks();
       break;
     }
     int n = epoll_wait(epollFd_, events, kMaxEvents, timeoutMs);

@@ -38,6 +38,9 @@ class EventLoop {
   void stop();
   // False once stop() began: the task will never run.
   bool post(std::function<void()> fn);
+  // Loop thread only: runs `fn` once the events and tasks at hand are handled,
+  // before the loop waits again (e.g. one write for what several handlers queued).
+  void runSoon(std::function<void()> fn);
 
   TimerId addTimer(double seconds, std::function<void()> fn);
   void cancelTimer(TimerId id);
@@ -50,6 +53,7 @@ class EventLoop {
   void run();
   void wake();
   void runPosted();
+  void runSoonTasks();
   static void guarded(const std::function<void()>& fn);
   int runDueTimers();  // returns ms until the next timer, or -1
 
@@ -61,6 +65,7 @@ class EventLoop {
   std::mutex mutex_;
   std::vector<std::function<void()>> posted_;
   bool accepting_ = true;
+  std::vector<std::function<void()>> soon_;  // loop thread only
 
   struct Timer {
     std::function<void()> fn;

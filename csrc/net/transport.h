@@ -54,7 +54,10 @@ class Connection {
   // kernel reset the connection and throw away what it has not transmitted,
   // e.g. the last message of a collective that already completed here.)
   virtual void closeGracefully(const Status& why) { close(why); }
+  // Open until closed, also while ending (closeGracefully): frames dropped
+  // then were not sent, which isEnding tells.
   virtual bool isOpen() const = 0;
+  virtual bool isEnding() const { return false; }
   // Whether the connection was ever set up (TCP: the connect completed), so a
   // close means the peer went away rather than that it is not listening yet.
   virtual bool wasEstablished() const { return true; }

@@ -618,6 +618,10 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
       if (isIncoming) break;  // answers come back on the sender's connection
       onMessageReply(conn, wire::MessageReply::decode(reader));
       return;
+    case wire::MsgType::kMessageCredit:
+      if (isIncoming) break;  // credits come back on the sender's connection
+      onMessageCredit(conn, wire::MessageCredit::decode(reader));
+      return;
     case wire::MsgType::kMessageWithdrawn:
       if (!isIncoming) break;
       onMessageWithdrawn(conn, wire::MessageWithdrawn::decode(reader));

@@ -464,14 +464,25 @@ class Node : public ConnectionObserver {
   };
   struct SendProgress;
   struct Inbound;   // a message arriving, or waiting in the mailbox
-  struct Outbound;  // a message sent, until its receiver took it (eager) or let it come (deferred)
+  struct Outbound;  // a deferred message, until its receiver lets it come or refuses it
+  struct CreditOwed {  // eager bytes taken from one connection, not yet credited
+    std::weak_ptr<Connection> conn;
+    uint64_t bytes = 0;
+    EventLoop::TimerId timer = 0;  // the delayed credit, while armed
+  };
   void handleMessage(Connection& conn, const wire::Message& msg);
   void onMessageReply(Connection& conn, const wire::MessageReply& msg);
+  void onMessageCredit(Connection& conn, const wire::MessageCredit& msg);
+  // An eager message left the mailbox window (taken, or refused and dropped):
+  // its bytes are credited back to the sender, batched.
+  void creditEager(const Inbound& inbound);
+  void sendCredit(uint64_t connectionId);
   void onMessageWithdrawn(Connection& conn, const wire::MessageWithdrawn& msg);
   // Gives an inbound message to `receive`, or fails the receive when the
-  // message is of another kind or size; tells the sender either way.
+  // message is of another kind or size; tells the sender either way (an eager
+  // one's sender through a credit).
   bool claim(Inbound& inbound, PostedReceive& receive);
-  // Tells an inbound message's sender what became of it.
+  // Tells a deferred inbound message's sender what became of it.
   void answerMessage(const Inbound& inbound, wire::MessageAnswer answer, const std::string& reason = "");
   // A deferred message's sender gave up: its memory is let go, and the
   // receiver told to forget it. False if it was not waiting to be asked for
@@ -585,9 +596,10 @@ class Node : public ConnectionObserver {
   std::map<MessageKey, std::deque<std::shared_ptr<Inbound>>> mailbox_;  // unmatched, arrival order
   std::map<MessageKey, std::deque<PostedReceive>> receives_;           // unmatched, post order
   std::atomic<uint64_t> mailboxBytes_{0};  // eager bytes in mailbox_ (read by stats())
-  std::unordered_map<uint64_t, std::shared_ptr<Outbound>> outbound_;  // by request
+  std::unordered_map<uint64_t, std::shared_ptr<Outbound>> outbound_;  // deferred, by request
+  std::unordered_map<uint64_t, CreditOwed> credits_;  // by connection id
   std::unordered_map<uint64_t, std::shared_ptr<SendProgress>> sendsInFlight_;  // by request, until they report
-  std::unordered_map<int, uint64_t> eagerBytes_;  // per peer: sent eagerly, not yet taken
+  std::unordered_map<int, uint64_t> eagerBytes_;  // per peer: sent eagerly, not yet credited
   double lastHeartbeatCheck_ = 0;
   LinkEstimate link_;
   bool linkMeasured_ = false;

@@ -2,9 +2,10 @@
 // bytes as data frames, read straight into the posted receive's memory, or into
 // a mailbox buffer when the message arrives before its receive. Only eager
 // messages can wait in a mailbox: up to 4 MiB each, and at most
-// NodeConfig::mailboxBytes of them per sender not yet taken by a receive. The
-// rest are deferred: announced at once, their bytes sent when the receiver
-// answers that a receive took them, so nothing large waits in memory twice.
+// NodeConfig::mailboxBytes of them per sender not yet credited back (the
+// receiver credits what receives took in batches). The rest are deferred:
+// announced at once, their bytes sent when the receiver answers that a receive
+// took them, so nothing large waits in memory twice.
 #include <cstring>
 #include <new>
 #include <optional>
@@ -40,6 +41,11 @@ constexpr uint64_t kEagerMessageBytes = 4u << 20;
 // All messages to a peer are one flow of its connection (in order, sharing it
 // with pulls it serves); pull streams use their request ids, which never reach this.
 constexpr uint64_t kMessageFlow = ~uint64_t{0};
+// Credits go back once an eighth of the sender's window is owed (a stream of
+// pieces costs a credit per several MB, not an answer per piece) or this long
+// after the first byte owed, so a quiet sender gets its whole window back.
+constexpr uint64_t kCreditFraction = 8;
+constexpr double kCreditDelaySeconds = 1e-3;
 
 std::string describeMessage(uint64_t context, uint64_t tag) {
   return "message (context " + std::to_string(context) + ", tag " + std::to_string(tag) + ")";
@@ -92,7 +98,7 @@ class SendGuard {
     Status status;
     if (failure_) {
       status = *failure_;
-    } else if (!conn || !conn->isOpen()) {
+    } else if (!conn || !conn->isOpen() || conn->isEnding()) {  // its last frame was dropped unwritten
       status = Status(Code::kPeerFailed, what_ + " to rank " + std::to_string(rank_) + " was not sent: the connection closed");
     }
     // Later turn: the transport may be inside its write loop.
@@ -125,9 +131,8 @@ void sendFrames(Connection& c, uint64_t request, const uint8_t* data, uint64_t s
 struct Node::Outbound {
   int rank = -1;
   uint64_t size = 0;
-  bool eager = true;
   const uint8_t* data = nullptr;
-  std::shared_ptr<SendGuard> frames;  // a deferred message's, until its receiver answers
+  std::shared_ptr<SendGuard> frames;  // until its receiver answers
   std::weak_ptr<Connection> conn;     // the connection its announce went on
   std::string what;
 };
@@ -227,14 +232,14 @@ uint64_t Node::sendMessage(int rank, uint64_t context, uint64_t tag, const std::
       // A failed write closes the connection at once, and the peer's failure
       // has then already cleaned up its messages and window: nothing to record.
       if (!c.isOpen()) return;
-      outbound_[request] = std::make_shared<Outbound>(
-          Outbound{rank, size, eager, data, eager ? nullptr : frames, conn, what + " to rank " + std::to_string(rank)});
       counters_.messagesSent++;
       if (eager) {
         eagerBytes_[rank] += size;
         sendFrames(c, request, data, size, chunkFor(size), frames);
         counters_.bytesSent += size;
       } else {
+        outbound_[request] =
+            std::make_shared<Outbound>(Outbound{rank, size, data, frames, conn, what + " to rank " + std::to_string(rank)});
         counters_.messagesDeferred++;
       }
     });
@@ -481,7 +486,7 @@ void Node::failMessagesFrom(int rank, uint64_t connectionId, const Status& why) 
       ++it;
       continue;
     }
-    if (it->second->frames) it->second->frames->fail(why);
+    it->second->frames->fail(why);
     it = outbound_.erase(it);
   }
   if (rank < 0) {
@@ -497,11 +502,19 @@ bool Node::claim(Inbound& inbound, PostedReceive& receive) {
     inbound.discard = true;  // consumed by the receive it failed: its bytes are dropped
     inbound.parked.reset();
     receive.done(refused, inbound.source);
-    answerMessage(inbound, wire::MessageAnswer::kRefused, refused.message);
+    if (inbound.eager) {
+      creditEager(inbound);
+    } else {
+      answerMessage(inbound, wire::MessageAnswer::kRefused, refused.message);
+    }
     return false;
   }
   inbound.receive = std::move(receive);
-  answerMessage(inbound, inbound.eager ? wire::MessageAnswer::kTaken : wire::MessageAnswer::kSend);
+  if (inbound.eager) {
+    creditEager(inbound);
+  } else {
+    answerMessage(inbound, wire::MessageAnswer::kSend);
+  }
   return true;
 }
 
@@ -521,10 +534,6 @@ void Node::onMessageReply(Connection& conn, const wire::MessageReply& msg) {
     return;
   }
   outbound_.erase(it);
-  if (out->eager) {  // taken, or refused and dropped: it left the receiver's mailbox either way
-    eagerBytes_[out->rank] -= out->size;
-    return;
-  }
   switch (msg.answer) {
     case wire::MessageAnswer::kSend:
       sendFrames(conn, msg.request, out->data, out->size, chunkFor(out->size), out->frames);
@@ -533,15 +542,46 @@ void Node::onMessageReply(Connection& conn, const wire::MessageReply& msg) {
     case wire::MessageAnswer::kRefused:
       out->frames->fail(Status(Code::kInvalidArgument, out->what + " was refused: " + msg.reason));
       return;
-    case wire::MessageAnswer::kTaken:
-      conn.close(Status(Code::kProtocol, "a deferred message answered as if it had been sent"));
-      return;
   }
+}
+
+void Node::onMessageCredit(Connection& conn, const wire::MessageCredit& msg) {
+  auto it = eagerBytes_.find(conn.peerRank());
+  // The window was reset when the peer failed: nothing is owed any more.
+  if (it != eagerBytes_.end()) it->second -= std::min(it->second, msg.bytes);
+}
+
+void Node::creditEager(const Inbound& inbound) {
+  auto conn = inbound.conn.lock();
+  if (inbound.size == 0 || !conn || !conn->isOpen()) return;  // nothing owed, or no one to tell
+  CreditOwed& owed = credits_[conn->id()];
+  owed.conn = conn;
+  owed.bytes += inbound.size;
+  if (owed.bytes >= std::max<uint64_t>(1, config_.mailboxBytes / kCreditFraction)) {
+    sendCredit(conn->id());
+  } else if (owed.timer == 0) {
+    owed.timer = loop_.addTimer(kCreditDelaySeconds, [this, id = conn->id()] {
+      auto it = credits_.find(id);
+      if (it == credits_.end()) return;
+      it->second.timer = 0;
+      sendCredit(id);
+    });
+  }
+}
+
+void Node::sendCredit(uint64_t connectionId) {
+  auto it = credits_.find(connectionId);
+  if (it == credits_.end()) return;
+  if (it->second.timer != 0) loop_.cancelTimer(it->second.timer);
+  auto conn = it->second.conn.lock();
+  const uint64_t bytes = it->second.bytes;
+  credits_.erase(it);
+  if (conn && conn->isOpen()) conn->sendControl(wire::MsgType::kMessageCredit, wire::encode(wire::MessageCredit{bytes}));
 }
 
 bool Node::dropOutbound(uint64_t request, const Status& why) {
   auto it = outbound_.find(request);
-  if (it == outbound_.end() || it->second->eager) return false;  // an eager message's bytes are on their way
+  if (it == outbound_.end()) return false;  // eager (its bytes are on their way), answered, or over
   std::shared_ptr<Outbound> out = it->second;
   outbound_.erase(it);
   counters_.messagesWithdrawn++;

@@ -44,8 +44,9 @@ enum class MsgType : uint8_t {
   kMessageReply = 22,
   kMessageWithdrawn = 23,
   kDataAt = 24,
+  kMessageCredit = 25,
 };
-constexpr uint8_t kMaxMsgType = 24;
+constexpr uint8_t kMaxMsgType = 25;
 
 struct FrameHeader {
   uint8_t type = 0;

@@ -420,10 +420,21 @@ MessageReply MessageReply::decode(Reader& r) {
   m.request = r.u64();
   if (!(m.request & kMessageRequestBit)) throw DecodeError("message reply without the request's marker bit");
   const uint8_t answer = r.u8();
-  if (answer > static_cast<uint8_t>(MessageAnswer::kRefused)) throw DecodeError("bad message answer");
+  if (answer < static_cast<uint8_t>(MessageAnswer::kSend) || answer > static_cast<uint8_t>(MessageAnswer::kRefused)) {
+    throw DecodeError("bad message answer");
+  }
   m.answer = static_cast<MessageAnswer>(answer);
   m.reason = r.str(kMaxMessageReason, "message refusal reason");
   r.expectEnd("message reply");
+  return m;
+}
+
+void MessageCredit::encode(Writer& w) const { w.u64(bytes); }
+MessageCredit MessageCredit::decode(Reader& r) {
+  MessageCredit m;
+  m.bytes = r.u64();
+  if (m.bytes == 0) throw DecodeError("message credit of 0 bytes");
+  r.expectEnd("message credit");
   return m;
 }
 

@@ -313,18 +313,29 @@ struct Message {
   static Message decode(Reader& r);
 };
 
-// The receiver's answer to a Message, on the connection it came in on: an
-// eager message was taken by a receive (its bytes no longer count against the
-// sender's eager window), a deferred one may send its bytes, or a receive
-// refused it (another size or kind; `reason` says which).
-enum class MessageAnswer : uint8_t { kTaken = 0, kSend = 1, kRefused = 2 };
+// The receiver's answer to a deferred Message, on the connection it came in
+// on: a receive took it and its bytes may come, or a receive refused it
+// (another size or kind; `reason` says which). Eager messages get no answer:
+// their bytes come back as MessageCredit.
+enum class MessageAnswer : uint8_t { kSend = 1, kRefused = 2 };
 struct MessageReply {
   static constexpr MsgType kType = MsgType::kMessageReply;
   uint64_t request = 0;
-  MessageAnswer answer = MessageAnswer::kTaken;
+  MessageAnswer answer = MessageAnswer::kSend;
   std::string reason;
   void encode(Writer& w) const;
   static MessageReply decode(Reader& r);
+};
+
+// Eager bytes that left the receiver's mailbox window since its last credit on
+// this connection (taken by receives, or refused and dropped): the sender may
+// send that many more eagerly. Batched, so a stream of pieces is not answered
+// message by message.
+struct MessageCredit {
+  static constexpr MsgType kType = MsgType::kMessageCredit;
+  uint64_t bytes = 0;
+  void encode(Writer& w) const;
+  static MessageCredit decode(Reader& r);
 };
 
 // A deferred message's sender gave up on it (its send timed out) before the

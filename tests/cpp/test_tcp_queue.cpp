@@ -146,9 +146,16 @@ void checkOrder(const std::vector<Send>& sends, bool control, const std::vector<
   auto conn = connectionWithSmallBuffer(loop, observer, fds);
   std::vector<uint8_t> data(1 << 20, 7);
   std::map<uint64_t, size_t> size;
+  bool first = true;
   for (const Send& s : sends) {
     size[s.flow] = s.bytes;
-    for (int i = 0; i < s.frames; ++i) conn->sendData(s.flow, s.flow, i * s.bytes, data.data(), s.bytes, nullptr);
+    for (int i = 0; i < s.frames; ++i) {
+      conn->sendData(s.flow, s.flow, i * s.bytes, data.data(), s.bytes, nullptr);
+      // Writes are flushed once the loop's handlers are done: here the first
+      // frame starts on the wire before the rest are queued.
+      if (first) conn->handleEvents(EPOLLOUT);
+      first = false;
+    }
   }
   if (control) conn->sendControl(wire::MsgType::kCancel, std::string(8, '\0'));
   std::vector<Frame> got = receiveFrames(*conn, fds[1], expected.size());

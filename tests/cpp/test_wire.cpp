@@ -230,6 +230,15 @@ static void testMessages() {
     std::string bad = encode(MessageReply{kMessageRequestBit | 7, MessageAnswer::kSend, ""});
     bad[8] = 3;  // no such answer
     CHECK(throwsDecodeError(bad, [](Reader& r) { MessageReply::decode(r); }));
+    bad[8] = 0;  // eager messages are credited, never answered
+    CHECK(throwsDecodeError(bad, [](Reader& r) { MessageReply::decode(r); }));
+  }
+  checkTruncations(MessageCredit{3u << 20}, [](Reader& r) { MessageCredit::decode(r); }, "message credit");
+  CHECK(throwsDecodeError(encode(MessageCredit{0}), [](Reader& r) { MessageCredit::decode(r); }));
+  {
+    std::string bytes = encode(MessageCredit{(8ull << 20) + 5});
+    Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    CHECK(MessageCredit::decode(r).bytes == (8ull << 20) + 5);
   }
   checkTruncations(MessageWithdrawn{kMessageRequestBit | 7, "timed out"}, [](Reader& r) { MessageWithdrawn::decode(r); },
                    "message withdrawal");

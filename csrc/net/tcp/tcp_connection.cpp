@@ -71,7 +71,7 @@ void TcpConnection::sendControl(wire::MsgType type, std::string payload) {
   if (at != outq_.end() && at->sent > 0) ++at;
   while (at != outq_.end() && at->data == nullptr) ++at;
   outq_.insert(at, std::move(out));
-  if (!connecting_) flush();
+  if (!connecting_) flushSoon();
 }
 
 void TcpConnection::sendData(uint64_t flow, uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
@@ -87,7 +87,7 @@ void TcpConnection::sendData(uint64_t flow, uint64_t request, uint64_t offset, c
   out.flow = flow;
   auto at = dataSlot(out);
   outq_.insert(at, std::move(out));
-  if (!connecting_) flush();
+  if (!connecting_) flushSoon();
 }
 
 std::deque<TcpConnection::Outgoing>::iterator TcpConnection::dataSlot(Outgoing& frame) {
@@ -135,6 +135,8 @@ void TcpConnection::close(const Status& why) {
 
 void TcpConnection::closeGracefully(const Status& why) {
   if (closed_ || ending_) return;
+  if (!connecting_) flush();  // what was queued before (its write may be pending: flushSoon) goes first
+  if (closed_) return;
   if (connecting_ || ::shutdown(fd_, SHUT_WR) != 0) {
     close(why);
     return;
@@ -200,6 +202,15 @@ void TcpConnection::updateInterest() {
   if (want == wantWrite_) return;
   wantWrite_ = want;
   loop_.modifyFd(fd_, EPOLLIN | EPOLLRDHUP | (want ? EPOLLOUT : 0), this);
+}
+
+void TcpConnection::flushSoon() {
+  if (flushQueued_) return;
+  flushQueued_ = true;
+  loop_.runSoon([self = shared_from_this()] {
+    self->flushQueued_ = false;
+    if (!self->closed_ && !self->ending_ && !self->connecting_) self->flush();
+  });
 }
 
 void TcpConnection::flush() {
@@ -291,6 +302,20 @@ void TcpConnection::abandonData(uint64_t request) {
 }
 
 void TcpConnection::readSome() {
+  readFrames();
+  if (closed_) return;
+  // Only now, as it goes back to epoll: a payload that is all there already is
+  // read without the two setsockopt calls. Never above what is left of the
+  // frame; raised once per frame, lowered only when what is left falls below it.
+  const bool inPayload = readState_ == ReadState::kDataPayload;
+  const size_t lowWater = inPayload ? lowWaterFor(dataSize_ - dataGot_) : 1;
+  if (lowWater < lowWater_ || (lowWater > lowWater_ && !lowWaterRaised_)) {
+    setLowWater(lowWater);
+    lowWaterRaised_ = inPayload;
+  }
+}
+
+void TcpConnection::readFrames() {
   size_t budget = kReadBudget;
   while (!closed_ && budget > 0) {
     uint8_t* dst = nullptr;
@@ -364,6 +389,7 @@ void TcpConnection::readSome() {
           dataGot_ = 0;
           dataDest_ = observer_->dataDestination(*this, dataRequest_, dataOffset_, dataSize_, &dataKeep_);
           readState_ = ReadState::kDataPayload;
+          lowWaterRaised_ = false;
           if (dataSize_ == 0) readState_ = ReadState::kHeader;
         }
         break;
@@ -376,14 +402,9 @@ void TcpConnection::readSome() {
         break;
     }
     if (closed_) return;
-    // Never above what is left of the frame, whenever we go back to epoll.
-    const bool inPayload = readState_ == ReadState::kDataPayload;
-    // Raised once per frame, lowered only when what is left falls below it.
-    const size_t lowWater = inPayload ? lowWaterFor(dataSize_ - dataGot_) : 1;
-    if (lowWater < lowWater_ || (lowWater > lowWater_ && dataGot_ == 0)) setLowWater(lowWater);
     // A short read in a payload drained the socket: epoll says when the low
     // water mark is reached again (no recv just to hear EAGAIN).
-    if (drained && inPayload) return;
+    if (drained && readState_ == ReadState::kDataPayload) return;
   }
 }
 

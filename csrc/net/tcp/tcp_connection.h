@@ -34,6 +34,7 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
   void close(const Status& why) override;
   void closeGracefully(const Status& why) override;
   bool isOpen() const override { return fd_ >= 0; }
+  bool isEnding() const override { return ending_; }
   bool wasEstablished() const override { return !connecting_; }
   std::string describe() const override;
   void markTrusted() override { trusted_ = true; }
@@ -57,6 +58,7 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
 
   void finishConnect();
   void readSome();
+  void readFrames();  // until the socket is drained, the budget spent, or it closes
   void dropInput();  // while ending: reads and drops until the peer's end of stream
   // SO_RCVLOWAT: how many bytes must be queued before the socket reads as ready.
   void setLowWater(size_t bytes);
@@ -65,6 +67,9 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
   // the tag of the frame being sent if later) and returns where it joins the
   // queue: after every frame with a tag up to its own.
   std::deque<Outgoing>::iterator dataSlot(Outgoing& frame);
+  // Writes what is queued once the handlers at hand are done: an announce and
+  // its data frame, or several answers, leave in one sendmsg (and one packet).
+  void flushSoon();
   void flush();
   void updateInterest();
   void onHeader();
@@ -84,6 +89,7 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
   uint64_t sentStart_ = 0;  // the start tag of the last data frame sent
   std::unordered_map<uint64_t, uint64_t> flowEnds_;  // flow -> end tag of its last frame
   bool wantWrite_ = false;
+  bool flushQueued_ = false;
 
   ReadState readState_ = ReadState::kHeader;
   uint8_t header_[wire::kHeaderSize];
@@ -98,6 +104,7 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
   std::shared_ptr<const void> dataKeep_;  // holds dataDest_'s memory for the frame
   std::vector<uint8_t> discard_;
   size_t lowWater_ = 1;  // the kernel's default
+  bool lowWaterRaised_ = false;  // for the payload being read
 };
 
 }  // namespace hoplite
