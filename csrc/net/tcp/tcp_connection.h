@@ -2,7 +2,7 @@
 // frames sent with writev straight from their buffers (control frames ahead of
 // data frames not yet started; data frames fair-queued by bytes between flows),
 // and a read state machine that receives data-frame payloads straight into the
-// destination buffer.
+// destination buffer, and small frames through a read-ahead buffer.
 #pragma once
 
 #include <sys/uio.h>
@@ -59,6 +59,11 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
   void finishConnect();
   void readSome();
   void readFrames();  // until the socket is drained, the budget spent, or it closes
+  // Moves up to `want` bytes into dst (nullptr: drop them): from the read-ahead
+  // buffer if it has any, else straight from the socket when that many are
+  // wanted, else by refilling the buffer. Returns the count, 0 when the socket
+  // is drained, -1 when the connection closed; *drained: the socket is empty.
+  ssize_t take(uint8_t* dst, size_t want, size_t* budget, bool* drained);
   void dropInput();  // while ending: reads and drops until the peer's end of stream
   // SO_RCVLOWAT: how many bytes must be queued before the socket reads as ready.
   void setLowWater(size_t bytes);
@@ -103,6 +108,10 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
   uint8_t* dataDest_ = nullptr;
   std::shared_ptr<const void> dataKeep_;  // holds dataDest_'s memory for the frame
   std::vector<uint8_t> discard_;
+  // Read-ahead: one recv brings a frame's header, an announce and the next
+  // frame's header and subheader at once, instead of one recv for each.
+  std::unique_ptr<uint8_t[]> ahead_;
+  size_t aheadBegin_ = 0, aheadEnd_ = 0;
   size_t lowWater_ = 1;  // the kernel's default
   bool lowWaterRaised_ = false;  // for the payload being read
 };
