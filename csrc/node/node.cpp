@@ -729,7 +729,13 @@ void Node::noteEnded() {
 void Node::shutdown() {
   if (stopped_.exchange(true)) return;
   std::promise<void> done;
-  loop_.post([this, &done] {
+  const bool loopRunning = loop_.post([this, &done] {
+    // Set however the task ends: a step that throws must not leave shutdown
+    // waiting forever.
+    struct SetOnExit {
+      std::promise<void>& promise;
+      ~SetOnExit() { promise.set_value(); }
+    } setOnExit{done};
     shuttingDown_ = true;
     Status why(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " shut down");
     listener_->close();
@@ -759,9 +765,8 @@ void Node::shutdown() {
     for (const auto& entry : tasks_) tasks.push_back(entry.first);
     for (uint64_t task : tasks) failTask(task, why);
     failMessagesFrom(-1, 0, why);
-    done.set_value();
   });
-  done.get_future().wait();
+  if (loopRunning) done.get_future().wait();
   // Bounded: a hung peer that never ends its side does not hold shutdown.
   if (allEnded_.get_future().wait_for(std::chrono::duration<double>(kShutdownLingerSeconds)) !=
       std::future_status::ready) {
