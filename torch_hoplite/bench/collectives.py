@@ -32,7 +32,9 @@ host; on the emulated cluster the namespaces share the host's clock). Per point:
 median / min / max of --trials timed trials after --warmup, algbw = size/time,
 busbw = algbw x factor (allreduce 2(N-1)/N, gather and allgather N-1: the bytes
 the busiest link carries, as size is one rank's tensor; else 1), CPU cores
-used by all processes, and, with --rate, the ratio to the ideal time (broadcast
+used by all processes, the median spread of the ranks' starts (start_skew_s)
+and time from the last start to the slowest end (after_last_start_s), and,
+with --rate, the ratio to the ideal time (broadcast
 and reduce S/B, allreduce 2(N-1)/N S/B, gather and allgather (N-1) S/B). The first warm-up
 trial checks every result exactly. On loopback the CPU, not a link, is the
 bottleneck: --rate runs on the emulated cluster (emulated_cluster.py), after
@@ -319,6 +321,11 @@ def summarize(per_rank: dict, world: int, path: str, rate_bps: float, arrival: f
         trials = len(runs[0])
         start = max if arrival else min
         times = [max(run[i][1] for run in runs) - start(run[i][0] for run in runs) for i in range(trials)]
+        # The spread of the ranks' starts (what leaving the barrier took; on the
+        # emulated cluster every node shares this host's cores) and the time
+        # from the last start on: the part of `times` the op itself controls.
+        skews = [max(run[i][0] for run in runs) - min(run[i][0] for run in runs) for i in range(trials)]
+        after_last = [max(run[i][1] for run in runs) - max(run[i][0] for run in runs) for i in range(trials)]
         cores = [sum(run[i][2] for run in runs) for i in range(trials)]
         median = statistics.median(times)
         units, factor = ideal_and_factor(op, world)
@@ -340,6 +347,8 @@ def summarize(per_rank: dict, world: int, path: str, rate_bps: float, arrival: f
                 "algbw_gbps": size / median / 1e9,
                 "busbw_gbps": size / median / 1e9 * factor,
                 "cpu_cores": statistics.median(cores),
+                "start_skew_s": statistics.median(skews),
+                "after_last_start_s": statistics.median(after_last),
             }
         )
     return records
@@ -480,11 +489,14 @@ def main() -> None:
     for r in records:
         r["time_vs_gloo"] = r["median_s"] / gloo[(r["op"], r["nodes"], r["size_bytes"])]
         r["median_ms"] = r["median_s"] * 1e3
+        r["start_skew_ms"] = r["start_skew_s"] * 1e3
+        r["after_last_start_ms"] = r["after_last_start_s"] * 1e3
     common.print_table(
         records,
         [("op", "op", ""), ("system", "system", ""), ("nodes", "nodes", "d"), ("size", "size_bytes", "d"),
          ("median ms", "median_ms", ".2f"), ("GB/s", "algbw_gbps", ".2f"), ("busbw GB/s", "busbw_gbps", ".2f"),
-         ("x gloo time", "time_vs_gloo", ".2f"), ("x ideal", "ratio_to_ideal", ".2f"), ("cpu cores", "cpu_cores", ".2f")],
+         ("x gloo time", "time_vs_gloo", ".3f"), ("x ideal", "ratio_to_ideal", ".3f"), ("cpu cores", "cpu_cores", ".2f"),
+         ("skew ms", "start_skew_ms", ".1f"), ("after last ms", "after_last_start_ms", ".2f")],
     )
     settings = {"ops": ops, "sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup,
                 "rate": rate, "requested_rate": args.rate, "systems": systems,
