@@ -4,15 +4,17 @@ cluster; the JSON holds every field the harness promises."""
 
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 
 import pytest
 
+from torch_hoplite.bench import collectives
 from torch_hoplite.bench.emulated_cluster import available
 
 FIELDS = {"system", "op", "nodes", "size_bytes", "median_s", "min_s", "max_s", "algbw_gbps", "busbw_gbps",
-          "ratio_to_ideal", "cpu_cores", "trials"}
+          "ratio_to_ideal", "cpu_cores", "trials", "times_s", "start_skew_s", "after_last_start_s"}
 
 
 def run_bench(tmp_path, size, *extra):
@@ -37,6 +39,34 @@ def test_loopback_point(tmp_path):
         assert r["ratio_to_ideal"] is None  # no link to be ideal against on loopback
     assert result["machine"]["cores"] >= 1
     assert "x ideal" in stdout  # the table
+    for r in records:
+        assert len(r["times_s"]) == 2
+        assert ("paired_vs_gloo" in r) == (r["system"] != "gloo")
+    assert "trial by trial against gloo" in stdout
+
+
+def test_summary_splits_each_trial_into_start_skew_and_time_after_the_last_start():
+    # Two ranks, three trials of (start, end, cores, moved); times in seconds.
+    per_rank = {
+        0: {("allreduce", "gloo", 8): [(10.0, 11.0, 0.5, (0, 0)), (20.0, 21.5, 0.5, (0, 0)), (30.0, 31.0, 0.5, (0, 0))]},
+        1: {("allreduce", "gloo", 8): [(10.25, 11.5, 0.25, (0, 0)), (20.5, 21.0, 0.5, (0, 0)), (30.0, 31.0, 0.5, (0, 0))]},
+    }
+    (r,) = collectives.summarize(per_rank, 2, "loopback TCP", 0.0)
+    assert r["times_s"] == [1.5, 1.5, 1.0]  # from the first start to the last end
+    assert r["median_s"] == 1.5 and r["min_s"] == 1.0 and r["max_s"] == 1.5
+    assert r["start_skew_s"] == 0.25  # median of 0.25, 0.5, 0
+    assert r["after_last_start_s"] == 1.0  # median of 1.25, 1.0, 1.0
+    assert r["cpu_cores"] == 1.0
+
+
+def test_paired_comparison_with_gloo_is_trial_by_trial():
+    p = collectives.paired([1.0, 2.0, 4.0, 3.0], [2.0, 2.0, 2.0, 2.0])
+    assert p["trials"] == 4 and p["faster_trials"] == 1
+    assert p["median_ratio"] == 1.25  # of 0.5, 1, 2, 1.5
+    assert p["mean_diff_ms"] == 500.0
+    lo, hi = p["ci95_diff_ms"]
+    half = 1.96 * statistics.stdev([-1000.0, 0.0, 2000.0, 1000.0]) / 2
+    assert lo == pytest.approx(500.0 - half) and hi == pytest.approx(500.0 + half)
 
 
 @pytest.mark.skipif(not available(), reason="needs root and iproute2 for network namespaces")

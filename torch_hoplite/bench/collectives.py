@@ -347,11 +347,30 @@ def summarize(per_rank: dict, world: int, path: str, rate_bps: float, arrival: f
                 "algbw_gbps": size / median / 1e9,
                 "busbw_gbps": size / median / 1e9 * factor,
                 "cpu_cores": statistics.median(cores),
+                "times_s": times,
                 "start_skew_s": statistics.median(skews),
                 "after_last_start_s": statistics.median(after_last),
             }
         )
     return records
+
+
+def paired(times: list[float], gloo_times: list[float]) -> dict:
+    """Trial i of a torch system ran right beside gloo's trial i (same
+    processes, order alternating), so their difference cancels what drifts
+    between trials: the median of the per-trial ratios, the mean difference
+    with its 95% confidence interval (normal approximation), and in how many
+    trials the system was faster."""
+    diffs = [(t - g) * 1e3 for t, g in zip(times, gloo_times)]
+    mean = statistics.fmean(diffs)
+    half = 1.96 * statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+    return {
+        "trials": len(diffs),
+        "median_ratio": statistics.median(t / g for t, g in zip(times, gloo_times)),
+        "mean_diff_ms": mean,
+        "ci95_diff_ms": [mean - half, mean + half],
+        "faster_trials": sum(d < 0 for d in diffs),
+    }
 
 
 def peak_bytes(op: str, world: int, size: int) -> int:
@@ -485,9 +504,12 @@ def main() -> None:
             per_rank = run_loopback(world, ops, sizes, args.trials, args.warmup, systems, args.arrival_interval)
             path, rate_bps = "loopback TCP", 0.0
         records += summarize(per_rank, world, path, rate_bps, args.arrival_interval)
-    gloo = {(r["op"], r["nodes"], r["size_bytes"]): r["median_s"] for r in records if r["system"] == "gloo"}
+    gloo = {(r["op"], r["nodes"], r["size_bytes"]): r for r in records if r["system"] == "gloo"}
     for r in records:
-        r["time_vs_gloo"] = r["median_s"] / gloo[(r["op"], r["nodes"], r["size_bytes"])]
+        twin = gloo[(r["op"], r["nodes"], r["size_bytes"])]
+        r["time_vs_gloo"] = r["median_s"] / twin["median_s"]
+        if r["system"] not in ("gloo", "mpi"):
+            r["paired_vs_gloo"] = paired(r["times_s"], twin["times_s"])
         r["median_ms"] = r["median_s"] * 1e3
         r["start_skew_ms"] = r["start_skew_s"] * 1e3
         r["after_last_start_ms"] = r["after_last_start_s"] * 1e3
@@ -498,6 +520,13 @@ def main() -> None:
          ("x gloo time", "time_vs_gloo", ".3f"), ("x ideal", "ratio_to_ideal", ".3f"), ("cpu cores", "cpu_cores", ".2f"),
          ("skew ms", "start_skew_ms", ".1f"), ("after last ms", "after_last_start_ms", ".2f")],
     )
+    for r in records:
+        if "paired_vs_gloo" in r:
+            p = r["paired_vs_gloo"]
+            lo, hi = p["ci95_diff_ms"]
+            print(f"{r['op']} {r['system']} N={r['nodes']} {r['size_bytes']} B, trial by trial against gloo: "
+                  f"median ratio {p['median_ratio']:.4f}, mean difference {p['mean_diff_ms']:+.2f} ms "
+                  f"(95% CI {lo:+.2f} to {hi:+.2f}), faster in {p['faster_trials']} of {p['trials']}")
     settings = {"ops": ops, "sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup,
                 "rate": rate, "requested_rate": args.rate, "systems": systems,
                 "arrival_interval_s": args.arrival_interval, "settle_s": args.settle,
