@@ -22,6 +22,7 @@ import torch_hoplite  # noqa: F401  (registers the backend)
 
 TIMEOUT = datetime.timedelta(seconds=60)
 SMALL, LARGE = 37, 300_003  # below the butterfly/binomial thresholds, and well above (several pieces)
+CHAINED = 5_000_003  # 20 MB: more pieces than a chain (broadcast, reduce) posts ahead (8 MiB)
 
 
 def _values(rank: int, n: int, dtype=torch.float32, salt: int = 0) -> torch.Tensor:
@@ -145,7 +146,7 @@ def _coalesced_like_gloo(op, outs, ins, h, g) -> None:
 
 
 def broadcast(h, g, rank, world):
-    for n in (SMALL, LARGE, 0):
+    for n in (SMALL, LARGE, CHAINED, 0):
         for src_index in (0, dist.get_world_size(h) - 1):
             src = _global(h, src_index)
             a = _values(rank, n) if rank == src else torch.zeros(n)
@@ -157,7 +158,7 @@ def broadcast(h, g, rank, world):
 
 def reduce(h, g, rank, world):
     size = dist.get_world_size(h)
-    for n in (SMALL, LARGE):
+    for n in (SMALL, LARGE, CHAINED):
         for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
             dst = _global(h, 1 % size)
             a, b = _values(rank, n), _values(rank, n)

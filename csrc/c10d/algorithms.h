@@ -19,8 +19,8 @@ struct Elements {
 
 // Bytes per pipelined message when `bytes` flow through `hops` stages: what
 // balances filling the pipeline (a piece per stage) against the per-message
-// cost of many pieces, within [64 KiB, 1 MiB]: 64 KiB at 1 MB, ~150 KiB at
-// 16 MB and ~600 KiB at 256 MB over 7 hops.
+// cost of many pieces, within [64 KiB, 256 KiB]: 64 KiB at 1 MB, ~150 KiB at
+// 16 MB and 256 KiB from ~50 MB over 7 hops.
 size_t pieceBytes(size_t bytes, int hops);
 
 // --- ring.cpp: bandwidth-optimal, 2(N-1)/N of the data per rank on the wire ---

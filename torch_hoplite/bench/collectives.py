@@ -458,7 +458,7 @@ def main() -> None:
         parser.error("--settle: seconds, at least 0")
     os.environ[common.SETTLE_ENV] = str(args.settle)  # every rank process inherits it
     systems = [s for s in args.systems.split(",") if s]
-    if set(systems) - set(SYSTEMS) or "gloo" not in systems:
+    if set(systems) - set(SYSTEMS) or ("gloo" not in systems and args.worker is None):
         parser.error(f"--systems: choose from {SYSTEMS}, gloo included (ratios are to it)")
     ops = [o for o in args.ops.split(",") if o]
     if not ops or set(ops) - set(OPS):
