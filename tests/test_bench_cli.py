@@ -57,6 +57,9 @@ def test_summary_splits_each_trial_into_start_skew_and_time_after_the_last_start
     assert r["start_skew_s"] == 0.25  # median of 0.25, 0.5, 0
     assert r["after_last_start_s"] == 1.0  # median of 1.25, 1.0, 1.0
     assert r["cpu_cores"] == 1.0
+    # Staggered arrivals (rank r starts r * 0.25 s late on purpose): the skew leaves the plan out.
+    (r,) = collectives.summarize(per_rank, 2, "loopback TCP", 0.0, arrival=0.25)
+    assert r["start_skew_s"] == 0.25  # median of 0, 0.25, 0.25
 
 
 def test_paired_comparison_with_gloo_is_trial_by_trial():
@@ -65,8 +68,11 @@ def test_paired_comparison_with_gloo_is_trial_by_trial():
     assert p["median_ratio"] == 1.25  # of 0.5, 1, 2, 1.5
     assert p["mean_diff_ms"] == 500.0
     lo, hi = p["ci95_diff_ms"]
-    half = 1.96 * statistics.stdev([-1000.0, 0.0, 2000.0, 1000.0]) / 2
+    half = 3.182 * statistics.stdev([-1000.0, 0.0, 2000.0, 1000.0]) / 2  # t, 3 degrees of freedom
     assert lo == pytest.approx(500.0 - half) and hi == pytest.approx(500.0 + half)
+    assert collectives.paired([1.0], [2.0])["ci95_diff_ms"] is None  # one trial: no interval
+    with pytest.raises(ValueError):
+        collectives.paired([1.0, 2.0], [1.0])
 
 
 @pytest.mark.skipif(not available(), reason="needs root and iproute2 for network namespaces")

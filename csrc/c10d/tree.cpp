@@ -40,13 +40,14 @@ void binomialBroadcast(Channel& ch, uint8_t* data, size_t bytes, int root) {
 // Piece j covers elements [j*per, min((j+1)*per, count)).
 size_t piecesOf(size_t count, size_t per) { return (count + per - 1) / per; }
 
-// A chain keeps this many bytes of its pieces' receives and sends posted ahead
-// of the piece it waits for, instead of posting them all at once: a few hundred
-// messages posted together took milliseconds of CPU on every rank at the
-// start, delaying the ranks still arriving. 8 MiB is over 60 ms of a
-// 1 Gbit/s link, far more than a rank's wake-up.
+// A rank of a chain keeps at most this many bytes (at least 4 pieces) of
+// receives posted beyond, and of sends in flight behind, the piece it waits
+// for, instead of posting every piece at once: a few hundred messages posted
+// together took milliseconds of CPU on every rank at the start, delaying the
+// ranks still arriving. 8 MiB is over 60 ms of a 1 Gbit/s link, far more
+// than a rank's wake-up.
 constexpr size_t kAheadBytes = 8u << 20;
-size_t piecesAhead(size_t pieceBytes) { return std::max<size_t>(4, kAheadBytes / pieceBytes); }
+size_t piecesAhead(size_t bytesPerPiece) { return std::max<size_t>(4, kAheadBytes / bytesPerPiece); }
 
 }  // namespace
 
@@ -54,8 +55,8 @@ size_t pieceBytes(size_t bytes, int hops) {
   // h hops in pieces of s bytes take (bytes/s + h - 1) steps of s/B + c each
   // (B: the link's rate, c: a message's fixed cost); s = sqrt(bytes * cB / (h - 1))
   // makes that least. Capped at 256 KiB: at 256 MB over 7 hops 600 KiB pieces
-  // took 12 ms (0.5%) longer than 256 KiB ones, 128 KiB saved 3 ms more for 0.2
-  // more cores.
+  // took 12-23 ms (0.5-1%) longer than 256 KiB ones; 128 KiB saved 0-3 ms more
+  // for 0.2 more cores.
   const double s = std::sqrt(static_cast<double>(bytes) * kMessageCostBytes / std::max(hops - 1, 1));
   return std::clamp<size_t>(static_cast<size_t>(s), 64u << 10, 256u << 10);
 }

@@ -322,9 +322,11 @@ def summarize(per_rank: dict, world: int, path: str, rate_bps: float, arrival: f
         start = max if arrival else min
         times = [max(run[i][1] for run in runs) - start(run[i][0] for run in runs) for i in range(trials)]
         # The spread of the ranks' starts (what leaving the barrier took; on the
-        # emulated cluster every node shares this host's cores) and the time
-        # from the last start on: the part of `times` the op itself controls.
-        skews = [max(run[i][0] for run in runs) - min(run[i][0] for run in runs) for i in range(trials)]
+        # emulated cluster every node shares this host's cores; staggered
+        # arrivals are taken out) and the time from the last start on: the
+        # part of `times` the op itself controls.
+        starts = [[run[i][0] - r * arrival for r, run in enumerate(runs)] for i in range(trials)]
+        skews = [max(s) - min(s) for s in starts]
         after_last = [max(run[i][1] for run in runs) - max(run[i][0] for run in runs) for i in range(trials)]
         cores = [sum(run[i][2] for run in runs) for i in range(trials)]
         median = statistics.median(times)
@@ -355,20 +357,31 @@ def summarize(per_rank: dict, world: int, path: str, rate_bps: float, arrival: f
     return records
 
 
+# Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (normal beyond).
+_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
 def paired(times: list[float], gloo_times: list[float]) -> dict:
-    """Trial i of a torch system ran right beside gloo's trial i (same
+    """Trial i of a torch system ran in the same round as gloo's trial i (same
     processes, order alternating), so their difference cancels what drifts
     between trials: the median of the per-trial ratios, the mean difference
-    with its 95% confidence interval (normal approximation), and in how many
-    trials the system was faster."""
+    with its 95% confidence interval (Student's t; None from one trial), and
+    in how many trials the system was faster."""
+    if len(times) != len(gloo_times):
+        raise ValueError(f"{len(times)} trials against gloo's {len(gloo_times)}")
     diffs = [(t - g) * 1e3 for t, g in zip(times, gloo_times)]
     mean = statistics.fmean(diffs)
-    half = 1.96 * statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+    n = len(diffs)
+    ci = None
+    if n > 1:
+        half = (_T975[n - 2] if n - 1 <= len(_T975) else 1.96) * statistics.stdev(diffs) / n**0.5
+        ci = [mean - half, mean + half]
     return {
-        "trials": len(diffs),
+        "trials": n,
         "median_ratio": statistics.median(t / g for t, g in zip(times, gloo_times)),
         "mean_diff_ms": mean,
-        "ci95_diff_ms": [mean - half, mean + half],
+        "ci95_diff_ms": ci,
         "faster_trials": sum(d < 0 for d in diffs),
     }
 
@@ -523,10 +536,10 @@ def main() -> None:
     for r in records:
         if "paired_vs_gloo" in r:
             p = r["paired_vs_gloo"]
-            lo, hi = p["ci95_diff_ms"]
+            ci = "n/a" if p["ci95_diff_ms"] is None else "{:+.2f} to {:+.2f}".format(*p["ci95_diff_ms"])
             print(f"{r['op']} {r['system']} N={r['nodes']} {r['size_bytes']} B, trial by trial against gloo: "
                   f"median ratio {p['median_ratio']:.4f}, mean difference {p['mean_diff_ms']:+.2f} ms "
-                  f"(95% CI {lo:+.2f} to {hi:+.2f}), faster in {p['faster_trials']} of {p['trials']}")
+                  f"(95% CI {ci}), faster in {p['faster_trials']} of {p['trials']}")
     settings = {"ops": ops, "sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup,
                 "rate": rate, "requested_rate": args.rate, "systems": systems,
                 "arrival_interval_s": args.arrival_interval, "settle_s": args.settle,
