@@ -40,14 +40,27 @@ void binomialBroadcast(Channel& ch, uint8_t* data, size_t bytes, int root) {
 // Piece j covers elements [j*per, min((j+1)*per, count)).
 size_t piecesOf(size_t count, size_t per) { return (count + per - 1) / per; }
 
-// A rank of a chain keeps at most this many bytes (at least 4 pieces) of
-// receives posted beyond, and of sends in flight behind, the piece it waits
-// for, instead of posting every piece at once: a few hundred messages posted
-// together took milliseconds of CPU on every rank at the start, delaying the
-// ranks still arriving. 8 MiB is over 60 ms of a 1 Gbit/s link, far more
-// than a rank's wake-up.
+// A rank of a chain starts with this many bytes (at least 4 pieces) of
+// receives posted and keeps at most as many sends in flight behind the piece
+// it waits for, instead of posting every piece at once: a few hundred messages
+// posted together took milliseconds of CPU on every rank at the start,
+// delaying the ranks still arriving. 8 MiB is over 60 ms of a 1 Gbit/s link.
 constexpr size_t kAheadBytes = 8u << 20;
 size_t piecesAhead(size_t bytesPerPiece) { return std::max<size_t>(4, kAheadBytes / bytesPerPiece); }
+
+// After each piece that arrives, up to two more receives are posted until
+// kReceiveGrowth times the start's are ahead: a rank whose thread falls behind
+// its arrivals (combining, or waiting on its own sends) would otherwise get
+// pieces with no receive posted, each copied once more out of the mailbox (a
+// fixed 8 MiB left 6-31% of a reduce's pieces so at N = 8, 256 MB; growing to
+// 32 MiB, none but on the leaf's neighbour).
+constexpr size_t kReceiveGrowth = 4;
+template <typename PostRecv>
+void postMoreReceives(std::vector<Channel::Pending>& recvs, size_t arrived, size_t pieces, size_t ahead,
+                      PostRecv postRecv) {
+  const size_t limit = std::min(pieces, arrived + 1 + kReceiveGrowth * ahead);
+  for (int k = 0; k < 2 && recvs.size() < limit; ++k) recvs.push_back(postRecv(recvs.size()));
+}
 
 }  // namespace
 
@@ -80,7 +93,7 @@ void broadcast(Channel& ch, uint8_t* data, size_t bytes, int root) {
   for (size_t j = 0; j < count; ++j) {
     if (v > 0) {
       ch.wait(recvs[j]);
-      if (j + ahead < count) recvs.push_back(postRecv(j + ahead));
+      postMoreReceives(recvs, j, count, ahead, postRecv);
     }
     if (v + 1 < n) {
       if (j >= ahead) ch.wait(sends[j - ahead]);
@@ -113,7 +126,7 @@ void chainReduce(Channel& ch, uint8_t* data, size_t count, const Elements& e, in
     uint8_t* out = leaf ? data + first * isz : (v == 0 ? data : tmp) + first * isz;
     if (!leaf) {
       ch.wait(recvs[j]);
-      if (j + ahead < pieces) recvs.push_back(postRecv(j + ahead));
+      postMoreReceives(recvs, j, pieces, ahead, postRecv);
       e.combine(out, data + first * isz, tmp + first * isz, len);
     }
     if (v > 0) {
