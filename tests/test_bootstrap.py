@@ -4,6 +4,9 @@ MASTER_PORT / RANK / WORLD_SIZE, or from an initialized default process group.""
 import multiprocessing as mp
 import os
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -60,13 +63,76 @@ def test_init_finds_the_store(target):
     assert results == {0: 1.0, 1: 0.0}
 
 
-def test_init_without_any_store_says_what_is_missing(monkeypatch):
+def test_init_alone_starts_a_one_process_cluster(monkeypatch):
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for kwargs in ({}, {"rank": 0, "world_size": 1}):
+        hop.init(**kwargs)
+        try:
+            assert (hop.get_rank(), hop.get_world_size()) == (0, 1)
+            ref = hop.put(torch.arange(70_000, dtype=torch.int64))
+            assert torch.equal(hop.get(ref, timeout=10).wait(), torch.arange(70_000, dtype=torch.int64))
+            hop.barrier(timeout=10)
+        finally:
+            hop.shutdown()
+
+
+def test_init_without_a_store_for_several_ranks_says_what_is_missing(monkeypatch):
     for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ValueError, match="RANK and WORLD_SIZE"):
-        hop.init()
+        hop.init(rank=1)
     with pytest.raises(ValueError, match="MASTER_ADDR"):
         hop.init(rank=0, world_size=2)
     with pytest.raises(ValueError, match="out of range"):
         hop.init(dist.HashStore(), rank=3, world_size=2)
     assert not hop.is_initialized()
+
+
+TORCHRUN_SCRIPT = os.path.join(os.path.dirname(__file__), "torchrun_rpc_and_hoplite.py")
+
+
+@pytest.mark.parametrize("order", ["hoplite-first", "rpc-first", "process-group"])
+def test_torchrun_shares_one_rendezvous_with_rpc(order):
+    """Under torchrun (the agent hosts the store), init_rpc, init_process_group
+    and hop.init meet through MASTER_ADDR/PORT in any order, and nothing logs a
+    bind error."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
+           "--master-port", str(free_port()), TORCHRUN_SCRIPT, order]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = sorted(line for line in run.stdout.splitlines() if line.startswith("rank "))
+    assert lines == [f"rank {r}: rpc {r + 1} hoplite {(r + 1) % 3}" for r in range(3)], run.stdout
+    assert "failed to bind" not in run.stderr and "EADDRINUSE" not in run.stderr, run.stderr
+
+
+def _init_and_report(rank: int, world_size: int, port: int, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    start = time.monotonic()
+    try:
+        hop.init(timeout=120)
+        queue.put((rank, "joined", "", 0.0))
+    except Exception as e:
+        queue.put((rank, type(e).__name__, str(e), time.monotonic() - start))
+
+
+def test_losing_the_store_host_during_init_says_so():
+    """Rank 0 hosts the store and dies while rank 1 waits for the missing rank 2:
+    rank 1 learns at once that the store is gone, not a timeout."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = free_port()
+    host = ctx.Process(target=_init_and_report, args=(0, 3, port, queue))
+    host.start()
+    time.sleep(1.0)
+    waiter = ctx.Process(target=_init_and_report, args=(1, 3, port, queue))
+    waiter.start()
+    time.sleep(3.0)
+    host.kill()
+    waiter.join(60)
+    host.join(10)
+    assert not waiter.is_alive()
+    rank, kind, message, elapsed = queue.get()
+    assert (rank, kind) == (1, "StoreLostError"), message
+    assert f"lost the rendezvous store at 127.0.0.1:{port}" in message
+    assert elapsed < 60  # the timeout was 120 s

@@ -36,6 +36,7 @@ from torch_hoplite.errors import (
     ObjectNotFoundError,
     PeerFailedError,
     ProtocolError,
+    StoreLostError,
 )
 from torch_hoplite.locations import Locations, Subscription
 from torch_hoplite.object_ref import ObjectRef
@@ -51,4 +52,5 @@ __all__ = [
     "reduce", "wait_reduce", "allreduce", "gather", "ReduceOp", "ReducePlan", "InvalidArgumentError",
     "HopliteError", "HopliteTimeoutError", "ObjectExistsError", "ObjectNotFoundError",
     "ObjectDeletedError", "PeerFailedError", "CapacityError", "ProtocolError", "NotInitializedError",
+    "StoreLostError",
 ]

@@ -9,12 +9,13 @@ import os
 import secrets
 import socket
 import struct
+import time
 import uuid
 from typing import Optional
 
 import torch.distributed as dist
 
-from torch_hoplite.errors import HopliteTimeoutError
+from torch_hoplite.errors import HopliteTimeoutError, StoreLostError
 
 
 def resolve_store(
@@ -23,8 +24,11 @@ def resolve_store(
     """The store to rendezvous through, with this process's rank and the world size.
 
     In order: an explicit store; the default process group's store when
-    torch.distributed is initialized; a TCPStore from MASTER_ADDR/MASTER_PORT/
-    RANK/WORLD_SIZE as torchrun sets them (rank 0 hosts it).
+    torch.distributed is initialized; torch's own ``env://`` rendezvous from
+    MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE (a multi-tenant TCPStore that rank 0
+    hosts and that ``init_process_group`` and ``rpc.init_rpc`` share, or
+    torchelastic's agent store under torchrun); with none of these, a
+    one-process cluster on an in-memory store, as ``ray.init()`` starts one.
     """
     if store is None and dist.is_available() and dist.is_initialized():
         store = dist.distributed_c10d._get_default_store()
@@ -34,6 +38,9 @@ def resolve_store(
         rank = _env_int("RANK")
     if world_size is None:
         world_size = _env_int("WORLD_SIZE")
+    has_master = bool(os.environ.get("MASTER_ADDR")) and _env_int("MASTER_PORT") is not None
+    if store is None and not has_master and rank in (None, 0) and world_size in (None, 1):
+        return dist.HashStore(), 0, 1
     if rank is None or world_size is None:
         raise ValueError(
             "torch_hoplite.init: rank and world_size are unknown; pass them, set RANK and WORLD_SIZE "
@@ -42,22 +49,29 @@ def resolve_store(
     if not 0 <= rank < world_size:
         raise ValueError(f"torch_hoplite.init: rank {rank} is out of range for world size {world_size}")
     if store is None:
-        addr = os.environ.get("MASTER_ADDR")
-        port = _env_int("MASTER_PORT")
-        if not addr or port is None:
+        if not has_master:
             raise ValueError(
-                "torch_hoplite.init: no store given, torch.distributed is not initialized, "
-                "and MASTER_ADDR/MASTER_PORT are not set"
+                f"torch_hoplite.init: world size {world_size} needs a rendezvous, but no store was given, "
+                "torch.distributed is not initialized, and MASTER_ADDR/MASTER_PORT are not set"
             )
-        store = dist.TCPStore(
-            addr,
-            port,
-            world_size,
-            is_master=(rank == 0),
-            timeout=datetime.timedelta(seconds=timeout),
-            wait_for_workers=False,
-        )
+        store = _env_store(rank, world_size, timeout)
     return store, rank, world_size
+
+
+def _env_store(rank: int, world_size: int, timeout: float) -> dist.Store:
+    """torch's env:// store: the same server that init_process_group and
+    rpc.init_rpc use in this process (multi-tenant), so any order works."""
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    try:
+        store, _, _ = next(
+            dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
+        )
+    except (RuntimeError, dist.DistError) as e:
+        raise StoreLostError(
+            f"torch_hoplite.init: rank {rank} could not reach the rendezvous store at {where} "
+            f"(MASTER_ADDR/MASTER_PORT; rank 0 or torchrun's agent hosts it): {e}"
+        ) from e
+    return store
 
 
 def _env_int(name: str) -> Optional[int]:
@@ -75,6 +89,13 @@ def store_host(store: dist.Store) -> Optional[str]:
     while isinstance(store, dist.PrefixStore):
         store = store.underlying_store
     return getattr(store, "host", None) if isinstance(store, dist.TCPStore) else None
+
+
+def _address_of(store: dist.Store) -> str:
+    """" at HOST:PORT" for a TCPStore (through PrefixStores), else ""."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return f" at {store.host}:{store.port}" if isinstance(store, dist.TCPStore) else ""
 
 
 def interface_address(ifname: str) -> str:
@@ -166,7 +187,16 @@ class Rendezvous:
 
     def _wait(self, key: str, what: str, timeout: Optional[float] = None) -> None:
         seconds = self.timeout if timeout is None else timeout
+        start = time.monotonic()
         try:
             self.store.wait([key], datetime.timedelta(seconds=seconds))
-        except (RuntimeError, dist.DistStoreError) as e:
+        except (RuntimeError, dist.DistError) as e:
+            elapsed = time.monotonic() - start
+            # A wait that ends well before its timeout lost the store (its host
+            # exited, or the connection broke): say that, not "timed out".
+            if elapsed < 0.9 * seconds and not isinstance(e, dist.DistStoreError):
+                raise StoreLostError(
+                    f"rank {self.rank} lost the rendezvous store{_address_of(self.store)} after {elapsed:.1f} s while waiting "
+                    f"for {what}: its host (rank 0, or torchrun's agent) has probably exited: {e}"
+                ) from e
             raise HopliteTimeoutError(f"rank {self.rank} timed out after {seconds:g} s waiting for {what}") from e

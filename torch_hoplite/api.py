@@ -29,14 +29,19 @@ def init(
 
     Args:
         store: rendezvous store. Default: the default process group's store when
-            torch.distributed is initialized, else a TCPStore from MASTER_ADDR,
-            MASTER_PORT (rank 0 hosts it), as torchrun sets them.
+            torch.distributed is initialized, else torch's ``env://`` store from
+            MASTER_ADDR, MASTER_PORT, as torchrun sets them: the multi-tenant
+            TCPStore that rank 0 hosts (or torchrun's agent store), shared with
+            ``rpc.init_rpc`` and ``init_process_group`` whichever comes first.
+            With none of these, a one-process cluster (rank 0 of 1), as
+            ``ray.init()`` starts one.
         rank, world_size: default to the process group's, or RANK / WORLD_SIZE.
         **options: see :mod:`torch_hoplite.config` (e.g. ``timeout=60``,
             ``capacity_bytes="8GiB"``, ``host="10.0.0.1"``); they override the
             ``HOPLITE_*`` environment variables.
 
-    Returns once every rank has published its address. With ``rejoin=True``
+    Returns once every rank has published its address. If the store's host
+    goes away meanwhile, raises StoreLostError (a PeerFailedError). With ``rejoin=True``
     (``HOPLITE_REJOIN=1``) the process takes the place of a rank that failed in
     the running cluster: it publishes its new address, introduces itself to
     every peer and returns; objects the failed process held are gone, and it

@@ -31,6 +31,10 @@ class PeerFailedError(HopliteError):
     """A peer died or its connection broke during the operation."""
 
 
+class StoreLostError(PeerFailedError):
+    """The rendezvous store went away (its host exited) or could not be reached."""
+
+
 class CapacityError(HopliteError, MemoryError):
     """The local store is full of copies that cannot be evicted."""
 
