@@ -136,3 +136,12 @@ def test_losing_the_store_host_during_init_says_so():
     assert (rank, kind) == (1, "StoreLostError"), message
     assert f"lost the rendezvous store at 127.0.0.1:{port}" in message
     assert elapsed < 60  # the timeout was 120 s
+
+
+def test_rpc_offload_before_init_says_so():
+    import torch_hoplite.rpc as hop_rpc
+
+    assert not hop.is_initialized()
+    with pytest.raises(hop.NotInitializedError, match="init"):
+        hop_rpc.enable()
+    assert not hop_rpc.is_enabled()

@@ -1,0 +1,362 @@
+"""Large tensors of ``torch.distributed.rpc`` calls through the object store.
+
+    import torch_hoplite as hop
+    hop.init(); rpc.init_rpc(name, rank=rank, world_size=world_size)   # one rendezvous, either order
+    hop.rpc.enable(threshold="1MiB")
+
+From then on, a CPU tensor of at least `threshold` bytes in the arguments or
+the result of a Python-function RPC (``rpc_sync``, ``rpc_async``, ``remote``,
+``RRef.to_here()``) is not copied into the RPC message: the sender puts it
+into the store and the message carries its :class:`~torch_hoplite.ObjectRef`;
+the receiver pulls it, pipelined, from the sender or from any receiver that
+already has it (a relay). A tensor sent again unchanged is put only once, so a
+server that answers N trainers with its weights serves one relay broadcast,
+not N copies.
+
+Lifetime of an offloaded object:
+
+- *Identity and version.* The sender keys the object by the tensor's memory
+  (storage, offset, shape, strides, dtype) and checks its version counter
+  (bumped by every in-place change): the same memory at the same version is
+  the same object. The put copies the tensor (blocking), so the caller may
+  change it as soon as the call returns.
+- *Leases.* Every message that carries the ref holds a lease; the receiver
+  releases it with a small RPC once its pull is over (also when the pull
+  failed). A lease whose release never comes (the receiver died) expires after
+  ``lease_s`` (default: torch_hoplite's timeout).
+- *Who deletes.* The sender, once no lease is left and the object cannot be
+  sent again: the tensor changed, the sender holds its memory no more, or it
+  was not sent for ``keep_s`` seconds. The delete removes the receivers'
+  copies too. :func:`disable` deletes everything once its leases are released.
+- *When the sender dies.* Its node is gone, and with it the objects it put: a
+  pull in progress fails with :class:`~torch_hoplite.PeerFailedError` naming
+  it, and so does the RPC that carried the ref, on whichever side was
+  receiving. Nothing waits forever.
+
+Builtin operators and TorchScript functions are serialized by RPC's C++ code,
+not by its Python pickler, and are left as they are. So are tensors that
+require grad (distributed autograd records the tensors of the message), CUDA
+tensors (RPC's device maps move them), and sparse or quantized tensors.
+Deserializing a message whose ref is still being pulled occupies the RPC
+thread that deserializes it until the bytes are there; to keep RPC threads
+free, pass ObjectRefs yourself and return ``hop.get(ref)`` futures from
+``@rpc.functions.async_execution`` functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Optional, Union
+
+import torch
+import torch.distributed.rpc as dist_rpc
+from torch.distributed.rpc import internal as rpc_internal
+
+from torch_hoplite import api
+from torch_hoplite.config import parse_size
+from torch_hoplite.errors import HopliteError, NotInitializedError
+from torch_hoplite.object_ref import ObjectRef
+
+__all__ = ["enable", "disable", "is_enabled", "offload_stats"]
+
+_SWEEP_INTERVAL_S = 0.5
+
+
+def enable(
+    threshold: Union[int, str] = "1MiB",
+    *,
+    keep_s: float = 10.0,
+    lease_s: Optional[float] = None,
+) -> None:
+    """Sends tensors of at least `threshold` bytes in Python-function RPCs
+    through the object store (see the module's documentation).
+
+    Call it in every process of the RPC group, after :func:`torch_hoplite.init`:
+    every receiver of an offloaded tensor pulls it through its own node.
+
+    Args:
+        threshold: the smallest tensor offloaded, in bytes (``"1MiB"``, ``65536``).
+        keep_s: how long an object stays after its last send while its tensor
+            is alive and unchanged, so that the next send reuses it.
+        lease_s: how long a sender waits for a receiver to release an object
+            before it deletes it anyway (default: torch_hoplite's timeout).
+    """
+    global _offloader
+    if not api.is_initialized():
+        raise NotInitializedError("torch_hoplite.rpc.enable: call torch_hoplite.init() first")
+    nbytes = parse_size(threshold, "threshold")
+    if nbytes < 1:
+        raise ValueError(f"torch_hoplite.rpc.enable: threshold must be at least 1 byte, got {threshold!r}")
+    if not keep_s >= 0:
+        raise ValueError(f"torch_hoplite.rpc.enable: keep_s must be >= 0, got {keep_s!r}")
+    if lease_s is None:
+        lease_s = api._rt().config.timeout
+    if not lease_s > 0:
+        raise ValueError(f"torch_hoplite.rpc.enable: lease_s must be > 0, got {lease_s!r}")
+    with _lock:
+        if _offloader is not None:
+            raise RuntimeError("torch_hoplite.rpc offload is already enabled; call disable() first")
+        _offloader = _Offloader(nbytes, keep_s, lease_s)
+
+
+def disable(timeout: Optional[float] = None) -> None:
+    """Stops offloading (new messages carry their tensors again) and deletes
+    every offloaded object once its receivers released it, waiting up to
+    `timeout` seconds (default: torch_hoplite's timeout) before deleting the
+    rest anyway."""
+    global _offloader
+    offloader = _offloader
+    if offloader is None:
+        return
+    offloader.close(timeout)  # releases still reach it while it waits for them
+    with _lock:
+        _offloader = None
+
+
+def is_enabled() -> bool:
+    return _offloader is not None
+
+
+def offload_stats() -> dict[str, int]:
+    """Counters of this process's offload: objects put, sends that reused an
+    object, pulls done and failed, objects deleted, objects alive, leases
+    outstanding and leases that expired."""
+    offloader = _offloader
+    return offloader.cache.stats() if offloader is not None else {}
+
+
+# ---------------------------------------------------------------------- receiving
+
+
+def _receive(owner: str, ref: ObjectRef) -> torch.Tensor:
+    """Unpickles an offloaded tensor: pulls it, then releases the lease (also
+    when the pull failed, so the sender need not wait for the lease to expire)."""
+    try:
+        if not api.is_initialized():
+            raise NotInitializedError(
+                f"an RPC message from {owner!r} carries tensor {ref} through torch_hoplite, but this process has not "
+                "called torch_hoplite.init(); call it (and torch_hoplite.rpc.enable) in every process"
+            )
+        try:
+            tensor = api.get(ref).wait()
+        except HopliteError as e:
+            _count_pull(failed=True)
+            raise type(e)(f"RPC tensor from {owner!r}: {e}") from e
+        _count_pull(failed=False)
+        return tensor
+    finally:
+        _release_remotely(owner, ref.id)
+
+
+def _count_pull(failed: bool) -> None:
+    offloader = _offloader
+    if offloader is not None:
+        offloader.cache.count_pull(failed)
+
+
+def _release_remotely(owner: str, obj_id: Any) -> None:
+    try:
+        fut = dist_rpc.rpc_async(owner, _release, args=(obj_id,))
+    except RuntimeError:
+        return  # RPC is shutting down; the lease expires instead
+    fut.add_done_callback(_consume)
+
+
+def _consume(fut: torch.futures.Future) -> None:
+    try:
+        fut.value()
+    except Exception:  # the owner died or left: its objects went with it
+        pass
+
+
+def _release(obj_id: Any) -> None:
+    """Runs on the sender: one receiver of `obj_id` is done with it."""
+    offloader = _offloader
+    if offloader is not None:
+        offloader.cache.release(obj_id)
+
+
+# ---------------------------------------------------------------------- sending
+
+
+@dataclasses.dataclass
+class _Entry:
+    ref: ObjectRef
+    #: Keeps the tensor's memory, so no other tensor can take its key while the
+    #: entry lives; shares the version counter of the tensor it was sent from.
+    view: torch.Tensor
+    version: int
+    last_sent: float
+    #: Expiry times of the leases not yet released.
+    leases: list[float] = dataclasses.field(default_factory=list)
+    #: No longer sendable (changed or dropped); deleted once its leases are gone.
+    retired: bool = False
+
+
+class _OffloadCache:
+    """Objects put for outgoing tensors, keyed by the tensor's memory."""
+
+    def __init__(self, keep_s: float, lease_s: float):
+        self._keep_s = keep_s
+        self._lease_s = lease_s
+        self._lock = threading.Lock()
+        self._by_key: dict[tuple, _Entry] = {}
+        self._by_id: dict[Any, _Entry] = {}
+        self._counters = dict.fromkeys(
+            ("objects_put", "sends_reused", "pulls", "pulls_failed", "objects_deleted", "leases_expired"), 0
+        )
+
+    def publish(self, tensor: torch.Tensor) -> ObjectRef:
+        """The ref of an object with `tensor`'s bytes, with one lease taken on it."""
+        key = _memory_key(tensor)
+        now = time.monotonic()
+        with self._lock:
+            entry = self._by_key.get(key)
+            if entry is not None and entry.version == tensor._version and not entry.retired:
+                self._counters["sends_reused"] += 1
+            else:
+                if entry is not None:
+                    entry.retired = True
+                    del self._by_key[key]
+                # Under the lock: concurrent sends of one tensor put it once.
+                ref = api.put(tensor, blocking=True)
+                entry = _Entry(ref, tensor.detach(), tensor._version, now)
+                self._by_key[key] = entry
+                self._by_id[ref.id] = entry
+                self._counters["objects_put"] += 1
+            entry.last_sent = now
+            entry.leases.append(now + self._lease_s)
+            return entry.ref
+
+    def release(self, obj_id: Any) -> None:
+        with self._lock:
+            entry = self._by_id.get(obj_id)
+            if entry is not None and entry.leases:
+                entry.leases.remove(min(entry.leases))
+
+    def count_pull(self, failed: bool) -> None:
+        with self._lock:
+            self._counters["pulls_failed" if failed else "pulls"] += 1
+
+    def collect(self, now: float, everything: bool = False) -> list[ObjectRef]:
+        """Takes out the entries that are done with: no lease left (expired ones
+        dropped) and either retired, dropped by the program, changed, idle for
+        keep_s, or `everything`."""
+        done = []
+        with self._lock:
+            for obj_id, entry in list(self._by_id.items()):
+                live = [t for t in entry.leases if t > now]
+                self._counters["leases_expired"] += len(entry.leases) - len(live)
+                entry.leases = live
+                if live:
+                    continue
+                if (
+                    everything
+                    or entry.retired
+                    or entry.view._version != entry.version
+                    or _only_holder(entry.view)
+                    or now - entry.last_sent >= self._keep_s
+                ):
+                    del self._by_id[obj_id]
+                    if self._by_key.get(_memory_key(entry.view)) is entry:
+                        del self._by_key[_memory_key(entry.view)]
+                    done.append(entry.ref)
+        return done
+
+    def count_deleted(self, n: int) -> None:
+        with self._lock:
+            self._counters["objects_deleted"] += n
+
+    def pending_leases(self) -> int:
+        with self._lock:
+            return sum(len(e.leases) for e in self._by_id.values())
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return dict(
+                self._counters,
+                objects_alive=len(self._by_id),
+                leases_outstanding=sum(len(e.leases) for e in self._by_id.values()),
+            )
+
+
+def _memory_key(tensor: torch.Tensor) -> tuple:
+    return (
+        tensor.untyped_storage().data_ptr(),
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+    )
+
+
+def _only_holder(view: torch.Tensor) -> bool:
+    """Whether nothing but `view` (and the temporary storage object made here)
+    holds its memory, so the program can never send it again."""
+    return torch._C._storage_Use_Count(view.untyped_storage()._cdata) <= 2
+
+
+class _Offloader:
+    """Installs the tensor reducer into RPC's pickler and deletes objects that
+    are done with on a thread of its own."""
+
+    def __init__(self, threshold: int, keep_s: float, lease_s: float):
+        self.threshold = threshold
+        self.cache = _OffloadCache(keep_s, lease_s)
+        self._owner: Optional[str] = None
+        self._stop = threading.Event()
+        pickler = rpc_internal._internal_rpc_pickler
+        self._plain: Callable = pickler._dispatch_table[torch.Tensor]
+        pickler._dispatch_table[torch.Tensor] = self._reduce
+        self._sweeper = threading.Thread(target=self._sweep, name="hoplite-rpc-offload", daemon=True)
+        self._sweeper.start()
+
+    def _reduce(self, tensor: torch.Tensor):
+        if not self._offloads(tensor):
+            return self._plain(tensor)
+        if self._owner is None:
+            self._owner = dist_rpc.get_worker_info().name
+        return (_receive, (self._owner, self.cache.publish(tensor)))
+
+    def _offloads(self, tensor: torch.Tensor) -> bool:
+        return (
+            tensor.device.type == "cpu"
+            and tensor.layout == torch.strided
+            and not tensor.is_quantized
+            and not tensor.requires_grad
+            and tensor.numel() * tensor.element_size() >= self.threshold
+            and api.is_initialized()
+        )
+
+    def _sweep(self) -> None:
+        while not self._stop.wait(_SWEEP_INTERVAL_S):
+            self._delete(self.cache.collect(time.monotonic()))
+
+    def _delete(self, refs: list[ObjectRef]) -> None:
+        deleted = 0
+        for ref in refs:
+            try:
+                api.delete(ref)
+                deleted += 1
+            except (HopliteError, ValueError):
+                pass  # already gone: this node or the object's holders shut down
+        self.cache.count_deleted(deleted)
+
+    def close(self, timeout: Optional[float]) -> None:
+        pickler = rpc_internal._internal_rpc_pickler
+        if pickler._dispatch_table.get(torch.Tensor) == self._reduce:
+            pickler._dispatch_table[torch.Tensor] = self._plain
+        self._stop.set()
+        self._sweeper.join()
+        if api.is_initialized():
+            limit = api._rt().config.timeout if timeout is None else timeout
+            deadline = time.monotonic() + limit
+            while self.cache.pending_leases() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        self._delete(self.cache.collect(time.monotonic(), everything=True))
+
+
+_lock = threading.Lock()
+_offloader: Optional[_Offloader] = None
