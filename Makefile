@@ -17,7 +17,7 @@ SOURCES := $(shell find csrc cuda -name '*.cpp' -o -name '*.h' -o -name '*.inc' 
 	touch $@
 
 .stamp-bench-deps: .stamp-deps
-	$(PIP) install -q matplotlib tqdm
+	$(PIP) install -q matplotlib tqdm gymnasium
 	command -v mpicc >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev)
 	touch $@
 

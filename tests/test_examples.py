@@ -1,8 +1,11 @@
 """The examples run and check their own results."""
 
+import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,3 +26,25 @@ def test_demo_runs():
     out = run_example("demo.py", "--nodes", "3", "--size", "4MB")
     assert "warm: buffers reused from the pool" in out and "broadcast" in out
     assert "read from the other processes' memory" in out
+
+
+def test_rl_actor_learner_learns_cartpole(tmp_path):
+    """With no arguments (1 learner, 3 actors): the mean reward of the last 50
+    episodes reaches 475 of 500, and the curve is written."""
+    run_example("rl_actor_learner.py", "--out-dir", str(tmp_path))
+    with open(tmp_path / "rl_actor_learner_hoplite.json") as f:
+        result = json.load(f)
+    assert result["solved"] and result["mean_last_50"] >= 475
+    assert result["episodes"] == len(result["rewards"]) >= 50
+    assert (tmp_path / "rl_actor_learner_hoplite.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("transport", ["hoplite", "rpc", "offload"])
+def test_rl_actor_learner_moves_large_policies(tmp_path, transport):
+    """A 4 MB policy (ballast checked by every actor) for a few iterations, both ways."""
+    run_example("rl_actor_learner.py", "--transport", transport, "--policy-bytes", "4MB", "--iterations", "6",
+                "--target", "0", "--out-dir", str(tmp_path))
+    with open(tmp_path / f"rl_actor_learner_{transport}.json") as f:
+        result = json.load(f)
+    assert result["iterations"] == 6 and result["policy_bytes"] == 4 << 20
+    assert result["episodes"] == 6 * 2 * 4  # k = 2 trajectories of 4 episodes per iteration
