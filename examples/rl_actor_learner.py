@@ -257,7 +257,8 @@ def run(rank: int, world_size: int, args) -> None:
     name = "learner" if rank == 0 else f"actor{rank}"
     hop.init(timeout=300)
     rpc.init_rpc(name, rank=rank, world_size=world_size,
-                 rpc_backend_options=rpc.TensorPipeRpcBackendOptions(rpc_timeout=300, _transports=args.rpc_transports))
+                 rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+                     rpc_timeout=300, _transports=args.rpc_transports, _channels=args.rpc_channels))
     if args.transport == "offload":
         hop_rpc.enable("1MiB")
     if rank == 0:
@@ -300,6 +301,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--policy-bytes", default="0", help="ballast added to the published weights, e.g. 64MB")
     parser.add_argument("--rpc-transports", nargs="+", default=None,
                         help="TensorPipe transports, e.g. uv between network namespaces (default: TensorPipe's)")
+    parser.add_argument("--rpc-channels", nargs="+", default=None,
+                        help="TensorPipe channels, e.g. basic so that tensors cross the network (default: TensorPipe's)")
     parser.add_argument("--out-dir", default="rl_results", help="where the PNG and JSON go ('' for none)")
     args = parser.parse_args(argv)
     args.k = args.k or max(1, args.actors - 1)
