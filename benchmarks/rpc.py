@@ -54,7 +54,7 @@ FANIN = ("rpc", "offload", "reduce")
 RL = ("rpc", "offload", "hoplite")
 SMALL_BYTES = 1024
 SMALL_CALLS = 200
-SMALL_BLOCKS = 5
+SMALL_BLOCKS = 10
 SERVER = "rank0"
 TP_OPTIONS = dict(rpc_timeout=600, _transports=["uv"], _channels=["basic"])
 
@@ -159,8 +159,9 @@ def worker(rank: int, world: int, sizes: list[int], trials: int, warmup: int, ca
         if "fanin" in cases:
             for system in FANIN:
                 offload(system == "offload")
-                grad = torch.full((n,), float(rank))
+                grad = torch.empty(n)
                 for trial in range(warmup + trials):
+                    grad.fill_(float(rank))  # in place: new gradients each step (the offload puts again)
                     if rank == 0:
                         _reset_sum(n)
                     ids = [f"grad/{size}/{trial}/{r}" for r in range(1, world)]
@@ -346,7 +347,7 @@ def main() -> None:
     parser.add_argument("--rate", default="1gbit")
     parser.add_argument("--loopback", action="store_true", help="local processes on 127.0.0.1, no ideal")
     parser.add_argument("--rl-policy-bytes", default="64MB")
-    parser.add_argument("--rl-iterations", type=int, default=12)
+    parser.add_argument("--rl-iterations", type=int, default=20)
     parser.add_argument("--out", default=None, help="result path without extension")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

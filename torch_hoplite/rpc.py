@@ -321,12 +321,12 @@ class _Offloader:
         return (_receive, (self._owner, self.cache.publish(tensor)))
 
     def _offloads(self, tensor: torch.Tensor) -> bool:
-        return (
-            tensor.device.type == "cpu"
+        return (  # the size first: most tensors of most messages are small
+            tensor.nbytes >= self.threshold
+            and tensor.device.type == "cpu"
             and tensor.layout == torch.strided
             and not tensor.is_quantized
             and not tensor.requires_grad
-            and tensor.numel() * tensor.element_size() >= self.threshold
             and api.is_initialized()
         )
 
