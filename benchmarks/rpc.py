@@ -56,6 +56,7 @@ SMALL_BYTES = 1024
 SMALL_CALLS = 200
 SMALL_BLOCKS = 10
 SERVER = "rank0"
+COLORS = {"rpc": "C0", "offload": "C1", "refs": "C2", "reduce": "C2", "hoplite": "C2"}  # plain RPC first
 TP_OPTIONS = dict(rpc_timeout=600, _transports=["uv"], _channels=["basic"])
 
 
@@ -313,7 +314,7 @@ def plot(records: list[dict], path: str, title: str) -> None:
     for ax, case in zip(axes[0], panels):
         rs = [r for r in records if r["case"] == case]
         points = sorted({(r["nodes"], r["size_bytes"]) for r in rs})
-        systems = list(dict.fromkeys(r["system"] for r in rs))
+        systems = [s for s in COLORS if any(r["system"] == s for r in rs)]
         width = 0.8 / len(systems)
         use_ideal = all(r.get("ratio_to_ideal") for r in rs)
         for i, system in enumerate(systems):
@@ -322,7 +323,7 @@ def plot(records: list[dict], path: str, title: str) -> None:
                 match = [r for r in rs if (r["nodes"], r["size_bytes"]) == point and r["system"] == system]
                 value = (match[0]["ratio_to_ideal"] if use_ideal else match[0]["median_s"] * (1e6 if case == "small" else 1)) if match else 0
                 values.append(value)
-            ax.bar([p + i * width for p in range(len(points))], values, width, label=system)
+            ax.bar([p + i * width for p in range(len(points))], values, width, label=system, color=COLORS[system])
         ax.set_xticks([p + width * (len(systems) - 1) / 2 for p in range(len(points))])
         ax.set_xticklabels([f"N={n}\n{common.human_size(s)}" for n, s in points])
         unit = "time / ideal (S/B)" if use_ideal else ("µs per call" if case == "small" else "s per iteration")
@@ -349,9 +350,17 @@ def main() -> None:
     parser.add_argument("--rl-policy-bytes", default="64MB")
     parser.add_argument("--rl-iterations", type=int, default=20)
     parser.add_argument("--out", default=None, help="result path without extension")
+    parser.add_argument("--replot", default=None, help="redraw the PNG of a result JSON and exit")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = common.parse_sizes(args.sizes)
+    if args.replot:
+        with open(args.replot) as f:
+            result = json.load(f)
+        rate = result["settings"]["rate"]
+        plot(result["records"], args.replot.removesuffix(".json") + ".png",
+             f"torch RPC with torch_hoplite ({'emulated ' + rate if rate else 'loopback'})")
+        return
     if args.worker is not None:
         worker(args.worker, int(args.nodes), sizes, args.trials, args.warmup, args.cases.split(","), args.out)
         return

@@ -3,6 +3,7 @@ small point on loopback and, where network namespaces exist, on the emulated
 cluster; the JSON holds every field the harness promises."""
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -11,6 +12,8 @@ import sys
 import pytest
 
 from torch_hoplite.bench import collectives
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from torch_hoplite.bench.emulated_cluster import available
 
 FIELDS = {"system", "op", "nodes", "size_bytes", "median_s", "min_s", "max_s", "algbw_gbps", "busbw_gbps",
@@ -121,3 +124,23 @@ def test_a_point_too_big_for_the_machine_is_refused_before_anything_starts():
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "allgather of 1073741824 bytes on 64 nodes needs about 8192.0 GiB" in proc.stderr
+
+
+def test_rpc_benchmark_on_loopback(tmp_path):
+    """benchmarks/rpc.py at a small size: every case and system has a record
+    (each trial's result is checked inside the run), and the plot is written."""
+    out = tmp_path / "rpc"
+    cmd = [sys.executable, "benchmarks/rpc.py", "--loopback", "--nodes", "3", "--sizes", "2MB", "--trials", "1",
+           "--warmup", "0", "--rl-iterations", "2", "--rl-policy-bytes", "2MB", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = json.loads((tmp_path / "rpc.json").read_text())["records"]
+    assert {(r["case"], r["system"]) for r in records} == {
+        ("fanout", "rpc"), ("fanout", "offload"), ("fanout", "refs"), ("fanin", "rpc"), ("fanin", "offload"),
+        ("fanin", "reduce"), ("small", "rpc"), ("small", "offload"), ("rl", "rpc"), ("rl", "offload"),
+        ("rl", "hoplite")}
+    for r in records:
+        assert r["nodes"] == 3 and r["median_s"] > 0 and r["time_vs_rpc"] > 0
+        assert r["trials"] == {"small": 10 * 190, "rl": 2}.get(r["case"], 1)
+    assert (tmp_path / "rpc.png").stat().st_size > 10_000
