@@ -5,7 +5,7 @@ PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 SOURCES := $(shell find csrc cuda -name '*.cpp' -o -name '*.h' -o -name '*.inc' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null) setup.py pyproject.toml
 
-.PHONY: setup demo test bench bench-p2p bench-collectives bench-recovery bench-gpu fuzz clean
+.PHONY: setup demo test examples bench bench-p2p bench-collectives bench-recovery bench-gpu fuzz clean
 
 .stamp-deps: Makefile
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
@@ -29,6 +29,14 @@ demo: setup
 # The harness's tests (tests/test_bench_cli.py) run it, so its peers are installed too.
 test: setup .stamp-bench-deps
 	$(PYTHON) -m pytest tests -q -p no:cacheprovider
+
+# Every example at a quick size; plots and JSON go to examples/results/.
+examples: setup .stamp-bench-deps
+	$(PYTHON) examples/demo.py --nodes 3 --size 4MB
+	$(PYTHON) examples/parameter_server.py --workers 3 --steps 4 --size 256KB
+	$(PYTHON) examples/rl_actor_learner.py
+	$(PYTHON) examples/async_ps.py
+	$(PYTHON) examples/serving_ensemble.py
 
 bench: bench-p2p bench-collectives bench-recovery
 

@@ -43,6 +43,8 @@ import torch_hoplite as hop
 import torch_hoplite.rpc as hop_rpc
 from torch_hoplite.config import parse_size
 
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")  # PNG + JSON
+
 GAMMA = 0.99
 ENV = "CartPole-v1"
 
@@ -303,7 +305,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                         help="TensorPipe transports, e.g. uv between network namespaces (default: TensorPipe's)")
     parser.add_argument("--rpc-channels", nargs="+", default=None,
                         help="TensorPipe channels, e.g. basic so that tensors cross the network (default: TensorPipe's)")
-    parser.add_argument("--out-dir", default="rl_results", help="where the PNG and JSON go ('' for none)")
+    parser.add_argument("--out-dir", default=RESULTS, help="where the PNG and JSON go ('' for none)")
     args = parser.parse_args(argv)
     args.k = args.k or max(1, args.actors - 1)
     if not 1 <= args.k <= args.actors:

@@ -48,3 +48,30 @@ def test_rl_actor_learner_moves_large_policies(tmp_path, transport):
         result = json.load(f)
     assert result["iterations"] == 6 and result["policy_bytes"] == 4 << 20
     assert result["episodes"] == 6 * 2 * 4  # k = 2 trajectories of 4 episodes per iteration
+
+
+def test_async_ps_every_mode_reaches_the_target(tmp_path):
+    """hoplite first-k, DDP over gloo and over hoplite, the RPC batch-update
+    PS, each with and without a straggler: every run reaches the target."""
+    run_example("async_ps.py", "--out-dir", str(tmp_path))
+    with open(tmp_path / "async_ps.json") as f:
+        result = json.load(f)
+    runs = {(r["mode"], r["straggler"]): r for r in result["runs"]}
+    assert set(runs) == {(m, s) for m in ("hoplite", "ddp-gloo", "ddp-hoplite", "rpc") for s in (False, True)}
+    for r in runs.values():
+        assert r["reached"] and r["final_loss"] <= result["target"] and r["samples"] > 0
+        assert r["curve"][0][1] > 10 * result["target"]  # it learned: from far above the target
+    assert (tmp_path / "async_ps.png").stat().st_size > 10_000
+
+
+def test_serving_ensemble_survives_a_killed_replica(tmp_path):
+    """Replica 2 is killed after 30% of the queries and replaced; every query is
+    answered (every 10th checked exactly inside the run)."""
+    run_example("serving_ensemble.py", "--queries", "120", "--kill-at", "0.3", "--out-dir", str(tmp_path))
+    with open(tmp_path / "serving_ensemble_q4of4.json") as f:
+        result = json.load(f)
+    assert len(result["latency_s"]) == 120
+    assert result["before_kill"]["queries"] + result["around_kill"]["queries"] + \
+        result["after_replacement"]["queries"] == 120
+    assert result["kill_s"] < result["replacement_ready_s"]
+    assert result["after_replacement"]["queries"] > 0
