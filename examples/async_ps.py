@@ -444,7 +444,9 @@ def write_results(results: list[dict], args, out_dir: str, params: int) -> None:
 
 def _spawned(rank: int, world: int, port: int, args, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    queue.put((rank, run_rank(rank, world, args)))
+    results = run_rank(rank, world, args)
+    if rank == 0:
+        queue.put(results)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -475,17 +477,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_spawned, args=(r, world, port, args, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    codes = [p.exitcode for p in procs]
-    if any(codes):
-        raise SystemExit(f"ranks exited with {codes}")
-    results = dict(queue.get() for _ in procs)[0]
+    queue = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_spawned, args=(world, port, args, queue), nprocs=world)  # raises if a rank fails
+    results = queue.get()
     if args.out_dir:
         write_results(results, args, args.out_dir, params)
     missed = [f"{r['mode']}{' +straggler' if r['straggler'] else ''}" for r in results if not r["reached"]]

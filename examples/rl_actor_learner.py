@@ -318,16 +318,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_spawned, args=(r, world_size, port, args)) for r in range(world_size)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    codes = [p.exitcode for p in procs]
-    if any(codes):
-        raise SystemExit(f"ranks exited with {codes}")
-
+    mp.spawn(_spawned, args=(world_size, port, args), nprocs=world_size)  # raises if a rank fails
 
 if __name__ == "__main__":
     main()
