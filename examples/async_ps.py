@@ -343,7 +343,8 @@ def run_rank(rank: int, world: int, args) -> Optional[list[dict]]:
     torch.set_num_threads(1)
     hop.init(timeout=TIMEOUT)
     dist.init_process_group("gloo")
-    rpc.init_rpc(f"ps{rank}", rank=rank, world_size=world)
+    rpc.init_rpc(f"ps{rank}", rank=rank, world_size=world, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+        rpc_timeout=TIMEOUT, _transports=args.rpc_transports, _channels=args.rpc_channels))
     workers = list(range(1, world))
     groups = {"ddp-gloo": dist.new_group(workers, backend="gloo"),
               "ddp-hoplite": dist.new_group(workers, backend="hoplite")}
@@ -462,6 +463,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--target", type=float, default=0.004)
     parser.add_argument("--max-seconds", type=float, default=20.0)
     parser.add_argument("--warmup-seconds", type=float, default=1.0, help="unrecorded run of each mode first")
+    parser.add_argument("--allow-miss", action="store_true", help="report a missed target instead of failing")
+    parser.add_argument("--rpc-transports", nargs="+", default=None, help="TensorPipe transports (uv between namespaces)")
+    parser.add_argument("--rpc-channels", nargs="+", default=None, help="TensorPipe channels (basic between namespaces)")
     parser.add_argument("--out-dir", default=RESULTS)
     args = parser.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
@@ -471,22 +475,34 @@ def main(argv: Optional[list[str]] = None) -> None:
     args.k = args.k or max(1, args.workers - 1)
     if not 1 <= args.k <= args.workers:
         parser.error(f"--k must be in [1, --workers]")
-    params = sum(p.numel() for p in student(args.hidden).parameters())
-    print(f"MLP of {params:,} parameters; {args.workers} workers; target validation MSE {args.target:g}")
+    if "RANK" in os.environ:  # started by torchrun (or the benchmark): one rank here
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        args.workers = world - 1
+        args.k = min(args.k, args.workers)
+        results = run_rank(rank, world, args)
+        if rank == 0:
+            report(results, args)
+        return
     world = args.workers + 1
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     queue = mp.get_context("spawn").SimpleQueue()
     mp.spawn(_spawned, args=(world, port, args, queue), nprocs=world)  # raises if a rank fails
-    results = queue.get()
+    report(queue.get(), args)
+
+
+def report(results: list[dict], args) -> None:
+    """Writes the results and fails unless every run reached the target."""
+    params = sum(p.numel() for p in student(args.hidden).parameters())
     if args.out_dir:
         write_results(results, args, args.out_dir, params)
     missed = [f"{r['mode']}{' +straggler' if r['straggler'] else ''}" for r in results if not r["reached"]]
-    if missed:
+    if missed and not args.allow_miss:
         raise SystemExit(f"the loss did not reach {args.target:g} in: {', '.join(missed)}")
-    print(f"every run reached the target loss {args.target:g}")
-
+    print(f"MLP of {params:,} parameters, {args.workers} workers: "
+          + (f"missed the target {args.target:g} in {', '.join(missed)}" if missed
+             else f"every run reached the target loss {args.target:g}"))
 
 if __name__ == "__main__":
     main()

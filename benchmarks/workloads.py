@@ -1,0 +1,181 @@
+"""The workload examples as benchmarks: asynchronous PS training beside DDP and
+an RPC parameter server, and ensemble serving through a replica's failure.
+
+    python benchmarks/workloads.py [--nodes 8] [--rate 1gbit] [--hidden 1024] [--max-seconds 60]
+    python benchmarks/workloads.py --loopback --nodes 4          # one host, no emulated links
+
+- async PS: examples/async_ps.py, one process per node (rank 0 the server,
+  the others workers), every mode with and without the straggler: samples/s
+  and time to the target loss. TensorPipe is held to its uv transport and
+  basic channel on the emulated cluster (its shm and cma paths would bypass
+  the links), gloo to eth0.
+- serving: examples/serving_ensemble.py on loopback (its launcher kills and
+  restarts a replica, which needs local processes): queries/s and p50/p99
+  latency before, around and after the kill.
+
+Results: benchmarks/results/workloads_<network>.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from torch_hoplite.bench import common  # noqa: E402
+
+EXAMPLES = os.path.join(ROOT, "examples")
+MODE_ORDER = ("rpc", "ddp-gloo", "ddp-hoplite", "hoplite")
+
+
+def async_ps_cmd(args, out_dir: str, emulated: bool) -> list[str]:
+    cmd = [sys.executable, os.path.join(EXAMPLES, "async_ps.py"), "--hidden", str(args.hidden),
+           "--max-seconds", str(args.max_seconds), "--target", str(args.target), "--allow-miss",
+           "--warmup-seconds", str(args.warmup_seconds), "--out-dir", out_dir]
+    if emulated:
+        cmd += ["--rpc-transports", "uv", "--rpc-channels", "basic"]
+    return cmd
+
+
+def run_async_ps(args, world: int, launch, env_for) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [launch(r, async_ps_cmd(args, tmp, not args.loopback), env_for(r, world)) for r in range(world)]
+        codes = [p.wait(timeout=3600) for p in procs]
+        if any(codes):
+            raise RuntimeError(f"async_ps ranks exited with {codes} (see their output above)")
+        with open(os.path.join(tmp, "async_ps.json")) as f:
+            return json.load(f)
+
+
+def run_serving(args) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, os.path.join(EXAMPLES, "serving_ensemble.py"), "--queries", str(args.queries),
+               "--out-dir", tmp]
+        subprocess.run(cmd, check=True, timeout=1800)
+        name = [f for f in os.listdir(tmp) if f.endswith(".json")][0]
+        with open(os.path.join(tmp, name)) as f:
+            return json.load(f)
+
+
+def ps_records(result: dict, world: int, network: str) -> list[dict]:
+    records = []
+    for run in result["runs"]:
+        records.append({
+            "workload": "async_ps", "system": run["mode"], "straggler": run["straggler"], "nodes": world,
+            "network": network, "params": result["params"], "samples_per_s": run["samples_per_s"],
+            "time_to_target_s": run["time_to_target_s"], "reached": run["reached"], "updates": run["updates"],
+            "final_loss": run["final_loss"], "seconds": run["seconds"], "curve": run["curve"],
+        })
+    for r in records:
+        peers = {p["system"]: p for p in records if p["straggler"] == r["straggler"]}
+        r["samples_per_s_vs_rpc"] = r["samples_per_s"] / peers["rpc"]["samples_per_s"] if "rpc" in peers else None
+        gloo = peers.get("ddp-gloo")
+        r["time_to_target_vs_ddp_gloo"] = (r["time_to_target_s"] / gloo["time_to_target_s"]
+                                           if gloo and r["reached"] and gloo["reached"] else None)
+    return records
+
+
+def plot(records: list[dict], serving: dict | None, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ps = [r for r in records if r["workload"] == "async_ps"]
+    panels = 3 if serving else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.8), squeeze=False)
+    modes = [m for m in MODE_ORDER if any(r["system"] == m for r in ps)]
+    for ax, key, label in ((axes[0][0], "samples_per_s", "samples/s"),
+                           (axes[0][1], "time_to_target_s", "seconds to the target loss")):
+        for i, straggler in enumerate((False, True)):
+            values = []
+            for m in modes:
+                match = [r for r in ps if r["system"] == m and r["straggler"] == straggler]
+                values.append((match[0][key] or 0) if match else 0)
+            ax.bar([j + 0.4 * i for j in range(len(modes))], values, 0.4,
+                   label="worker 1 2.5x slower" if straggler else "no straggler")
+        ax.set_xticks([j + 0.2 for j in range(len(modes))])
+        ax.set_xticklabels(modes)
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    axes[0][0].set_title(f"async PS, {ps[0]['nodes']} nodes, {ps[0]['params'] / 1e6:.2f} M params" if ps else "")
+    axes[0][1].set_title("time to target (0: not reached)")
+    if serving:
+        ax = axes[0][2]
+        phases = [("before_kill", "before"), ("around_kill", "around kill"), ("after_replacement", "after")]
+        for i, stat in enumerate(("p50_ms", "p99_ms")):
+            ax.bar([j + 0.4 * i for j in range(3)], [(serving[p] or {}).get(stat, 0) for p, _ in phases], 0.4,
+                   label=stat.replace("_ms", ""))
+        ax.set_xticks([j + 0.2 for j in range(3)])
+        ax.set_xticklabels([label for _, label in phases])
+        ax.set_yscale("log")
+        ax.set_ylabel("query latency (ms)")
+        ax.set_title(f"serving ({serving['queries_per_s']:.1f} queries/s, loopback)")
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--rate", default="1gbit")
+    parser.add_argument("--loopback", action="store_true")
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--target", type=float, default=0.004)
+    parser.add_argument("--max-seconds", type=float, default=60.0)
+    parser.add_argument("--warmup-seconds", type=float, default=2.0)
+    parser.add_argument("--queries", type=int, default=400)
+    parser.add_argument("--no-serving", action="store_true")
+    parser.add_argument("--out", default=None, help="result path without extension")
+    args = parser.parse_args()
+    world = args.nodes
+    port = common.free_port()
+    link_check = None
+    if args.loopback:
+        network = "loopback"
+
+        def env_for(rank, world):
+            return dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                        WORLD_SIZE=str(world), PYTHONUNBUFFERED="1")
+        result = run_async_ps(args, world, lambda r, cmd, env: subprocess.Popen(cmd, env=env), env_for)
+    else:
+        from torch_hoplite.bench.emulated_cluster import EmulatedCluster
+
+        network = f"emulated {args.rate}"
+        with EmulatedCluster(world, rate=args.rate) as cluster:
+            link_check = cluster.measure_rate()
+            print(f"one TCP flow gets {link_check / 1e9:.3f} Gbit/s of {args.rate}", flush=True)
+
+            def env_for(rank, world):
+                return dict(os.environ, MASTER_ADDR=cluster.address(0), MASTER_PORT=str(port), RANK=str(rank),
+                            WORLD_SIZE=str(world), GLOO_SOCKET_IFNAME="eth0", TP_SOCKET_IFNAME="eth0",
+                            PYTHONUNBUFFERED="1")
+            result = run_async_ps(args, world, lambda r, cmd, env: cluster.popen(r, cmd, env=env), env_for)
+    records = ps_records(result, world, network)
+    serving = None if args.no_serving else run_serving(args)
+    if serving:
+        records.append({"workload": "serving", "system": "hoplite", "nodes": serving["replicas"] + 1,
+                        "network": "loopback", **{k: v for k, v in serving.items() if k != "latency_s"}})
+    name = args.out or os.path.join(common.RESULTS, f"workloads_{'loopback' if args.loopback else 'emulated_' + args.rate}")
+    settings = {"nodes": world, "rate": None if args.loopback else args.rate, "link_check_bps": link_check,
+                "hidden": args.hidden, "target": args.target, "max_seconds": args.max_seconds,
+                "warmup_seconds": args.warmup_seconds, "queries": args.queries}
+    common.write_json(name + ".json", "workloads", records, settings)
+    plot(records, serving, name + ".png", f"workloads ({network})")
+    common.print_table([r for r in records if r["workload"] == "async_ps"],
+                       [("system", "system", ""), ("straggler", "straggler", ""), ("samples/s", "samples_per_s", ".0f"),
+                        ("x rpc", "samples_per_s_vs_rpc", ".2f"), ("to target s", "time_to_target_s", ".1f"),
+                        ("x ddp-gloo", "time_to_target_vs_ddp_gloo", ".2f")])
+    print(f"wrote {name}.json and {name}.png")
+
+
+if __name__ == "__main__":
+    main()
