@@ -472,13 +472,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     unknown = set(args.modes) - set(MODES)
     if unknown:
         parser.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
+    if "RANK" in os.environ:  # started by torchrun (or the benchmark): one rank here
+        args.workers = int(os.environ["WORLD_SIZE"]) - 1
     args.k = args.k or max(1, args.workers - 1)
     if not 1 <= args.k <= args.workers:
-        parser.error(f"--k must be in [1, --workers]")
-    if "RANK" in os.environ:  # started by torchrun (or the benchmark): one rank here
+        parser.error(f"--k must be in [1, {args.workers}] (the number of workers)")
+    if "RANK" in os.environ:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        args.workers = world - 1
-        args.k = min(args.k, args.workers)
         results = run_rank(rank, world, args)
         if rank == 0:
             report(results, args)
