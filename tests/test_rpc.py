@@ -155,6 +155,22 @@ def test_unchanged_result_is_put_once_for_many_callers(world):
     assert rpc.rpc_sync("w1", rw.wait_for_stat, args=("objects_alive", 0))["objects_alive"] == 0  # then gone
 
 
+def test_without_reuse_every_send_is_a_put_of_its_own(world):
+    hop_rpc.disable(timeout=10)
+    hop_rpc.enable(rw.THRESHOLD, keep_s=2.0, reuse=False)
+    try:
+        before = hop_rpc.offload_stats()
+        big = pattern(1 << 20, 14)
+        for _ in range(2):
+            assert rpc.rpc_sync("w2", rw.sum_and_size, args=(big,))[0] == expected_sum(1 << 20, 14)
+        after = rw.wait_for_stat("objects_alive", 0)  # deleted once released, though `big` lives on
+        assert after["objects_put"] == before["objects_put"] + 2 and after["sends_reused"] == before["sends_reused"]
+        assert after["objects_deleted"] == before["objects_deleted"] + 2
+    finally:
+        hop_rpc.disable(timeout=10)
+        hop_rpc.enable(rw.THRESHOLD, keep_s=2.0)
+
+
 def test_enable_checks_its_arguments(world):
     with pytest.raises(RuntimeError, match="already enabled"):
         hop_rpc.enable("1MiB")

@@ -17,9 +17,12 @@ Lifetime of an offloaded object:
 
 - *Identity and version.* The sender keys the object by the tensor's memory
   (storage, offset, shape, strides, dtype) and checks its version counter
-  (bumped by every in-place change): the same memory at the same version is
-  the same object. The put copies the tensor (blocking), so the caller may
-  change it as soon as the call returns.
+  (bumped by every in-place change through autograd's view of the tensor):
+  the same memory at the same version is the same object. Writes that bypass
+  the counter (``.data``, ``numpy()``, shared memory) are not seen; for
+  programs that change tensors so, ``enable(reuse=False)`` puts every send.
+  The put copies the tensor (blocking), so the caller may change it as soon
+  as the call returns.
 - *Leases.* Every message that carries the ref holds a lease; the receiver
   releases it with a small RPC once its pull is over (also when the pull
   failed). A lease whose release never comes (the receiver died) expires after
@@ -69,6 +72,7 @@ def enable(
     *,
     keep_s: float = 10.0,
     lease_s: Optional[float] = None,
+    reuse: bool = True,
 ) -> None:
     """Sends tensors of at least `threshold` bytes in Python-function RPCs
     through the object store (see the module's documentation).
@@ -82,6 +86,11 @@ def enable(
             is alive and unchanged, so that the next send reuses it.
         lease_s: how long a sender waits for a receiver to release an object
             before it deletes it anyway (default: torch_hoplite's timeout).
+        reuse: send an unchanged tensor as the object already put for it.
+            Changes are seen through the tensor's version counter, which
+            writes through ``.data``, ``numpy()`` or another process's shared
+            memory do not bump: pass ``reuse=False`` if the program changes
+            its tensors that way (every send is then a put of its own).
     """
     global _offloader
     if not api.is_initialized():
@@ -98,7 +107,7 @@ def enable(
     with _lock:
         if _offloader is not None:
             raise RuntimeError("torch_hoplite.rpc offload is already enabled; call disable() first")
-        _offloader = _Offloader(nbytes, keep_s, lease_s)
+        _offloader = _Offloader(nbytes, keep_s, lease_s, reuse)
 
 
 def disable(timeout: Optional[float] = None) -> None:
@@ -198,7 +207,8 @@ class _Entry:
 class _OffloadCache:
     """Objects put for outgoing tensors, keyed by the tensor's memory."""
 
-    def __init__(self, keep_s: float, lease_s: float):
+    def __init__(self, keep_s: float, lease_s: float, reuse: bool):
+        self._reuse = reuse
         self._keep_s = keep_s
         self._lease_s = lease_s
         self._lock = threading.Lock()
@@ -222,8 +232,9 @@ class _OffloadCache:
                     del self._by_key[key]
                 # Under the lock: concurrent sends of one tensor put it once.
                 ref = api.put(tensor, blocking=True)
-                entry = _Entry(ref, tensor.detach(), tensor._version, now)
-                self._by_key[key] = entry
+                entry = _Entry(ref, tensor.detach(), tensor._version, now, retired=not self._reuse)
+                if self._reuse:
+                    self._by_key[key] = entry
                 self._by_id[ref.id] = entry
                 self._counters["objects_put"] += 1
             entry.last_sent = now
@@ -302,9 +313,9 @@ class _Offloader:
     """Installs the tensor reducer into RPC's pickler and deletes objects that
     are done with on a thread of its own."""
 
-    def __init__(self, threshold: int, keep_s: float, lease_s: float):
+    def __init__(self, threshold: int, keep_s: float, lease_s: float, reuse: bool):
         self.threshold = threshold
-        self.cache = _OffloadCache(keep_s, lease_s)
+        self.cache = _OffloadCache(keep_s, lease_s, reuse)
         self._owner: Optional[str] = None
         self._stop = threading.Event()
         pickler = rpc_internal._internal_rpc_pickler
