@@ -137,7 +137,7 @@ class Progress:
         self.updates = 0
         self.time_to_target: Optional[float] = None
         self._last_eval = -1.0
-        self.bar = tqdm(desc=f"{mode}{' +straggler' if straggler else ''}", unit="upd", disable=not show)
+        self.bar = tqdm(desc=f"{mode}{' +straggler' if straggler else ''}", unit="upd", disable=not show, delay=0.1)
 
     def begin(self, loss: float) -> None:
         """Starts the clock once the run's set-up is done, with the initial loss."""

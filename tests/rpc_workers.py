@@ -101,8 +101,12 @@ def sum_and_size(t: torch.Tensor) -> tuple[int, tuple, torch.dtype]:
     return int(t.detach().sum(dtype=torch.int64)), tuple(t.shape), t.dtype
 
 
-def fresh_pattern(n: int, seed: int) -> torch.Tensor:
-    return pattern(n, seed)
+def module_checksum(module: torch.nn.Module) -> int:
+    return int(sum(p.detach().sum(dtype=torch.int64) for p in module.parameters()))
+
+
+def complex_sums(a: torch.Tensor, b: torch.Tensor) -> tuple[complex, complex]:
+    return complex(a.sum()), complex(b.sum())
 
 
 def offload_stats() -> dict:

@@ -8,7 +8,8 @@ receiver-driven transfers for asynchronous PyTorch programs.
     total, _ = hop.reduce([ref, other])  # streaming reduce; the result is an object too
 """
 
-import torch  # noqa: F401  (loads libtorch before the extension)
+import torch  # (loads libtorch before the extension)
+import torch.distributed.rpc
 
 from torch_hoplite.api import (
     barrier,
@@ -41,6 +42,8 @@ from torch_hoplite.errors import (
 from torch_hoplite.locations import Locations, Subscription
 from torch_hoplite.object_ref import ObjectRef
 from torch_hoplite import c10d_backend as _c10d_backend
+if torch.distributed.rpc.is_available():
+    from torch_hoplite import rpc  # hop.rpc.enable(): large torch.distributed.rpc tensors through the store
 
 _c10d_backend.register()  # dist.init_process_group("hoplite")
 

@@ -1,7 +1,7 @@
 """Large tensors of ``torch.distributed.rpc`` calls through the object store.
 
     import torch_hoplite as hop
-    hop.init(); rpc.init_rpc(name, rank=rank, world_size=world_size)   # one rendezvous, either order
+    hop.init(); rpc.init_rpc(name, rank=rank, world_size=world_size)   # one rendezvous (same order on every rank)
     hop.rpc.enable(threshold="1MiB")
 
 From then on, a CPU tensor of at least `threshold` bytes in the arguments or
@@ -22,7 +22,9 @@ Lifetime of an offloaded object:
   the counter (``.data``, ``numpy()``, shared memory) are not seen; for
   programs that change tensors so, ``enable(reuse=False)`` puts every send.
   The put copies the tensor (blocking), so the caller may change it as soon
-  as the call returns.
+  as the call returns. Parameters (and so modules) are pickled through
+  ``detach()``, which shares their version counter, rather than ``.data``,
+  which does not: an optimizer's step is seen.
 - *Leases.* Every message that carries the ref holds a lease; the receiver
   releases it with a small RPC once its pull is over (also when the pull
   failed). A lease whose release never comes (the receiver died) expires after
@@ -30,16 +32,19 @@ Lifetime of an offloaded object:
 - *Who deletes.* The sender, once no lease is left and the object cannot be
   sent again: the tensor changed, the sender holds its memory no more, or it
   was not sent for ``keep_s`` seconds. The delete removes the receivers'
-  copies too. :func:`disable` deletes everything once its leases are released.
+  copies too. :func:`disable` deletes everything once its leases are
+  released (or its timeout passed).
 - *When the sender dies.* Its node is gone, and with it the objects it put: a
   pull in progress fails with :class:`~torch_hoplite.PeerFailedError` naming
-  it, and so does the RPC that carried the ref, on whichever side was
-  receiving. Nothing waits forever.
+  it, and the RPC that carried the ref fails with an error that says so, on
+  whichever side was receiving. Nothing waits forever.
 
 Builtin operators and TorchScript functions are serialized by RPC's C++ code,
 not by its Python pickler, and are left as they are. So are tensors that
 require grad (distributed autograd records the tensors of the message), CUDA
-tensors (RPC's device maps move them), and sparse or quantized tensors.
+tensors (RPC's device maps move them), sparse and quantized tensors,
+inference tensors (they have no version counter) and conjugate or negative
+views. Sends of different tensors wait for each other's copy into the store.
 Deserializing a message whose ref is still being pulled occupies the RPC
 thread that deserializes it until the bytes are there; to keep RPC threads
 free, pass ObjectRefs yourself and return ``hop.get(ref)`` futures from
@@ -49,15 +54,19 @@ free, pass ObjectRefs yourself and return ``hop.get(ref)`` futures from
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import time
+from collections import OrderedDict
 from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.distributed.rpc as dist_rpc
+from torch import nn
 from torch.distributed.rpc import internal as rpc_internal
 
 from torch_hoplite import api
+from torch_hoplite._tensors import _DTYPES
 from torch_hoplite.config import parse_size
 from torch_hoplite.errors import HopliteError, NotInitializedError
 from torch_hoplite.object_ref import ObjectRef
@@ -77,8 +86,9 @@ def enable(
     """Sends tensors of at least `threshold` bytes in Python-function RPCs
     through the object store (see the module's documentation).
 
-    Call it in every process of the RPC group, after :func:`torch_hoplite.init`:
-    every receiver of an offloaded tensor pulls it through its own node.
+    Call it, after :func:`torch_hoplite.init`, in the processes whose sends
+    should be offloaded; every process that receives offloaded tensors needs
+    :func:`torch_hoplite.init` (it pulls them through its own node).
 
     Args:
         threshold: the smallest tensor offloaded, in bytes (``"1MiB"``, ``65536``).
@@ -139,14 +149,14 @@ def offload_stats() -> dict[str, int]:
 # ---------------------------------------------------------------------- receiving
 
 
-def _receive(owner: str, ref: ObjectRef) -> torch.Tensor:
+def _receive(owner: str, ref: ObjectRef, lease: int) -> torch.Tensor:
     """Unpickles an offloaded tensor: pulls it, then releases the lease (also
     when the pull failed, so the sender need not wait for the lease to expire)."""
     try:
         if not api.is_initialized():
             raise NotInitializedError(
                 f"an RPC message from {owner!r} carries tensor {ref} through torch_hoplite, but this process has not "
-                "called torch_hoplite.init(); call it (and torch_hoplite.rpc.enable) in every process"
+                "called torch_hoplite.init(); every process that receives offloaded tensors needs it"
             )
         try:
             tensor = api.get(ref).wait()
@@ -156,7 +166,7 @@ def _receive(owner: str, ref: ObjectRef) -> torch.Tensor:
         _count_pull(failed=False)
         return tensor
     finally:
-        _release_remotely(owner, ref.id)
+        _release_remotely(owner, ref.id, lease)
 
 
 def _count_pull(failed: bool) -> None:
@@ -165,9 +175,9 @@ def _count_pull(failed: bool) -> None:
         offloader.cache.count_pull(failed)
 
 
-def _release_remotely(owner: str, obj_id: Any) -> None:
+def _release_remotely(owner: str, obj_id: Any, lease: int) -> None:
     try:
-        fut = dist_rpc.rpc_async(owner, _release, args=(obj_id,))
+        fut = dist_rpc.rpc_async(owner, _release, args=(obj_id, lease))
     except RuntimeError:
         return  # RPC is shutting down; the lease expires instead
     fut.add_done_callback(_consume)
@@ -180,11 +190,11 @@ def _consume(fut: torch.futures.Future) -> None:
         pass
 
 
-def _release(obj_id: Any) -> None:
-    """Runs on the sender: one receiver of `obj_id` is done with it."""
+def _release(obj_id: Any, lease: int) -> None:
+    """Runs on the sender: the receiver that held `lease` on `obj_id` is done with it."""
     offloader = _offloader
     if offloader is not None:
-        offloader.cache.release(obj_id)
+        offloader.cache.release(obj_id, lease)
 
 
 # ---------------------------------------------------------------------- sending
@@ -198,8 +208,8 @@ class _Entry:
     view: torch.Tensor
     version: int
     last_sent: float
-    #: Expiry times of the leases not yet released.
-    leases: list[float] = dataclasses.field(default_factory=list)
+    #: Expiry time of each lease not yet released, by the lease's number.
+    leases: dict[int, float] = dataclasses.field(default_factory=dict)
     #: No longer sendable (changed or dropped); deleted once its leases are gone.
     retired: bool = False
 
@@ -214,15 +224,22 @@ class _OffloadCache:
         self._lock = threading.Lock()
         self._by_key: dict[tuple, _Entry] = {}
         self._by_id: dict[Any, _Entry] = {}
+        self._leases = itertools.count()
+        self._closed = False
         self._counters = dict.fromkeys(
             ("objects_put", "sends_reused", "pulls", "pulls_failed", "objects_deleted", "leases_expired"), 0
         )
 
-    def publish(self, tensor: torch.Tensor) -> ObjectRef:
-        """The ref of an object with `tensor`'s bytes, with one lease taken on it."""
+    def publish(self, tensor: torch.Tensor) -> Optional[tuple[ObjectRef, int]]:
+        """The ref of an object with `tensor`'s bytes and the number of a lease
+        taken on it; None once the cache is closed."""
         key = _memory_key(tensor)
         now = time.monotonic()
+        # Under the lock: concurrent sends of one tensor put it once (and sends
+        # of different tensors wait for each other's copy).
         with self._lock:
+            if self._closed:
+                return None
             entry = self._by_key.get(key)
             if entry is not None and entry.version == tensor._version and not entry.retired:
                 self._counters["sends_reused"] += 1
@@ -230,38 +247,42 @@ class _OffloadCache:
                 if entry is not None:
                     entry.retired = True
                     del self._by_key[key]
-                # Under the lock: concurrent sends of one tensor put it once.
+                version = tensor._version  # before the copy: a change during it makes the next send put again
                 ref = api.put(tensor, blocking=True)
-                entry = _Entry(ref, tensor.detach(), tensor._version, now, retired=not self._reuse)
+                entry = _Entry(ref, tensor.detach(), version, now, retired=not self._reuse)
                 if self._reuse:
                     self._by_key[key] = entry
                 self._by_id[ref.id] = entry
                 self._counters["objects_put"] += 1
             entry.last_sent = now
-            entry.leases.append(now + self._lease_s)
-            return entry.ref
+            lease = next(self._leases)
+            entry.leases[lease] = now + self._lease_s
+            return entry.ref, lease
 
-    def release(self, obj_id: Any) -> None:
+    def release(self, obj_id: Any, lease: int) -> None:
         with self._lock:
             entry = self._by_id.get(obj_id)
-            if entry is not None and entry.leases:
-                entry.leases.remove(min(entry.leases))
+            if entry is not None:
+                entry.leases.pop(lease, None)
 
     def count_pull(self, failed: bool) -> None:
         with self._lock:
             self._counters["pulls_failed" if failed else "pulls"] += 1
 
+    def close(self) -> None:
+        """No more publishing: sends from now on carry their tensors."""
+        with self._lock:
+            self._closed = True
+
     def collect(self, now: float, everything: bool = False) -> list[ObjectRef]:
         """Takes out the entries that are done with: no lease left (expired ones
-        dropped) and either retired, dropped by the program, changed, idle for
-        keep_s, or `everything`."""
+        dropped) and either retired, dropped by the program, changed or idle
+        for keep_s; with `everything`, all of them."""
         done = []
         with self._lock:
             for obj_id, entry in list(self._by_id.items()):
-                live = [t for t in entry.leases if t > now]
-                self._counters["leases_expired"] += len(entry.leases) - len(live)
-                entry.leases = live
-                if live:
+                self._expire(entry, now)
+                if entry.leases and not everything:
                     continue
                 if (
                     everything
@@ -276,13 +297,20 @@ class _OffloadCache:
                     done.append(entry.ref)
         return done
 
+    def _expire(self, entry: _Entry, now: float) -> None:
+        for lease, expiry in list(entry.leases.items()):
+            if expiry <= now:
+                del entry.leases[lease]
+                self._counters["leases_expired"] += 1
+
     def count_deleted(self, n: int) -> None:
         with self._lock:
             self._counters["objects_deleted"] += n
 
-    def pending_leases(self) -> int:
+    def pending_leases(self, now: float) -> int:
+        """Leases neither released nor expired."""
         with self._lock:
-            return sum(len(e.leases) for e in self._by_id.values())
+            return sum(1 for e in self._by_id.values() for expiry in e.leases.values() if expiry > now)
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -309,6 +337,19 @@ def _only_holder(view: torch.Tensor) -> bool:
     return torch._C._storage_Use_Count(view.untyped_storage()._cdata) <= 2
 
 
+def _reduce_parameter(param: nn.Parameter):
+    """A Parameter pickled as torch does, but through ``detach()`` rather than
+    ``.data``: the detached tensor shares the parameter's version counter, so
+    an optimizer's in-place step is seen as a change."""
+    state = torch._utils._get_obj_state(param)
+    if state:
+        return torch._utils._rebuild_parameter_with_state, (param.detach(), param.requires_grad, OrderedDict(), state)
+    return torch._utils._rebuild_parameter, (param.detach(), param.requires_grad, OrderedDict())
+
+
+_STORABLE_DTYPES = frozenset(_DTYPES.values())
+
+
 class _Offloader:
     """Installs the tensor reducer into RPC's pickler and deletes objects that
     are done with on a thread of its own."""
@@ -316,29 +357,37 @@ class _Offloader:
     def __init__(self, threshold: int, keep_s: float, lease_s: float, reuse: bool):
         self.threshold = threshold
         self.cache = _OffloadCache(keep_s, lease_s, reuse)
+        self._runtime = api._rt()  # objects belong to this node; after a re-init, sends go plain
         self._owner: Optional[str] = None
         self._stop = threading.Event()
-        pickler = rpc_internal._internal_rpc_pickler
-        self._plain: Callable = pickler._dispatch_table[torch.Tensor]
-        pickler._dispatch_table[torch.Tensor] = self._reduce
+        table = rpc_internal._internal_rpc_pickler._dispatch_table
+        self._plain: Callable = table[torch.Tensor]
+        self._plain_parameter: Optional[Callable] = table.get(nn.Parameter)
+        table[torch.Tensor] = self._reduce
+        table[nn.Parameter] = _reduce_parameter
         self._sweeper = threading.Thread(target=self._sweep, name="hoplite-rpc-offload", daemon=True)
         self._sweeper.start()
 
     def _reduce(self, tensor: torch.Tensor):
-        if not self._offloads(tensor):
+        published = self.cache.publish(tensor) if self._offloads(tensor) else None
+        if published is None:
             return self._plain(tensor)
         if self._owner is None:
             self._owner = dist_rpc.get_worker_info().name
-        return (_receive, (self._owner, self.cache.publish(tensor)))
+        ref, lease = published
+        return (_receive, (self._owner, ref, lease))
 
     def _offloads(self, tensor: torch.Tensor) -> bool:
         return (  # the size first: most tensors of most messages are small
             tensor.nbytes >= self.threshold
             and tensor.device.type == "cpu"
             and tensor.layout == torch.strided
-            and not tensor.is_quantized
+            and tensor.dtype in _STORABLE_DTYPES
             and not tensor.requires_grad
-            and api.is_initialized()
+            and not tensor.is_inference()  # no version counter
+            and not tensor.is_conj()
+            and not tensor.is_neg()
+            and api._runtime is self._runtime
         )
 
     def _sweep(self) -> None:
@@ -348,23 +397,30 @@ class _Offloader:
     def _delete(self, refs: list[ObjectRef]) -> None:
         deleted = 0
         for ref in refs:
+            if api._runtime is not self._runtime:
+                break  # shut down: the node and its objects are gone
             try:
                 api.delete(ref)
                 deleted += 1
             except (HopliteError, ValueError):
-                pass  # already gone: this node or the object's holders shut down
+                pass  # already gone: the object's holders shut down
         self.cache.count_deleted(deleted)
 
     def close(self, timeout: Optional[float]) -> None:
-        pickler = rpc_internal._internal_rpc_pickler
-        if pickler._dispatch_table.get(torch.Tensor) == self._reduce:
-            pickler._dispatch_table[torch.Tensor] = self._plain
+        table = rpc_internal._internal_rpc_pickler._dispatch_table
+        if table.get(torch.Tensor) == self._reduce:
+            table[torch.Tensor] = self._plain
+        if self._plain_parameter is None:
+            table.pop(nn.Parameter, None)
+        else:
+            table[nn.Parameter] = self._plain_parameter
+        self.cache.close()
         self._stop.set()
         self._sweeper.join()
-        if api.is_initialized():
-            limit = api._rt().config.timeout if timeout is None else timeout
+        if api._runtime is self._runtime:
+            limit = self._runtime.config.timeout if timeout is None else timeout
             deadline = time.monotonic() + limit
-            while self.cache.pending_leases() and time.monotonic() < deadline:
+            while self.cache.pending_leases(time.monotonic()) and time.monotonic() < deadline:
                 time.sleep(0.01)
         self._delete(self.cache.collect(time.monotonic(), everything=True))
 
