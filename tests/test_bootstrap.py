@@ -106,6 +106,34 @@ def test_torchrun_shares_one_rendezvous_with_rpc(order):
     assert "failed to bind" not in run.stderr and "EADDRINUSE" not in run.stderr, run.stderr
 
 
+def _rpc_first_then_hoplite(rank: int, port: int, queue) -> None:
+    import torch.distributed.rpc as rpc
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    try:
+        rpc.init_rpc(f"w{rank}", rank=rank, world_size=2)
+        hop.init(timeout=60)  # rank 0 already hosts a store on MASTER_PORT: the same, multi-tenant one
+        _exchange(rank, queue, "rpc-first")
+        rpc.shutdown()
+    except BaseException as e:
+        queue.put((rank, repr(e)))
+
+
+def test_rpc_first_with_rank_0_hosting_the_store():
+    """Without torchrun's agent, rank 0 hosts the store: init_rpc made it,
+    hop.init() uses it instead of binding MASTER_PORT again (EADDRINUSE before)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = free_port()
+    procs = [ctx.Process(target=_rpc_first_then_hoplite, args=(r, port, queue)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(90)
+    results = dict(queue.get() for _ in procs if not queue.empty())
+    assert results == {0: 1.0, 1: 0.0}
+
+
 def _init_and_report(rank: int, world_size: int, port: int, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     start = time.monotonic()
@@ -117,8 +145,9 @@ def _init_and_report(rank: int, world_size: int, port: int, queue) -> None:
 
 
 def test_losing_the_store_host_during_init_says_so():
-    """Rank 0 hosts the store and dies while rank 1 waits for the missing rank 2:
-    rank 1 learns at once that the store is gone, not a timeout."""
+    """Rank 0 hosts the store and dies while rank 2 never comes (rank 0 waits
+    for it, rank 1 for rank 0's address): rank 1 learns at once that the store
+    is gone, not a timeout."""
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = free_port()

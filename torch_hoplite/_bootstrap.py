@@ -66,6 +66,11 @@ def _env_store(rank: int, world_size: int, timeout: float) -> dist.Store:
         store, _, _ = next(
             dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
         )
+    except dist.DistStoreError as e:  # rank 0's store waits for every rank to connect
+        raise HopliteTimeoutError(
+            f"torch_hoplite.init: rank {rank} timed out after {timeout:g} s waiting for all {world_size} ranks "
+            f"to connect to the rendezvous store at {where}: {e}"
+        ) from e
     except (RuntimeError, dist.DistError) as e:
         raise StoreLostError(
             f"torch_hoplite.init: rank {rank} could not reach the rendezvous store at {where} "
