@@ -58,10 +58,11 @@ class Policy(nn.Module):
         return self.net(obs)
 
 
-def flat_weights(policy: Policy, ballast_elements: int) -> torch.Tensor:
-    """The policy's parameters as one tensor, followed by `ballast_elements` zeros."""
+def flat_weights(policy: Policy, ballast_elements: int, version: int) -> torch.Tensor:
+    """The policy's parameters as one tensor, followed by `ballast_elements`
+    copies of the version number (which the actors check)."""
     params = nn.utils.parameters_to_vector(policy.parameters()).detach()
-    return torch.cat([params, torch.zeros(ballast_elements)])
+    return torch.cat([params, torch.full((ballast_elements,), float(version))])
 
 
 WeightsHandle = Union[hop.ObjectRef, torch.Tensor]
@@ -91,6 +92,8 @@ class Actor:
         n = sum(p.numel() for p in self.policy.parameters())
         if flat.numel() != n + self.ballast_elements:
             raise ValueError(f"actor {self.index}: weights of {flat.numel()} elements, expected {n + self.ballast_elements}")
+        if not bool((flat[n:] == version).all()):
+            raise ValueError(f"actor {self.index}: the weights it received are not those of version {version}")
         nn.utils.vector_to_parameters(flat[:n], self.policy.parameters())
         rows, rewards = [], []
         with torch.no_grad():
@@ -142,7 +145,7 @@ class Learner:
         self.iteration_times: list[float] = []
 
     def publish(self) -> None:
-        weights = flat_weights(self.policy, self.ballast)
+        weights = flat_weights(self.policy, self.ballast, self.version)
         self.published[self.version] = hop.put(weights) if self.args.transport == "hoplite" else weights
 
     def launch(self, actor: int) -> None:
@@ -251,6 +254,7 @@ def write_results(learner: Learner, solved: bool, seconds: float, out_dir: str) 
             "mean_last_50": learner.mean_recent_reward(),
             "iteration_s_median": iterations[len(iterations) // 2] if iterations else None,
             "iteration_s": learner.iteration_times, "rewards": rewards, "times_s": times,
+            "offload": hop_rpc.offload_stats(),
         }, f)
     print(f"wrote {base}.png and {base}.json")
 

@@ -48,6 +48,11 @@ def test_rl_actor_learner_moves_large_policies(tmp_path, transport):
         result = json.load(f)
     assert result["iterations"] == 6 and result["policy_bytes"] == 4 << 20
     assert result["episodes"] == 6 * 2 * 4  # k = 2 trajectories of 4 episodes per iteration
+    # Every actor checked that the ballast it received holds the version it was sent.
+    if transport == "offload":  # one object per published version, sent to several actors
+        assert 7 <= result["offload"]["objects_put"] < result["offload"]["objects_put"] + result["offload"]["sends_reused"]
+    else:
+        assert result["offload"] == {}
 
 
 def test_async_ps_every_mode_reaches_the_target(tmp_path):
