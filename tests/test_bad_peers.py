@@ -68,13 +68,13 @@ def test_garbage_and_strangers_are_dropped_and_others_unaffected():
         host, port = api._rt().address
         attempts = [
             b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # not our protocol at all
-            struct.pack("<IBBHQ", MAGIC, 1, 1, 0, 1 << 40),  # a hello claiming a terabyte
-            struct.pack("<IBBHQ", MAGIC, 1, 1, 0, 1 << 20),  # a 1 MiB hello (handshake frames are small)
+            struct.pack("<IBBHQ", MAGIC, VERSION, 1, 0, 1 << 40),  # a hello claiming a terabyte
+            struct.pack("<IBBHQ", MAGIC, VERSION, 1, 0, 1 << 20),  # a 1 MiB hello (handshake frames are small)
             frame(11, b"\x00" * 16),  # a data frame before the handshake
             frame(6, b"\x00" * 20),  # a request before the handshake
             frame(1, b"\x01\x00"),  # a truncated hello
             hello(1, b"some-other-cluster"),  # the wrong cluster
-            frame(1, b"", version=9),  # an unknown protocol version
+            frame(1, b"", version=VERSION + 1),  # an unknown protocol version
             frame(1, b"", version=1),  # the protocol before authentication
             frame(18, string(b"p" * 32)),  # a proof before any hello
         ]

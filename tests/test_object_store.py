@@ -153,13 +153,14 @@ def test_four_processes_exchange_with_each_other(cluster4):
 
 
 def test_futures_compose_with_torch_futures(cluster4):
-    refs = [cluster4.call(1, workers.put, torch.full((50_000,), float(i))) for i in range(3)]
+    inputs = [workers.pattern(50_000, 1000 * i) for i in range(3)]
+    refs = [cluster4.call(1, workers.put, t) for t in inputs]
     futs = [hop.get(r, timeout=30) for r in refs]
     doubled = futs[1].then(lambda f: f.value() * 2)
     torch.futures.wait_all(futs)
-    assert [float(f.value()[0]) for f in futs] == [0.0, 1.0, 2.0]
-    assert float(doubled.wait()[0]) == 2.0
-    assert torch.futures.collect_all(futs).wait()[2].value()[0] == 2.0
+    assert all(torch.equal(f.value(), t) for f, t in zip(futs, inputs))
+    assert torch.equal(doubled.wait(), inputs[1] * 2)
+    assert torch.equal(torch.futures.collect_all(futs).wait()[2].value(), inputs[2])
 
 
 def test_zero_copy_get_returns_the_store_copy(cluster4):
