@@ -443,11 +443,11 @@ def write_results(results: list[dict], args, out_dir: str, params: int) -> None:
     print(f"wrote {base}.png and {base}.json")
 
 
-def _spawned(rank: int, world: int, port: int, args, queue) -> None:
+def _spawned(rank: int, world: int, port: int, args) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     results = run_rank(rank, world, args)
     if rank == 0:
-        queue.put(results)
+        report(results, args)  # here: results can be larger than a pipe holds
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -487,9 +487,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    queue = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(_spawned, args=(world, port, args, queue), nprocs=world)  # raises if a rank fails
-    report(queue.get(), args)
+    mp.spawn(_spawned, args=(world, port, args), nprocs=world)  # raises if a rank fails
 
 
 def report(results: list[dict], args) -> None:

@@ -80,3 +80,21 @@ def test_serving_ensemble_survives_a_killed_replica(tmp_path):
         result["after_replacement"]["queries"] == 120
     assert result["kill_s"] < result["replacement_ready_s"]
     assert result["after_replacement"]["queries"] > 0
+
+
+def test_dlrm_every_system_equals_the_single_process_reference():
+    out = run_example("dlrm_push_pull.py", "--check")
+    assert "every system's tables equal the single-process reference bit for bit (rpc, all_to_all, hoplite)" in out
+
+
+def test_dlrm_push_pull_measures_every_system(tmp_path):
+    run_example("dlrm_push_pull.py", "--rows", "20000", "--batch", "256", "--steps", "5", "--out-dir", str(tmp_path))
+    with open(tmp_path / "dlrm_push_pull.json") as f:
+        result = json.load(f)
+    records = {r["system"]: r for r in result["records"]}
+    assert set(records) == {"rpc", "all_to_all", "hoplite"}
+    for r in records.values():
+        assert r["steps"] == 5 and r["rows_per_s"] > 0 and 0 < r["pull_p50_ms"] <= r["pull_p99_ms"]
+        assert r["bytes_per_step"] > 0 and len(r["losses"]) == 5
+    # The same batches in every system: the same unique rows, the same first loss.
+    assert len({round(r["loss_first"], 6) for r in records.values()}) == 1
