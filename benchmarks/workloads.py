@@ -9,11 +9,15 @@ an RPC parameter server, and ensemble serving through a replica's failure.
   and time to the target loss. TensorPipe is held to its uv transport and
   basic channel on the emulated cluster (its shm and cma paths would bypass
   the links), gloo to eth0.
+- dlrm: examples/dlrm_push_pull.py, one process per node (2 servers, the
+  others trainers): rows/s, p50/p99 pull latency and bytes per step of rpc,
+  all_to_all and hoplite.
 - serving: examples/serving_ensemble.py on loopback (its launcher kills and
   restarts a replica, which needs local processes): queries/s and p50/p99
   latency before, around and after the kill.
 
-Results: benchmarks/results/workloads_<network>.json and .png.
+Results: benchmarks/results/workloads_<network>.json and .png (with
+--workloads naming a subset: workloads-<subset>_<network>).
 """
 
 from __future__ import annotations
@@ -53,6 +57,25 @@ def run_async_ps(args, world: int, launch, env_for) -> dict:
             return json.load(f)
 
 
+def dlrm_cmd(args, out_dir: str, emulated: bool) -> list[str]:
+    cmd = [sys.executable, os.path.join(EXAMPLES, "dlrm_push_pull.py"), "--rows", str(args.dlrm_rows),
+           "--batch", str(args.dlrm_batch), "--dim", str(args.dlrm_dim), "--steps", str(args.dlrm_steps),
+           "--out-dir", out_dir]
+    if emulated:
+        cmd += ["--rpc-transports", "uv", "--rpc-channels", "basic"]
+    return cmd
+
+
+def run_dlrm(args, world: int, launch, env_for) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [launch(r, dlrm_cmd(args, tmp, not args.loopback), env_for(r, world)) for r in range(world)]
+        codes = [p.wait(timeout=3600) for p in procs]
+        if any(codes):
+            raise RuntimeError(f"dlrm ranks exited with {codes} (see their output above)")
+        with open(os.path.join(tmp, "dlrm_push_pull.json")) as f:
+            return json.load(f)
+
+
 def run_serving(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, os.path.join(EXAMPLES, "serving_ensemble.py"), "--queries", str(args.queries),
@@ -81,6 +104,15 @@ def ps_records(result: dict, world: int, network: str) -> list[dict]:
     return records
 
 
+def _bars(ax, labels: list[str], series: dict[str, list[float]]) -> None:
+    width = 0.8 / len(series)
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar([j + i * width for j in range(len(labels))], values, width, label=name)
+    ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(labels))])
+    ax.set_xticklabels(labels)
+    ax.legend(fontsize=8)
+
+
 def plot(records: list[dict], serving: dict | None, path: str, title: str) -> None:
     import matplotlib
 
@@ -88,36 +120,38 @@ def plot(records: list[dict], serving: dict | None, path: str, title: str) -> No
     import matplotlib.pyplot as plt
 
     ps = [r for r in records if r["workload"] == "async_ps"]
-    panels = 3 if serving else 2
-    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.8), squeeze=False)
-    modes = [m for m in MODE_ORDER if any(r["system"] == m for r in ps)]
-    for ax, key, label in ((axes[0][0], "samples_per_s", "samples/s"),
-                           (axes[0][1], "time_to_target_s", "seconds to the target loss")):
-        for i, straggler in enumerate((False, True)):
-            values = []
-            for m in modes:
-                match = [r for r in ps if r["system"] == m and r["straggler"] == straggler]
-                values.append((match[0][key] or 0) if match else 0)
-            ax.bar([j + 0.4 * i for j in range(len(modes))], values, 0.4,
-                   label="worker 1 2.5x slower" if straggler else "no straggler")
-        ax.set_xticks([j + 0.2 for j in range(len(modes))])
-        ax.set_xticklabels(modes)
-        ax.set_ylabel(label)
-        ax.legend(fontsize=8)
-    axes[0][0].set_title(f"async PS, {ps[0]['nodes']} nodes, {ps[0]['params'] / 1e6:.2f} M params" if ps else "")
-    axes[0][1].set_title("time to target (0: not reached)")
+    dlrm = [r for r in records if r["workload"] == "dlrm"]
+    panels = 2 * bool(ps) + 2 * bool(dlrm) + bool(serving)
+    fig, axes = plt.subplots(1, panels, figsize=(4.6 * panels, 3.8), squeeze=False)
+    axes = list(axes[0])
+    if ps:
+        modes = [m for m in MODE_ORDER if any(r["system"] == m for r in ps)]
+
+        def values(key, straggler):
+            return [next((r[key] or 0 for r in ps if r["system"] == m and r["straggler"] == straggler), 0)
+                    for m in modes]
+        for key, label in (("samples_per_s", "samples/s"), ("time_to_target_s", "seconds to the target (0: missed)")):
+            ax = axes.pop(0)
+            _bars(ax, modes, {"no straggler": values(key, False), "worker 1 2.5x slower": values(key, True)})
+            ax.set_ylabel(label)
+        ax.set_title(f"async PS, {ps[0]['nodes']} nodes, {ps[0]['params'] / 1e6:.2f} M params", fontsize=9)
+    if dlrm:
+        systems = [r["system"] for r in dlrm]
+        ax = axes.pop(0)
+        _bars(ax, systems, {"rows/s": [r["rows_per_s"] for r in dlrm]})
+        ax.set_title(f"DLRM, {dlrm[0]['nodes']} nodes (2 servers), {dlrm[0]['rows']:,} rows x 26", fontsize=9)
+        ax = axes.pop(0)
+        _bars(ax, systems, {"p50": [r["pull_p50_ms"] for r in dlrm], "p99": [r["pull_p99_ms"] for r in dlrm]})
+        ax.set_ylabel("pull latency (ms)")
+        ax.set_title(f"DLRM pulls, batch {dlrm[0]['batch']} per trainer", fontsize=9)
     if serving:
-        ax = axes[0][2]
+        ax = axes.pop(0)
         phases = [("before_kill", "before"), ("around_kill", "around kill"), ("after_replacement", "after")]
-        for i, stat in enumerate(("p50_ms", "p99_ms")):
-            ax.bar([j + 0.4 * i for j in range(3)], [(serving[p] or {}).get(stat, 0) for p, _ in phases], 0.4,
-                   label=stat.replace("_ms", ""))
-        ax.set_xticks([j + 0.2 for j in range(3)])
-        ax.set_xticklabels([label for _, label in phases])
+        _bars(ax, [label for _, label in phases],
+              {stat: [(serving[p] or {}).get(f"{stat}_ms", 0) for p, _ in phases] for stat in ("p50", "p99")})
         ax.set_yscale("log")
         ax.set_ylabel("query latency (ms)")
-        ax.set_title(f"serving ({serving['queries_per_s']:.1f} queries/s, loopback)")
-        ax.legend(fontsize=8)
+        ax.set_title(f"serving ({serving['queries_per_s']:.1f} queries/s, loopback)", fontsize=9)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -133,19 +167,38 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=60.0)
     parser.add_argument("--warmup-seconds", type=float, default=2.0)
     parser.add_argument("--queries", type=int, default=400)
-    parser.add_argument("--no-serving", action="store_true")
+    parser.add_argument("--workloads", default="ps,dlrm,serving")
+    parser.add_argument("--dlrm-rows", type=int, default=1_000_000, help="rows per table (26 tables)")
+    parser.add_argument("--dlrm-dim", type=int, default=32)
+    parser.add_argument("--dlrm-batch", type=int, default=2048)
+    parser.add_argument("--dlrm-steps", type=int, default=30)
     parser.add_argument("--out", default=None, help="result path without extension")
     args = parser.parse_args()
+    selected = [w for w in args.workloads.split(",") if w]
+    if set(selected) - {"ps", "dlrm", "serving"}:
+        parser.error("--workloads takes ps, dlrm and serving")
     world = args.nodes
     port = common.free_port()
     link_check = None
+    records, dlrm = [], None
+
+    def run_all(launch, env_for, network):
+        nonlocal dlrm
+        if "ps" in selected:
+            records.extend(ps_records(run_async_ps(args, world, launch, env_for), world, network))
+        if "dlrm" in selected:
+            dlrm = run_dlrm(args, world, launch, env_for)
+            records.extend({"workload": "dlrm", "nodes": world, "network": network, "rows": dlrm["rows"],
+                            "dim": dlrm["dim"], "batch": dlrm["batch"], "alpha": dlrm["alpha"], **r}
+                           for r in dlrm["records"])
+
     if args.loopback:
         network = "loopback"
 
         def env_for(rank, world):
             return dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                         WORLD_SIZE=str(world), PYTHONUNBUFFERED="1")
-        result = run_async_ps(args, world, lambda r, cmd, env: subprocess.Popen(cmd, env=env), env_for)
+        run_all(lambda r, cmd, env: subprocess.Popen(cmd, env=env), env_for, network)
     else:
         from torch_hoplite.bench.emulated_cluster import EmulatedCluster
 
@@ -158,18 +211,25 @@ def main() -> None:
                 return dict(os.environ, MASTER_ADDR=cluster.address(0), MASTER_PORT=str(port), RANK=str(rank),
                             WORLD_SIZE=str(world), GLOO_SOCKET_IFNAME="eth0", TP_SOCKET_IFNAME="eth0",
                             PYTHONUNBUFFERED="1")
-            result = run_async_ps(args, world, lambda r, cmd, env: cluster.popen(r, cmd, env=env), env_for)
-    records = ps_records(result, world, network)
-    serving = None if args.no_serving else run_serving(args)
+            run_all(lambda r, cmd, env: cluster.popen(r, cmd, env=env), env_for, network)
+    serving = run_serving(args) if "serving" in selected else None
     if serving:
         records.append({"workload": "serving", "system": "hoplite", "nodes": serving["replicas"] + 1,
                         "network": "loopback", **{k: v for k, v in serving.items() if k != "latency_s"}})
-    name = args.out or os.path.join(common.RESULTS, f"workloads_{'loopback' if args.loopback else 'emulated_' + args.rate}")
+    subset = "" if len(selected) == 3 else "-" + "-".join(selected)
+    name = args.out or os.path.join(common.RESULTS,
+                                    f"workloads{subset}_{'loopback' if args.loopback else 'emulated_' + args.rate}")
     settings = {"nodes": world, "rate": None if args.loopback else args.rate, "link_check_bps": link_check,
                 "hidden": args.hidden, "target": args.target, "max_seconds": args.max_seconds,
-                "warmup_seconds": args.warmup_seconds, "queries": args.queries}
+                "warmup_seconds": args.warmup_seconds, "queries": args.queries, "workloads": selected,
+                "dlrm": {"rows": args.dlrm_rows, "dim": args.dlrm_dim, "batch": args.dlrm_batch,
+                         "steps": args.dlrm_steps, "servers": 2}}
     common.write_json(name + ".json", "workloads", records, settings)
     plot(records, serving, name + ".png", f"workloads ({network})")
+    common.print_table([r for r in records if r["workload"] == "dlrm"],
+                       [("dlrm", "system", ""), ("rows/s", "rows_per_s", ".0f"), ("x rpc", "rows_per_s_vs_rpc", ".2f"),
+                        ("pull p50 ms", "pull_p50_ms", ".1f"), ("pull p99 ms", "pull_p99_ms", ".1f"),
+                        ("bytes/step", "bytes_per_step", ".3g")])
     common.print_table([r for r in records if r["workload"] == "async_ps"],
                        [("system", "system", ""), ("straggler", "straggler", ""), ("samples/s", "samples_per_s", ".0f"),
                         ("x rpc", "samples_per_s_vs_rpc", ".2f"), ("to target s", "time_to_target_s", ".1f"),
