@@ -37,6 +37,8 @@ examples: setup .stamp-bench-deps
 	$(PYTHON) examples/rl_actor_learner.py
 	$(PYTHON) examples/async_ps.py
 	$(PYTHON) examples/serving_ensemble.py
+	$(PYTHON) examples/dlrm_push_pull.py --check
+	$(PYTHON) examples/dlrm_push_pull.py
 
 bench: bench-p2p bench-collectives bench-recovery
 
