@@ -47,13 +47,15 @@ def async_ps_cmd(args, out_dir: str, emulated: bool) -> list[str]:
     return cmd
 
 
-def run_async_ps(args, world: int, launch, env_for) -> dict:
+def run_example_ranks(cmd_for, name: str, world: int, launch, env_for) -> dict:
+    """Runs cmd_for(out_dir) as every rank (started by launch) and reads the
+    JSON `name` that rank 0 writes into out_dir."""
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [launch(r, async_ps_cmd(args, tmp, not args.loopback), env_for(r, world)) for r in range(world)]
+        procs = [launch(r, cmd_for(tmp), env_for(r, world)) for r in range(world)]
         codes = [p.wait(timeout=3600) for p in procs]
         if any(codes):
-            raise RuntimeError(f"async_ps ranks exited with {codes} (see their output above)")
-        with open(os.path.join(tmp, "async_ps.json")) as f:
+            raise RuntimeError(f"{name}: ranks exited with {codes} (see their output above)")
+        with open(os.path.join(tmp, name)) as f:
             return json.load(f)
 
 
@@ -64,16 +66,6 @@ def dlrm_cmd(args, out_dir: str, emulated: bool) -> list[str]:
     if emulated:
         cmd += ["--rpc-transports", "uv", "--rpc-channels", "basic"]
     return cmd
-
-
-def run_dlrm(args, world: int, launch, env_for) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [launch(r, dlrm_cmd(args, tmp, not args.loopback), env_for(r, world)) for r in range(world)]
-        codes = [p.wait(timeout=3600) for p in procs]
-        if any(codes):
-            raise RuntimeError(f"dlrm ranks exited with {codes} (see their output above)")
-        with open(os.path.join(tmp, "dlrm_push_pull.json")) as f:
-            return json.load(f)
 
 
 def run_serving(args) -> dict:
@@ -185,9 +177,12 @@ def main() -> None:
     def run_all(launch, env_for, network):
         nonlocal dlrm
         if "ps" in selected:
-            records.extend(ps_records(run_async_ps(args, world, launch, env_for), world, network))
+            result = run_example_ranks(lambda out: async_ps_cmd(args, out, not args.loopback), "async_ps.json",
+                                       world, launch, env_for)
+            records.extend(ps_records(result, world, network))
         if "dlrm" in selected:
-            dlrm = run_dlrm(args, world, launch, env_for)
+            dlrm = run_example_ranks(lambda out: dlrm_cmd(args, out, not args.loopback), "dlrm_push_pull.json",
+                                     world, launch, env_for)
             records.extend({"workload": "dlrm", "nodes": world, "network": network, "rows": dlrm["rows"],
                             "dim": dlrm["dim"], "batch": dlrm["batch"], "alpha": dlrm["alpha"], **r}
                            for r in dlrm["records"])

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import threading
 import time
 from typing import Callable, Optional
@@ -41,10 +40,10 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
-import torch.multiprocessing as mp
 from torch import nn
 
 import torch_hoplite as hop
+from launch import launch
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")  # PNG + JSON
 
@@ -339,7 +338,7 @@ def rpc_worker(args, rank: int, straggle: Straggle) -> None:
 # ---------------------------------------------------------------- one process
 
 
-def run_rank(rank: int, world: int, args) -> Optional[list[dict]]:
+def run_rank(rank: int, world: int, args) -> None:
     torch.set_num_threads(1)
     hop.init(timeout=TIMEOUT)
     dist.init_process_group("gloo")
@@ -362,7 +361,8 @@ def run_rank(rank: int, world: int, args) -> Optional[list[dict]]:
     rpc.shutdown()
     dist.destroy_process_group()
     hop.shutdown()
-    return results if rank == 0 else None
+    if rank == 0:
+        report(results, args)
 
 
 def run_case(rank: int, workers: list[int], groups: dict, args, mode: str, straggler: bool,
@@ -443,13 +443,6 @@ def write_results(results: list[dict], args, out_dir: str, params: int) -> None:
     print(f"wrote {base}.png and {base}.json")
 
 
-def _spawned(rank: int, world: int, port: int, args) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    results = run_rank(rank, world, args)
-    if rank == 0:
-        report(results, args)  # here: results can be larger than a pipe holds
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=3)
@@ -477,17 +470,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     args.k = args.k or max(1, args.workers - 1)
     if not 1 <= args.k <= args.workers:
         parser.error(f"--k must be in [1, {args.workers}] (the number of workers)")
-    if "RANK" in os.environ:
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        results = run_rank(rank, world, args)
-        if rank == 0:
-            report(results, args)
-        return
-    world = args.workers + 1
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_spawned, args=(world, port, args), nprocs=world)  # raises if a rank fails
+    launch(run_rank, args.workers + 1, args)
 
 
 def report(results: list[dict], args) -> None:

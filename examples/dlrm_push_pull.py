@@ -39,7 +39,6 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import statistics
 import time
 from typing import Optional
@@ -47,10 +46,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
-import torch.multiprocessing as mp
 from torch import nn
 
 import torch_hoplite as hop
+from launch import launch
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")  # PNG + JSON
 SYSTEMS = ("rpc", "all_to_all", "hoplite")
@@ -333,7 +332,7 @@ class Stats(dict):
 # ---------------------------------------------------------------- one process
 
 
-def run_rank(rank: int, world: int, args) -> Optional[dict]:
+def run_rank(rank: int, world: int, args) -> None:
     global _shard
     torch.set_num_threads(1)
     hop.init(timeout=TIMEOUT)
@@ -368,7 +367,8 @@ def run_rank(rank: int, world: int, args) -> Optional[dict]:
     rpc.shutdown()
     dist.destroy_process_group()
     hop.shutdown()
-    return results if rank == 0 else None
+    if rank == 0:
+        report(results, args)
 
 
 def reference_tables(args) -> dict[int, torch.Tensor]:
@@ -409,13 +409,6 @@ def summarize(results: dict, args) -> list[dict]:
     return records
 
 
-def _spawned(rank: int, world: int, port: int, args) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    results = run_rank(rank, world, args)
-    if rank == 0:
-        report(results, args)  # here: results can be larger than a pipe holds
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--servers", type=int, default=2)
@@ -439,16 +432,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         args.rows, args.dim, args.batch, args.steps = min(args.rows, 500), min(args.dim, 4), min(args.batch, 64), min(args.steps, 4)
     if "RANK" in os.environ:  # torchrun or the benchmark: one rank here
         args.trainers = int(os.environ["WORLD_SIZE"]) - args.servers
-        results = run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
-    else:
-        world = args.servers + args.trainers
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        mp.spawn(_spawned, args=(world, port, args), nprocs=world)  # raises if a rank fails
-        return
-    if results is not None:
-        report(results, args)
+    launch(run_rank, args.servers + args.trainers, args)
 
 
 def report(results: dict, args) -> None:

@@ -30,17 +30,16 @@ import argparse
 import json
 import os
 import queue
-import socket
 import time
 from typing import Optional, Union
 
 import torch
 import torch.distributed.rpc as rpc
-import torch.multiprocessing as mp
 from torch import nn
 
 import torch_hoplite as hop
 import torch_hoplite.rpc as hop_rpc
+from launch import launch
 from torch_hoplite.config import parse_size
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")  # PNG + JSON
@@ -260,6 +259,7 @@ def write_results(learner: Learner, solved: bool, seconds: float, out_dir: str) 
 
 
 def run(rank: int, world_size: int, args) -> None:
+    torch.set_num_threads(1)
     name = "learner" if rank == 0 else f"actor{rank}"
     hop.init(timeout=300)
     rpc.init_rpc(name, rank=rank, world_size=world_size,
@@ -286,12 +286,6 @@ def run(rank: int, world_size: int, args) -> None:
         raise SystemExit(1)
 
 
-def _spawned(rank: int, world_size: int, port: int, args) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
-    torch.set_num_threads(1)
-    run(rank, world_size, args)
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--actors", type=int, default=3)
@@ -315,14 +309,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     if not 1 <= args.k <= args.actors:
         parser.error(f"--k must be between 1 and --actors ({args.actors})")
     args.failed = False
-    if "RANK" in os.environ:  # under torchrun
-        run(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
-        return
-    world_size = args.actors + 1
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_spawned, args=(world_size, port, args), nprocs=world_size)  # raises if a rank fails
+    launch(run, args.actors + 1, args)
+
 
 if __name__ == "__main__":
     main()

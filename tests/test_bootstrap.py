@@ -49,8 +49,8 @@ def _exchange(rank: int, queue, tag: str) -> None:
     queue.put((rank, float(other[0])))
 
 
-@pytest.mark.parametrize("target", [_via_env, _via_process_group], ids=["torchrun-env", "process-group"])
-def test_init_finds_the_store(target):
+def run_pair(target) -> dict:
+    """Runs target(rank, port, queue) as ranks 0 and 1; what they put on the queue."""
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = free_port()
@@ -58,9 +58,13 @@ def test_init_finds_the_store(target):
     for p in procs:
         p.start()
     for p in procs:
-        p.join(60)
-    results = dict(queue.get() for _ in procs if not queue.empty())
-    assert results == {0: 1.0, 1: 0.0}
+        p.join(90)
+    return dict(queue.get() for _ in procs if not queue.empty())
+
+
+@pytest.mark.parametrize("target", [_via_env, _via_process_group], ids=["torchrun-env", "process-group"])
+def test_init_finds_the_store(target):
+    assert run_pair(target) == {1: 0.0, 0: 1.0}
 
 
 def test_init_alone_starts_a_one_process_cluster(monkeypatch):
@@ -122,16 +126,7 @@ def _rpc_first_then_hoplite(rank: int, port: int, queue) -> None:
 def test_rpc_first_with_rank_0_hosting_the_store():
     """Without torchrun's agent, rank 0 hosts the store: init_rpc made it,
     hop.init() uses it instead of binding MASTER_PORT again (EADDRINUSE before)."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = free_port()
-    procs = [ctx.Process(target=_rpc_first_then_hoplite, args=(r, port, queue)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(90)
-    results = dict(queue.get() for _ in procs if not queue.empty())
-    assert results == {0: 1.0, 1: 0.0}
+    assert run_pair(_rpc_first_then_hoplite) == {0: 1.0, 1: 0.0}
 
 
 def _init_and_report(rank: int, world_size: int, port: int, queue) -> None:

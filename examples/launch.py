@@ -1,0 +1,29 @@
+"""How the examples start their ranks: under torchrun (RANK is set) this
+process is one rank; otherwise `world` local processes are spawned on a free
+port with torchrun's environment (MASTER_ADDR/PORT, RANK, WORLD_SIZE)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Callable
+
+import torch.multiprocessing as mp
+
+RankMain = Callable[[int, int, Any], None]
+
+
+def launch(rank_main: RankMain, world: int, args: Any) -> None:
+    """Runs rank_main(rank, world, args) on every rank; raises if a spawned rank fails."""
+    if "RANK" in os.environ:
+        rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_spawned, args=(rank_main, world, port, args), nprocs=world)
+
+
+def _spawned(rank: int, rank_main: RankMain, world: int, port: int, args: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    rank_main(rank, world, args)
