@@ -31,8 +31,8 @@ def cluster8():
     c.close()
 
 
-def value_of(input_id: str, ids: list[str]) -> float:
-    return float(ids.index(input_id) + 1)
+def seed_of(input_id: str, ids: list[str]) -> int:
+    return 1000 * (ids.index(input_id) + 1)
 
 
 def test_two_inputs_killed_while_a_4_of_8_reduce_streams(cluster8):
@@ -43,7 +43,7 @@ def test_two_inputs_killed_while_a_4_of_8_reduce_streams(cluster8):
     result_id = ids_avoiding("rr-out", 1, VICTIMS)[0]
     # The first four to be ready, victims among them; the others come later.
     for rank in (1, 2, 3, 4):
-        c.call(rank, workers.put_filled, ids[rank], numel, value_of(ids[rank], ids))
+        c.call(rank, workers.put_pattern, ids[rank], numel, seed_of(ids[rank], ids))
     result, unused = hop.reduce(ids, num_objects=4, id=result_id, degree=1, timeout=60)
     for rank in VICTIMS:  # frozen mid-stream: the chain cannot finish without them
         c.freeze(rank)
@@ -51,10 +51,10 @@ def test_two_inputs_killed_while_a_4_of_8_reduce_streams(cluster8):
     assert {hop.object_ref.id_of(r) for r in first.inputs} == {ids[r] for r in (1, 2, 3, 4)}
     # Readers that started before the failure: this process and rank 7.
     local = hop.get(result, timeout=60, copy=False)
-    remote = c.submit(7, workers.get_value_range, result_id, 60)
+    remote = c.submit(7, workers.get_digest, result_id, 60)
     for rank in (5, 6):  # rank 7 is busy reading
-        c.call(rank, workers.put_filled, ids[rank], numel, value_of(ids[rank], ids))
-    hop.put(torch.full((numel,), value_of(ids[0], ids)), ids[0])
+        c.call(rank, workers.put_pattern, ids[rank], numel, seed_of(ids[rank], ids))
+    hop.put(workers.pattern(numel, seed_of(ids[0], ids)), ids[0])
     t0 = time.monotonic()
     for rank in VICTIMS:
         c.kill(rank)
@@ -64,10 +64,9 @@ def test_two_inputs_killed_while_a_4_of_8_reduce_streams(cluster8):
     assert plan.recoveries >= 1
     assert len(used) == 4 and not set(used) & {ids[r] for r in VICTIMS}
     assert {hop.object_ref.id_of(r) for r in plan.lost} <= {ids[r] for r in VICTIMS}
-    expected = sum(value_of(i, ids) for i in used)
-    out = local.wait()
-    assert out.shape == (numel,) and float(out.min()) == expected and float(out.max()) == expected
-    assert remote.result(60) == (expected, expected, numel)
+    seeds = [seed_of(i, ids) for i in used]
+    assert torch.equal(local.wait(), workers.pattern_sum(numel, seeds))
+    assert remote.result(60) == workers.digest(workers.pattern_sum(numel, seeds))
     assert hop.stats()["reduce_recoveries"] >= 1
     assert recovered_s < 30
 
@@ -82,20 +81,20 @@ def test_an_input_lost_before_its_task_started_is_waited_for_until_put_again(clu
     ids = ids_avoiding("rw-in", len(holders), dead)
     result_id = ids_avoiding("rw-out", 1, dead)[0]
     for rank, obj in zip(holders, ids):
-        c.call(rank, workers.put_filled, obj, numel, rank)
+        c.call(rank, workers.put_pattern, obj, numel, rank)
     c.freeze(6)  # its task is sent but never answered ...
     join = in_thread(hop.reduce, ids, id=result_id, degree=1, timeout=60)
     time.sleep(0.5)
     c.kill(6)  # ... and it dies
     time.sleep(0.5)
-    c.call(5, workers.put_filled, ids[0], numel, 6)
+    c.call(5, workers.put_pattern, ids[0], numel, 6)
     result, unused = join(60)
     assert unused == []
     plan = hop.wait_reduce(result, timeout=60)
     assert plan.recoveries >= 1 and plan.lost == ()  # put again and used: not lost in the end
     assert sorted(hop.object_ref.id_of(r) for r in plan.inputs) == sorted(ids)
     assert plan.holders[[hop.object_ref.id_of(r) for r in plan.inputs].index(ids[0])] == 5
-    assert c.call(4, workers.get_value_range, result, 60) == (13.0, 13.0, numel)
+    assert c.call(4, workers.get_equals_pattern_sum, result, numel, holders, 60)
 
 
 def test_too_few_surviving_inputs_raise_after_the_timeout(cluster8):
