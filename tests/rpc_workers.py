@@ -14,6 +14,7 @@ import torch_hoplite.rpc as hop_rpc
 from workers import pattern
 
 THRESHOLD = 1 << 20
+KEEP_S = 5.0  # unchanged objects outlive their last send by this (the tests check both sides)
 
 
 def backend_options(init_method: str = "env://") -> rpc.TensorPipeRpcBackendOptions:
@@ -29,7 +30,7 @@ def start(rank: int, world_size: int, port: int, hoplite_first: bool = True) -> 
     rpc.init_rpc(f"w{rank}", rank=rank, world_size=world_size, rpc_backend_options=backend_options())
     if not hoplite_first:
         hop.init(timeout=60, heartbeat_timeout=2)
-    hop_rpc.enable(THRESHOLD, keep_s=2.0)
+    hop_rpc.enable(THRESHOLD, keep_s=KEEP_S)
 
 
 def serve(rank: int, world_size: int, port: int) -> None:

@@ -126,7 +126,7 @@ def test_large_argument_goes_through_the_store_and_is_deleted(world):
         assert after["objects_alive"] == 0 and after["leases_outstanding"] == 0
     finally:
         hop_rpc.disable(timeout=10)
-        hop_rpc.enable(rw.THRESHOLD, keep_s=2.0)
+        hop_rpc.enable(rw.THRESHOLD, keep_s=rw.KEEP_S)
 
 
 def test_parameters_are_seen_to_change(world):
@@ -189,7 +189,7 @@ def test_unchanged_result_is_put_once_for_many_callers(world):
 
 def test_without_reuse_every_send_is_a_put_of_its_own(world):
     hop_rpc.disable(timeout=10)
-    hop_rpc.enable(rw.THRESHOLD, keep_s=2.0, reuse=False)
+    hop_rpc.enable(rw.THRESHOLD, keep_s=rw.KEEP_S, reuse=False)
     try:
         before = hop_rpc.offload_stats()
         big = pattern(1 << 20, 14)
@@ -200,7 +200,7 @@ def test_without_reuse_every_send_is_a_put_of_its_own(world):
         assert after["objects_deleted"] == before["objects_deleted"] + 2
     finally:
         hop_rpc.disable(timeout=10)
-        hop_rpc.enable(rw.THRESHOLD, keep_s=2.0)
+        hop_rpc.enable(rw.THRESHOLD, keep_s=rw.KEEP_S)
 
 
 def test_enable_checks_its_arguments(world):
@@ -214,7 +214,7 @@ def test_enable_checks_its_arguments(world):
             hop_rpc.enable("lots")
         assert not hop_rpc.is_enabled()
     finally:
-        hop_rpc.enable(rw.THRESHOLD, keep_s=2.0)
+        hop_rpc.enable(rw.THRESHOLD, keep_s=rw.KEEP_S)
 
 
 def test_caller_dying_mid_pull_fails_the_rpc_not_hangs(monkeypatch):
