@@ -257,20 +257,7 @@ def _worker_cmd(rank: int, world: int, args, out: str) -> list[str]:
 def _rl_cmd(transport: str, out_dir: str, args) -> list[str]:
     return [sys.executable, os.path.join(ROOT, "examples", "rl_actor_learner.py"), "--transport", transport,
             "--policy-bytes", args.rl_policy_bytes, "--iterations", str(args.rl_iterations), "--target", "0",
-            "--rpc-transports", "uv", "--rpc-channels", "basic", "--out-dir", out_dir]
-
-
-def _wait_all(procs: list[subprocess.Popen], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        try:
-            code = p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            code = None
-        if code != 0:
-            for q in procs:
-                q.kill()
-            raise RuntimeError(f"a benchmark process failed or hung (exit {code}; see its output above)")
+            *common.TENSORPIPE_OVER_LINKS, "--out-dir", out_dir]
 
 
 def run_world(world: int, args, launch, env_for) -> tuple[list[dict], list[dict]]:
@@ -283,7 +270,7 @@ def run_world(world: int, args, launch, env_for) -> tuple[list[dict], list[dict]
         if cases:
             procs = [launch(r, _worker_cmd(r, world, args, os.path.join(tmp, f"rank{r}.json")), env_for(r, world))
                      for r in range(world)]
-            _wait_all(procs, 3600)
+            common.wait_all(procs, 3600)
             for r in range(world):
                 with open(os.path.join(tmp, f"rank{r}.json")) as f:
                     per_rank[r] = json.load(f)
@@ -291,7 +278,7 @@ def run_world(world: int, args, launch, env_for) -> tuple[list[dict], list[dict]
             for transport in RL:
                 out_dir = os.path.join(tmp, f"rl-{transport}")
                 procs = [launch(r, _rl_cmd(transport, out_dir, args), env_for(r, world)) for r in range(world)]
-                _wait_all(procs, 1800)
+                common.wait_all(procs, 1800)
                 with open(os.path.join(out_dir, f"rl_actor_learner_{transport}.json")) as f:
                     result = json.load(f)
                 rl_results.append({
@@ -373,22 +360,16 @@ def main() -> None:
     for world in [int(n) for n in args.nodes.split(",")]:
         port = common.free_port()
         if args.loopback:
-            def env_for(rank, world, port=port):
-                return dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                            WORLD_SIZE=str(world), PYTHONUNBUFFERED="1")
-            per_rank, rl = run_world(world, args, lambda r, cmd, env: subprocess.Popen(cmd, env=env), env_for)
+            per_rank, rl = run_world(world, args, lambda r, cmd, env: subprocess.Popen(cmd, env=env),
+                                     lambda r, w: common.rank_env(r, w, "127.0.0.1", port, emulated=False))
             records += summarize(per_rank, world, 0.0, "loopback") + rl
             continue
         with EmulatedCluster(world, rate=args.rate) as cluster:
             achieved = cluster.measure_rate()
             link_checks[world] = achieved
             print(f"N={world}: one TCP flow gets {achieved / 1e9:.3f} Gbit/s of {args.rate}", flush=True)
-
-            def env_for(rank, world, port=port, cluster=cluster):
-                return dict(os.environ, MASTER_ADDR=cluster.address(0), MASTER_PORT=str(port), RANK=str(rank),
-                            WORLD_SIZE=str(world), TP_SOCKET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0",
-                            PYTHONUNBUFFERED="1")
-            per_rank, rl = run_world(world, args, lambda r, cmd, env: cluster.popen(r, cmd, env=env), env_for)
+            per_rank, rl = run_world(world, args, lambda r, cmd, env: cluster.popen(r, cmd, env=env),
+                                     lambda r, w: common.rank_env(r, w, cluster.address(0), port, emulated=True))
             records += summarize(per_rank, world, rate_bps, f"emulated {args.rate}") + rl
     for r in records:
         if r["case"] == "rl":

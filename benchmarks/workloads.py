@@ -43,7 +43,7 @@ def async_ps_cmd(args, out_dir: str, emulated: bool) -> list[str]:
            "--max-seconds", str(args.max_seconds), "--target", str(args.target), "--allow-miss",
            "--warmup-seconds", str(args.warmup_seconds), "--out-dir", out_dir]
     if emulated:
-        cmd += ["--rpc-transports", "uv", "--rpc-channels", "basic"]
+        cmd += common.TENSORPIPE_OVER_LINKS
     return cmd
 
 
@@ -51,10 +51,7 @@ def run_example_ranks(cmd_for, name: str, world: int, launch, env_for) -> dict:
     """Runs cmd_for(out_dir) as every rank (started by launch) and reads the
     JSON `name` that rank 0 writes into out_dir."""
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [launch(r, cmd_for(tmp), env_for(r, world)) for r in range(world)]
-        codes = [p.wait(timeout=3600) for p in procs]
-        if any(codes):
-            raise RuntimeError(f"{name}: ranks exited with {codes} (see their output above)")
+        common.wait_all([launch(r, cmd_for(tmp), env_for(r, world)) for r in range(world)], 3600)
         with open(os.path.join(tmp, name)) as f:
             return json.load(f)
 
@@ -64,7 +61,7 @@ def dlrm_cmd(args, out_dir: str, emulated: bool) -> list[str]:
            "--batch", str(args.dlrm_batch), "--dim", str(args.dlrm_dim), "--steps", str(args.dlrm_steps),
            "--out-dir", out_dir]
     if emulated:
-        cmd += ["--rpc-transports", "uv", "--rpc-channels", "basic"]
+        cmd += common.TENSORPIPE_OVER_LINKS
     return cmd
 
 
@@ -189,11 +186,8 @@ def main() -> None:
 
     if args.loopback:
         network = "loopback"
-
-        def env_for(rank, world):
-            return dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                        WORLD_SIZE=str(world), PYTHONUNBUFFERED="1")
-        run_all(lambda r, cmd, env: subprocess.Popen(cmd, env=env), env_for, network)
+        run_all(lambda r, cmd, env: subprocess.Popen(cmd, env=env),
+                lambda r, w: common.rank_env(r, w, "127.0.0.1", port, emulated=False), network)
     else:
         from torch_hoplite.bench.emulated_cluster import EmulatedCluster
 
@@ -201,12 +195,8 @@ def main() -> None:
         with EmulatedCluster(world, rate=args.rate) as cluster:
             link_check = cluster.measure_rate()
             print(f"one TCP flow gets {link_check / 1e9:.3f} Gbit/s of {args.rate}", flush=True)
-
-            def env_for(rank, world):
-                return dict(os.environ, MASTER_ADDR=cluster.address(0), MASTER_PORT=str(port), RANK=str(rank),
-                            WORLD_SIZE=str(world), GLOO_SOCKET_IFNAME="eth0", TP_SOCKET_IFNAME="eth0",
-                            PYTHONUNBUFFERED="1")
-            run_all(lambda r, cmd, env: cluster.popen(r, cmd, env=env), env_for, network)
+            run_all(lambda r, cmd, env: cluster.popen(r, cmd, env=env),
+                    lambda r, w: common.rank_env(r, w, cluster.address(0), port, emulated=True), network)
     serving = run_serving(args) if "serving" in selected else None
     if serving:
         records.append({"workload": "serving", "system": "hoplite", "nodes": serving["replicas"] + 1,

@@ -43,7 +43,7 @@ import torch.distributed.rpc as rpc
 from torch import nn
 
 import torch_hoplite as hop
-from launch import launch
+from launch import add_tensorpipe_arguments, launch, tensorpipe_options
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")  # PNG + JSON
 
@@ -342,8 +342,7 @@ def run_rank(rank: int, world: int, args) -> None:
     torch.set_num_threads(1)
     hop.init(timeout=TIMEOUT)
     dist.init_process_group("gloo")
-    rpc.init_rpc(f"ps{rank}", rank=rank, world_size=world, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
-        rpc_timeout=TIMEOUT, _transports=args.rpc_transports, _channels=args.rpc_channels))
+    rpc.init_rpc(f"ps{rank}", rank=rank, world_size=world, rpc_backend_options=tensorpipe_options(args, TIMEOUT))
     workers = list(range(1, world))
     groups = {"ddp-gloo": dist.new_group(workers, backend="gloo"),
               "ddp-hoplite": dist.new_group(workers, backend="hoplite")}
@@ -457,8 +456,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--max-seconds", type=float, default=20.0)
     parser.add_argument("--warmup-seconds", type=float, default=1.0, help="unrecorded run of each mode first")
     parser.add_argument("--allow-miss", action="store_true", help="report a missed target instead of failing")
-    parser.add_argument("--rpc-transports", nargs="+", default=None, help="TensorPipe transports (uv between namespaces)")
-    parser.add_argument("--rpc-channels", nargs="+", default=None, help="TensorPipe channels (basic between namespaces)")
+    add_tensorpipe_arguments(parser)
     parser.add_argument("--out-dir", default=RESULTS)
     args = parser.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]

@@ -49,7 +49,7 @@ import torch.distributed.rpc as rpc
 from torch import nn
 
 import torch_hoplite as hop
-from launch import launch
+from launch import add_tensorpipe_arguments, launch, tensorpipe_options
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")  # PNG + JSON
 SYSTEMS = ("rpc", "all_to_all", "hoplite")
@@ -337,8 +337,7 @@ def run_rank(rank: int, world: int, args) -> None:
     torch.set_num_threads(1)
     hop.init(timeout=TIMEOUT)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=TIMEOUT))
-    rpc.init_rpc(f"r{rank}", rank=rank, world_size=world, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
-        rpc_timeout=TIMEOUT, _transports=args.rpc_transports, _channels=args.rpc_channels))
+    rpc.init_rpc(f"r{rank}", rank=rank, world_size=world, rpc_backend_options=tensorpipe_options(args, TIMEOUT))
     world_group = dist.group.WORLD
     trainer_group = dist.new_group(list(range(args.servers, world)))
     is_server = rank < args.servers
@@ -421,8 +420,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--check", action="store_true", help="integer case, exact against one process")
-    parser.add_argument("--rpc-transports", nargs="+", default=None)
-    parser.add_argument("--rpc-channels", nargs="+", default=None)
+    add_tensorpipe_arguments(parser)
     parser.add_argument("--out-dir", default=RESULTS)
     args = parser.parse_args(argv)
     args.systems = [s for s in args.systems.split(",") if s]

@@ -4,10 +4,12 @@ port with torchrun's environment (MASTER_ADDR/PORT, RANK, WORLD_SIZE)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 from typing import Any, Callable
 
+import torch.distributed.rpc as rpc
 import torch.multiprocessing as mp
 
 RankMain = Callable[[int, int, Any], None]
@@ -22,6 +24,18 @@ def launch(rank_main: RankMain, world: int, args: Any) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(_spawned, args=(rank_main, world, port, args), nprocs=world)
+
+
+def add_tensorpipe_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rpc-transports", nargs="+", default=None,
+                        help="TensorPipe transports, e.g. uv between network namespaces (default: TensorPipe's)")
+    parser.add_argument("--rpc-channels", nargs="+", default=None,
+                        help="TensorPipe channels, e.g. basic so that tensors cross the network (default: TensorPipe's)")
+
+
+def tensorpipe_options(args: argparse.Namespace, timeout: float) -> rpc.TensorPipeRpcBackendOptions:
+    return rpc.TensorPipeRpcBackendOptions(rpc_timeout=timeout, _transports=args.rpc_transports,
+                                           _channels=args.rpc_channels)
 
 
 def _spawned(rank: int, rank_main: RankMain, world: int, port: int, args: Any) -> None:

@@ -39,7 +39,7 @@ from torch import nn
 
 import torch_hoplite as hop
 import torch_hoplite.rpc as hop_rpc
-from launch import launch
+from launch import add_tensorpipe_arguments, launch, tensorpipe_options
 from torch_hoplite.config import parse_size
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")  # PNG + JSON
@@ -262,9 +262,7 @@ def run(rank: int, world_size: int, args) -> None:
     torch.set_num_threads(1)
     name = "learner" if rank == 0 else f"actor{rank}"
     hop.init(timeout=300)
-    rpc.init_rpc(name, rank=rank, world_size=world_size,
-                 rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
-                     rpc_timeout=300, _transports=args.rpc_transports, _channels=args.rpc_channels))
+    rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=tensorpipe_options(args, 300))
     if args.transport == "offload":
         hop_rpc.enable("1MiB")
     if rank == 0:
@@ -299,10 +297,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                         help="hoplite: ObjectRefs; rpc: tensors in the messages; offload: the same with "
                              "torch_hoplite.rpc.enable()")
     parser.add_argument("--policy-bytes", default="0", help="ballast added to the published weights, e.g. 64MB")
-    parser.add_argument("--rpc-transports", nargs="+", default=None,
-                        help="TensorPipe transports, e.g. uv between network namespaces (default: TensorPipe's)")
-    parser.add_argument("--rpc-channels", nargs="+", default=None,
-                        help="TensorPipe channels, e.g. basic so that tensors cross the network (default: TensorPipe's)")
+    add_tensorpipe_arguments(parser)
     parser.add_argument("--out-dir", default=RESULTS, help="where the PNG and JSON go ('' for none)")
     args = parser.parse_args(argv)
     args.k = args.k or max(1, args.actors - 1)

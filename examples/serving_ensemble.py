@@ -114,8 +114,9 @@ def frontend(world: int, args, queue) -> None:
         answer = counts.argmax(dim=1)
         latency = time.monotonic() - t0
         records.append((t0, latency))
+        late = set(unused)
         if i % args.check_every == 0:
-            used = [int(a.rsplit("/", 1)[1]) for a in answers if a not in set(unused)]
+            used = [int(a.rsplit("/", 1)[1]) for a in answers if a not in late]
             expected = sum(votes(nets[r], batch) for r in used)
             if not torch.equal(counts, expected):
                 raise AssertionError(f"query {i}: the summed votes differ from replicas {used}' own")
@@ -124,10 +125,9 @@ def frontend(world: int, args, queue) -> None:
         hop.delete(total)
         hop.delete(f"q/{i}")
         for a in answers:
-            if a not in set(unused):
+            if a not in late:
                 hop.delete(a)
-        for a in unused:  # late votes: delete them once they are there
-            queue_late(a)
+        _late.extend(unused)  # late votes: deleted once they are there
         flush_late()
     # Every replica has answered or moved past the last query; then the rest goes.
     store.wait(["serving/all_done"], datetime.timedelta(seconds=TIMEOUT))
@@ -141,10 +141,6 @@ def frontend(world: int, args, queue) -> None:
 
 
 _late: list[str] = []
-
-
-def queue_late(obj_id: str) -> None:
-    _late.append(obj_id)
 
 
 def flush_late(final: bool = False) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 
 import pytest
 import torch
@@ -17,15 +16,10 @@ import torch.distributed.rpc as rpc
 import rpc_workers as rw
 import torch_hoplite as hop
 import torch_hoplite.rpc as hop_rpc
+from torch_hoplite.bench.common import free_port
 from workers import pattern
 
 WORLD = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

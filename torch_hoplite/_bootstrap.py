@@ -89,18 +89,23 @@ def _env_int(name: str) -> Optional[int]:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
 
 
-def store_host(store: dist.Store) -> Optional[str]:
-    """The host of the TCPStore behind `store` (through PrefixStores), if any."""
+def _tcp_store(store: dist.Store) -> Optional[dist.TCPStore]:
+    """The TCPStore behind `store` (through PrefixStores), if any."""
     while isinstance(store, dist.PrefixStore):
         store = store.underlying_store
-    return getattr(store, "host", None) if isinstance(store, dist.TCPStore) else None
+    return store if isinstance(store, dist.TCPStore) else None
+
+
+def store_host(store: dist.Store) -> Optional[str]:
+    """The host of the TCPStore behind `store`, if any."""
+    tcp = _tcp_store(store)
+    return tcp.host if tcp is not None else None
 
 
 def _address_of(store: dist.Store) -> str:
-    """" at HOST:PORT" for a TCPStore (through PrefixStores), else ""."""
-    while isinstance(store, dist.PrefixStore):
-        store = store.underlying_store
-    return f" at {store.host}:{store.port}" if isinstance(store, dist.TCPStore) else ""
+    """" at HOST:PORT" for a TCPStore, else ""."""
+    tcp = _tcp_store(store)
+    return f" at {tcp.host}:{tcp.port}" if tcp is not None else ""
 
 
 def interface_address(ifname: str) -> str:

@@ -203,6 +203,7 @@ def _release(obj_id: Any, lease: int) -> None:
 @dataclasses.dataclass
 class _Entry:
     ref: ObjectRef
+    key: tuple  # _memory_key of the tensor it was put for
     #: Keeps the tensor's memory, so no other tensor can take its key while the
     #: entry lives; shares the version counter of the tensor it was sent from.
     view: torch.Tensor
@@ -249,7 +250,7 @@ class _OffloadCache:
                     del self._by_key[key]
                 version = tensor._version  # before the copy: a change during it makes the next send put again
                 ref = api.put(tensor, blocking=True)
-                entry = _Entry(ref, tensor.detach(), version, now, retired=not self._reuse)
+                entry = _Entry(ref, key, tensor.detach(), version, now, retired=not self._reuse)
                 if self._reuse:
                     self._by_key[key] = entry
                 self._by_id[ref.id] = entry
@@ -292,8 +293,8 @@ class _OffloadCache:
                     or now - entry.last_sent >= self._keep_s
                 ):
                     del self._by_id[obj_id]
-                    if self._by_key.get(_memory_key(entry.view)) is entry:
-                        del self._by_key[_memory_key(entry.view)]
+                    if self._by_key.get(entry.key) is entry:
+                        del self._by_key[entry.key]
                     done.append(entry.ref)
         return done
 

@@ -36,6 +36,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Example flags that keep TensorPipe on TCP through the emulated links: its shm
+# transport and cma channel would cross between namespaces through memory.
+TENSORPIPE_OVER_LINKS = ["--rpc-transports", "uv", "--rpc-channels", "basic"]
+
+
+def rank_env(rank: int, world: int, master: str, port: int, emulated: bool) -> dict:
+    """A rank process's environment as torchrun sets it (plus the interface to
+    use on the emulated cluster)."""
+    env = dict(os.environ, MASTER_ADDR=master, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+               PYTHONUNBUFFERED="1")
+    if emulated:
+        env.update(GLOO_SOCKET_IFNAME="eth0", TP_SOCKET_IFNAME="eth0")
+    return env
+
+
+def wait_all(procs: list, timeout: float) -> None:
+    """Waits for every process; kills them all and raises as soon as one
+    fails, or when the timeout runs out."""
+    import subprocess
+
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            code = p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            code = None
+        if code != 0:
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"a benchmark process failed or hung (exit {code}; see its output above)")
+
+
 def run_ranks(target, world: int, args: tuple) -> dict:
     """Runs target(rank, *args, queue) in `world` spawned processes; each puts
     (rank, result) on the queue. Returns {rank: result}; raises, killing the rest,
