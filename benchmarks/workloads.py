@@ -12,8 +12,9 @@ an RPC parameter server, and ensemble serving through a replica's failure.
 - dlrm: examples/dlrm_push_pull.py, one process per node (2 servers, the
   others trainers): rows/s, p50/p99 pull latency and bytes per step of rpc,
   all_to_all and hoplite.
-- serving: examples/serving_ensemble.py on loopback (its launcher kills and
-  restarts a replica, which needs local processes): queries/s and p50/p99
+- serving: examples/serving_ensemble.py, the frontend and its launcher on
+  node 0, a replica on each other node (the launcher kills replica 2 and
+  starts its replacement in the same namespace): queries/s and p50/p99
   latency before, around and after the kill.
 
 Results: benchmarks/results/workloads_<network>.json and .png (with
@@ -65,11 +66,18 @@ def dlrm_cmd(args, out_dir: str, emulated: bool) -> list[str]:
     return cmd
 
 
-def run_serving(args) -> dict:
+def run_serving(args, cluster=None) -> dict:
+    """The serving example with one replica per node but the first; its
+    launcher runs on node 0 (hosting the store) and starts each rank in its
+    node's namespace."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, os.path.join(EXAMPLES, "serving_ensemble.py"), "--queries", str(args.queries),
-               "--out-dir", tmp]
-        subprocess.run(cmd, check=True, timeout=1800)
+               "--replicas", str(args.nodes - 1), "--out-dir", tmp]
+        if cluster is None:
+            subprocess.run(cmd, check=True, timeout=1800)
+        else:
+            cmd += ["--host", cluster.address(0), "--rank-prefix", cluster.command_prefix()]
+            common.wait_all([cluster.popen(0, cmd)], 1800)
         name = [f for f in os.listdir(tmp) if f.endswith(".json")][0]
         with open(os.path.join(tmp, name)) as f:
             return json.load(f)
@@ -102,7 +110,7 @@ def _bars(ax, labels: list[str], series: dict[str, list[float]]) -> None:
     ax.legend(fontsize=8)
 
 
-def plot(records: list[dict], serving: dict | None, path: str, title: str) -> None:
+def plot(records: list[dict], serving: dict | None, path: str, title: str, network: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -140,7 +148,8 @@ def plot(records: list[dict], serving: dict | None, path: str, title: str) -> No
               {stat: [(serving[p] or {}).get(f"{stat}_ms", 0) for p, _ in phases] for stat in ("p50", "p99")})
         ax.set_yscale("log")
         ax.set_ylabel("query latency (ms)")
-        ax.set_title(f"serving ({serving['queries_per_s']:.1f} queries/s, loopback)", fontsize=9)
+        ax.set_title(f"serving, {serving['replicas']} replicas ({serving['queries_per_s']:.1f} queries/s, {network})",
+                     fontsize=9)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -169,10 +178,10 @@ def main() -> None:
     world = args.nodes
     port = common.free_port()
     link_check = None
-    records, dlrm = [], None
+    records, dlrm, serving = [], None, None
 
-    def run_all(launch, env_for, network):
-        nonlocal dlrm
+    def run_all(launch, env_for, network, cluster=None):
+        nonlocal dlrm, serving
         if "ps" in selected:
             result = run_example_ranks(lambda out: async_ps_cmd(args, out, not args.loopback), "async_ps.json",
                                        world, launch, env_for)
@@ -183,6 +192,10 @@ def main() -> None:
             records.extend({"workload": "dlrm", "nodes": world, "network": network, "rows": dlrm["rows"],
                             "dim": dlrm["dim"], "batch": dlrm["batch"], "alpha": dlrm["alpha"], **r}
                            for r in dlrm["records"])
+        if "serving" in selected:
+            serving = run_serving(args, cluster)
+            records.append({"workload": "serving", "system": "hoplite", "nodes": serving["replicas"] + 1,
+                            "network": network, **{k: v for k, v in serving.items() if k != "latency_s"}})
 
     if args.loopback:
         network = "loopback"
@@ -196,11 +209,7 @@ def main() -> None:
             link_check = cluster.measure_rate()
             print(f"one TCP flow gets {link_check / 1e9:.3f} Gbit/s of {args.rate}", flush=True)
             run_all(lambda r, cmd, env: cluster.popen(r, cmd, env=env),
-                    lambda r, w: common.rank_env(r, w, cluster.address(0), port, emulated=True), network)
-    serving = run_serving(args) if "serving" in selected else None
-    if serving:
-        records.append({"workload": "serving", "system": "hoplite", "nodes": serving["replicas"] + 1,
-                        "network": "loopback", **{k: v for k, v in serving.items() if k != "latency_s"}})
+                    lambda r, w: common.rank_env(r, w, cluster.address(0), port, emulated=True), network, cluster)
     subset = "" if len(selected) == 3 else "-" + "-".join(selected)
     name = args.out or os.path.join(common.RESULTS,
                                     f"workloads{subset}_{'loopback' if args.loopback else 'emulated_' + args.rate}")
@@ -210,11 +219,12 @@ def main() -> None:
                 "dlrm": {"rows": args.dlrm_rows, "dim": args.dlrm_dim, "batch": args.dlrm_batch,
                          "steps": args.dlrm_steps, "servers": 2}}
     common.write_json(name + ".json", "workloads", records, settings)
-    plot(records, serving, name + ".png", f"workloads ({network})")
+    plot(records, serving, name + ".png", f"workloads ({network})", network)
     common.print_table([r for r in records if r["workload"] == "dlrm"],
                        [("dlrm", "system", ""), ("rows/s", "rows_per_s", ".0f"), ("x rpc", "rows_per_s_vs_rpc", ".2f"),
                         ("pull p50 ms", "pull_p50_ms", ".1f"), ("pull p99 ms", "pull_p99_ms", ".1f"),
-                        ("bytes/step", "bytes_per_step", ".3g")])
+                        ("bytes/step", "bytes_per_step", ".3g"), ("step ms", "step_ms", ".0f"),
+                        ("compute ms", "compute_ms", ".0f")])
     common.print_table([r for r in records if r["workload"] == "async_ps"],
                        [("system", "system", ""), ("straggler", "straggler", ""), ("samples/s", "samples_per_s", ".0f"),
                         ("x rpc", "samples_per_s_vs_rpc", ".2f"), ("to target s", "time_to_target_s", ".1f"),

@@ -10,7 +10,7 @@
 
 #include <memory>
 
-#include "python/tensor_target.h"
+#include "store/tensor_target.h"
 #include "store/buffer_pool.h"
 #include "store/device_memory.h"
 

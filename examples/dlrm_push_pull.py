@@ -183,14 +183,17 @@ class Trainer:
         self.net = DenseNet(args.dim)
         self.optimizer = torch.optim.SGD(self.net.parameters(), lr=args.lr)
 
-    def step(self, pull, push) -> tuple[float, float, int]:
+    def step(self, pull, push) -> tuple[float, float, float, int]:
         """One step: pull(keys per server) -> rows per server; push(keys, grads
-        per server). Returns (pull seconds, loss, unique rows)."""
+        per server). Returns (pull seconds, compute seconds, loss, unique
+        rows): compute is everything between the pull and the push (forward,
+        backward, the dense gradients' all_reduce), which no exchange of rows
+        can shorten."""
         dense, idx, clicks = self.batches.next()
         per_server, where, _ = batch_keys(idx, self.args.rows, self.servers)
         start = time.monotonic()
         rows = pull(per_server)
-        pulled = time.monotonic() - start
+        pulled = time.monotonic()
         all_rows = torch.cat(rows)
         if self.args.check:
             grads = check_gradient(all_rows, self.trainer)
@@ -209,8 +212,9 @@ class Trainer:
                 offset += p.numel()
             self.optimizer.step()
             grads, loss = leaf.grad, float(loss_t.detach())
+        computed = time.monotonic()
         push(per_server, list(grads.split([len(k) for k in per_server])))
-        return pulled, loss, len(all_rows)
+        return pulled - start, computed - pulled, loss, len(all_rows)
 
 
 # ---------------------------------------------------------------- the three systems
@@ -320,11 +324,13 @@ class Stats(dict):
     def __init__(self):
         super().__init__(bytes=0)
         self.pulls: list[float] = []
+        self.computes: list[float] = []
         self.losses: list[float] = []
         self.rows = 0
 
-    def record(self, pull_s: float, loss: float, rows: int) -> None:
+    def record(self, pull_s: float, compute_s: float, loss: float, rows: int) -> None:
         self.pulls.append(pull_s)
+        self.computes.append(compute_s)
         self.losses.append(loss)
         self.rows += rows
 
@@ -356,8 +362,8 @@ def run_rank(rank: int, world: int, args) -> None:
             run_hoplite(rank, args, trainer, stats)
         hop.barrier(timeout=TIMEOUT)
         seconds = time.monotonic() - start
-        mine = {"rows": stats.rows, "pulls": stats.pulls, "losses": stats.losses, "bytes": stats["bytes"],
-                "seconds": seconds, "tables": {j: t.tolist() for j, t in _shard.tables.items()} if args.check and is_server else {}}
+        mine = {"rows": stats.rows, "pulls": stats.pulls, "computes": stats.computes, "losses": stats.losses,
+                "bytes": stats["bytes"], "seconds": seconds, "tables": {j: t.tolist() for j, t in _shard.tables.items()} if args.check and is_server else {}}
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
         if rank == 0:
@@ -400,6 +406,8 @@ def summarize(results: dict, args) -> list[dict]:
             "rows_per_s": sum(r["rows"] for r in trainers) / seconds, "seconds": seconds,
             "pull_p50_ms": 1e3 * statistics.median(pulls), "pull_p99_ms": 1e3 * pulls[min(len(pulls) - 1, int(0.99 * len(pulls)))],
             "bytes_per_step": sum(r["bytes"] for r in ranks) / args.steps,
+            "step_ms": 1e3 * seconds / args.steps,
+            "compute_ms": 1e3 * statistics.mean(c for r in trainers for c in r["computes"]),
             "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
         })
     base = {r["system"]: r for r in records}.get("rpc")
@@ -448,7 +456,7 @@ def report(results: dict, args) -> None:
         vs_rpc = f" ({r['rows_per_s_vs_rpc']:.2f}x rpc)" if r["rows_per_s_vs_rpc"] else ""
         print(f"{r['system']:>10}: {r['rows_per_s']:9.0f} rows/s{vs_rpc}, pull p50 "
               f"{r['pull_p50_ms']:.1f} ms p99 {r['pull_p99_ms']:.1f} ms, {r['bytes_per_step'] / 1e6:.1f} MB/step, "
-              f"loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
+              f"step {r['step_ms']:.0f} ms of which compute {r['compute_ms']:.0f} ms, loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
     if args.out_dir:
         os.makedirs(args.out_dir, exist_ok=True)
         path = os.path.join(args.out_dir, "dlrm_push_pull.json")

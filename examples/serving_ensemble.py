@@ -3,6 +3,7 @@ and replaced while queries flow.
 
     python examples/serving_ensemble.py                     # 1 frontend + 4 replicas, 400 queries
     python examples/serving_ensemble.py --quorum 3          # answer with the first 3 of 4 votes
+    python examples/serving_ensemble.py --host 10.0.0.1 --rank-prefix "ip netns exec node{rank}"
 
 The frontend puts each query batch once; every replica gets it (the store
 relays it, so the frontend's link carries it about once), classifies it with
@@ -18,6 +19,11 @@ quorum = replicas, the frontend waits for it (the latency around the kill is
 the replacement's start-up); with a smaller quorum it never waits. The script
 reports queries/s and p50/p99 latency before, around and after the kill, and
 plots latency against time.
+
+The launcher hosts the rendezvous store (as torchrun's agent does) and starts
+each rank as a process of this script; `--rank-prefix` puts a command in front
+of each (e.g. entering a network namespace: benchmarks/workloads.py runs it so
+on the emulated cluster), `--host` is the store's address the ranks reach.
 """
 
 from __future__ import annotations
@@ -26,15 +32,16 @@ import argparse
 import datetime
 import json
 import os
-import signal
+import shlex
 import socket
 import statistics
+import subprocess
+import sys
 import time
 from typing import Optional
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import torch_hoplite as hop
@@ -94,7 +101,7 @@ def replica(rank: int, world: int, args, rejoin: bool) -> None:
     hop.shutdown()
 
 
-def frontend(world: int, args, queue) -> None:
+def frontend(world: int, args) -> None:
     hop.init(timeout=TIMEOUT, heartbeat_timeout=2)
     store = control_store(0, world)
     replicas = list(range(1, world))
@@ -135,9 +142,9 @@ def frontend(world: int, args, queue) -> None:
     current_at_kill = int(store.get("serving/kill_index"))
     for i in range(max(0, current_at_kill - 2), current_at_kill + 3):
         _delete_if_there(f"a/{i}/{KILLED}")  # a vote the replacement gave again for an answered query
+    store.set("serving/records", json.dumps(records))
     hop.barrier(timeout=TIMEOUT)
     hop.shutdown()
-    queue.put(records)
 
 
 _late: list[str] = []
@@ -161,15 +168,23 @@ def _delete_if_there(obj_id: str) -> bool:
     return True
 
 
-def _rank_main(rank: int, world: int, port: int, args, rejoin: bool, queue) -> None:
-    # The launcher hosts the store, as torchrun's agent does.
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      TORCHELASTIC_USE_AGENT_STORE="True")
+def rank_main(rank: int, world: int, args) -> None:
+    """One rank, started by the launcher with torchrun's environment."""
     torch.set_num_threads(1)
     if rank == 0:
-        frontend(world, args, queue)
+        frontend(world, args)
     else:
-        replica(rank, world, args, rejoin)
+        replica(rank, world, args, args.rejoin)
+
+
+def start_rank(rank: int, world: int, port: int, args, rejoin: bool) -> subprocess.Popen:
+    env = dict(os.environ, MASTER_ADDR=args.host, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+               TORCHELASTIC_USE_AGENT_STORE="True", PYTHONUNBUFFERED="1")
+    prefix = shlex.split(args.rank_prefix.format(rank=rank)) if args.rank_prefix else []
+    cmd = [*prefix, sys.executable, os.path.abspath(__file__), "--rank", str(rank), "--replicas", str(args.replicas),
+           "--quorum", str(args.quorum), "--queries", str(args.queries), "--batch", str(args.batch),
+           "--kill-at", str(args.kill_at), "--check-every", str(args.check_every)]
+    return subprocess.Popen(cmd + (["--rejoin"] if rejoin else []), env=env)
 
 
 def summarize(records: list[tuple[float, float]], kill_s: float, back_s: float) -> dict:
@@ -189,6 +204,19 @@ def summarize(records: list[tuple[float, float]], kill_s: float, back_s: float) 
     }
 
 
+def wait_for(done, what: str, procs: dict[int, subprocess.Popen]) -> None:
+    """Polls done() until it holds; raises at once if a rank failed instead,
+    or after the timeout."""
+    deadline = time.monotonic() + TIMEOUT
+    while not done():
+        failed = {r: p.returncode for r, p in procs.items() if p.poll() not in (None, 0)}
+        if failed:
+            raise SystemExit(f"ranks failed (exit codes {failed}) while the launcher waited for {what}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no {what} within {TIMEOUT} s")
+        time.sleep(0.005)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replicas", type=int, default=4)
@@ -198,38 +226,44 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--kill-at", type=float, default=0.4, help="fraction of the queries served before the kill")
     parser.add_argument("--check-every", type=int, default=10)
     parser.add_argument("--out-dir", default=RESULTS)
+    parser.add_argument("--host", default="127.0.0.1", help="address of the store the launcher hosts")
+    parser.add_argument("--rank-prefix", default=None,
+                        help='command put before each rank\'s, {rank} replaced (e.g. "ip netns exec node{rank}")')
+    parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)  # a rank the launcher started
+    parser.add_argument("--rejoin", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.quorum = args.quorum or args.replicas
     if not 1 <= args.quorum <= args.replicas or args.replicas < KILLED:
         parser.error(f"need --replicas >= {KILLED} and 1 <= --quorum <= --replicas")
     world = args.replicas + 1
+    if args.rank is not None:
+        rank_main(args.rank, world, args)
+        return
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((args.host, 0))
         port = s.getsockname()[1]
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False, multi_tenant=True)
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    procs = {r: ctx.Process(target=_rank_main, args=(r, world, port, args, False, queue)) for r in range(world)}
-    for p in procs.values():
-        p.start()
-    start = time.monotonic()
-    store.wait(["serving/kill"], datetime.timedelta(seconds=TIMEOUT))
-    kill_s = time.monotonic() - start
-    os.kill(procs[KILLED].pid, signal.SIGKILL)
-    procs[KILLED].join(10)
-    print(f"launcher: killed replica {KILLED} at {kill_s:.2f} s; starting its replacement", flush=True)
-    procs[KILLED] = ctx.Process(target=_rank_main, args=(KILLED, world, port, args, True, queue))
-    procs[KILLED].start()
-    store.wait(["serving/rejoined"], datetime.timedelta(seconds=TIMEOUT))  # its hop.init(rejoin=True) returned
-    back_s = time.monotonic() - start
-    store.wait(["serving/replicas_done"], datetime.timedelta(seconds=TIMEOUT))
-    while store.add("serving/replicas_done", 0) < args.replicas:
-        time.sleep(0.01)
-    store.set("serving/all_done", "1")
-    records = [(t0 - start, latency) for t0, latency in queue.get()]
-    for p in procs.values():
-        p.join(TIMEOUT)
-    codes = {r: p.exitcode for r, p in procs.items()}
+    store = dist.TCPStore(args.host, port, world, is_master=True, wait_for_workers=False, multi_tenant=True)
+    procs = {r: start_rank(r, world, port, args, rejoin=False) for r in range(world)}
+    try:
+        start = time.monotonic()
+        wait_for(lambda: store.check(["serving/kill"]), "kill signal from the frontend", procs)
+        kill_s = time.monotonic() - start
+        procs[KILLED].kill()  # SIGKILL: no goodbye to its peers
+        procs[KILLED].wait(10)
+        print(f"launcher: killed replica {KILLED} at {kill_s:.2f} s; starting its replacement", flush=True)
+        procs[KILLED] = start_rank(KILLED, world, port, args, rejoin=True)
+        # Its hop.init(rejoin=True) returned:
+        wait_for(lambda: store.check(["serving/rejoined"]), "rejoin of the replacement", procs)
+        back_s = time.monotonic() - start
+        wait_for(lambda: store.add("serving/replicas_done", 0) >= args.replicas, "end of every replica", procs)
+        store.set("serving/all_done", "1")
+        wait_for(lambda: store.check(["serving/records"]), "the frontend's latencies", procs)
+        records = [(t0 - start, latency) for t0, latency in json.loads(store.get("serving/records"))]
+        codes = {r: p.wait(TIMEOUT) for r, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
     if any(codes.values()):
         raise SystemExit(f"ranks exited with {codes}")
     summary = summarize(records, kill_s, back_s)

@@ -100,7 +100,7 @@ def test_ranks_calling_different_collectives_raise_instead_of_mixing_data():
                                           ("all_gather_into_tensor", "allreduce")]):
         assert results[rank] is not None, f"rank {rank} did not report (hung?)"
         outcome, seconds = results[rank]
-        assert "DistBackendError" in outcome and "different collectives" in outcome, f"rank {rank}: {outcome}"
+        assert "DistBackendError" in outcome and "different exchanges" in outcome, f"rank {rank}: {outcome}"
         assert f"its {theirs}, this rank receives it in its {mine}" in outcome, outcome
         assert seconds < 10, f"rank {rank} took {seconds:.1f} s: the mismatch should be seen at the first message"
 
@@ -126,7 +126,7 @@ def test_a_failed_collective_withdraws_the_sends_nobody_will_receive():
     outcomes = _spawn(c10d_cases.run_abandoned_alltoall, 3, timeout=120)
     assert all(o is not None for o in outcomes), outcomes
     for rank, o in enumerate(outcomes):  # every rank failed at once, not at the group's 60 s timeout
-        assert "DistBackendError" in o["outcome"] and "different collectives" in o["outcome"], (rank, o)
+        assert "DistBackendError" in o["outcome"] and "different exchanges" in o["outcome"], (rank, o)
         assert o["seconds"] < 30, (rank, o)
     for rank in (0, 1):  # its block for rank 2, withdrawn when the collective failed
         assert outcomes[rank]["withdrawn"] == 1, (rank, outcomes[rank])

@@ -74,3 +74,16 @@ def test_unknown_tcp_congestion_is_refused():
     with pytest.raises(ValueError, match="tcp_congestion 'no-such-algorithm'.*this kernel has"):
         Cluster(1, options={"tcp_congestion": "no-such-algorithm"})
     assert not hop.is_initialized()
+
+
+def test_the_transport_is_chosen_by_name():
+    assert "tcp" in hop.transports()
+    c = Cluster(2, options={"transport": "tcp", "same_host": False})
+    try:
+        ref = c.call(1, workers.put, torch.arange(8.0), "by-name")
+        assert torch.equal(c.call(0, workers.get, ref), torch.arange(8.0))
+    finally:
+        c.close()
+    with pytest.raises(ValueError, match=r"unknown transport 'carrier-pigeon' \(this build has: .*tcp"):
+        Cluster(1, options={"transport": "carrier-pigeon"})
+    assert not hop.is_initialized()

@@ -23,6 +23,7 @@ from torch_hoplite.api import (
     shutdown,
     stats,
     subscribe,
+    transports,
 )
 from torch_hoplite.collectives import ReduceOp, ReducePlan, allreduce, gather, reduce, wait_reduce
 from torch_hoplite.config import Config
@@ -51,7 +52,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "init", "shutdown", "is_initialized", "put", "get", "delete", "barrier", "stats",
-    "get_rank", "get_world_size", "ObjectRef", "Config", "subscribe", "Subscription", "Locations",
+    "get_rank", "get_world_size", "transports", "ObjectRef", "Config", "subscribe", "Subscription", "Locations",
     "reduce", "wait_reduce", "allreduce", "gather", "ReduceOp", "ReducePlan", "InvalidArgumentError",
     "HopliteError", "HopliteTimeoutError", "ObjectExistsError", "ObjectNotFoundError",
     "ObjectDeletedError", "PeerFailedError", "CapacityError", "ProtocolError", "NotInitializedError",

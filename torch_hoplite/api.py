@@ -8,6 +8,7 @@ from typing import Optional, Union
 import torch
 import torch.distributed as dist
 
+from torch_hoplite import _C
 from torch_hoplite._bootstrap import Rendezvous, resolve_store
 from torch_hoplite._tensors import require_cuda
 from torch_hoplite.config import Config
@@ -228,6 +229,12 @@ def get_rank() -> int:
 
 def get_world_size() -> int:
     return _rt().world_size
+
+
+def transports() -> list[str]:
+    """Names of the transports this build has, for ``init(transport=...)``
+    (``HOPLITE_TRANSPORT``); ``"tcp"`` is the default."""
+    return list(_C.transports())
 
 
 def stats() -> dict[str, int]:

@@ -7,6 +7,8 @@ variable / keyword             meaning                                     defau
 HOPLITE_LISTEN_HOST  host      IPv4 address to listen on and advertise     see below
 HOPLITE_IFNAME       ifname    take the address of this interface          unset
 HOPLITE_LISTEN_PORT  port      TCP port (0: any free port)                 0
+HOPLITE_TRANSPORT    transport  how nodes reach each other, by name       tcp
+                               (``torch_hoplite.transports()`` lists them)
 HOPLITE_CHUNK_BYTES  chunk     pipelining chunk (0: by object size,        0
                      _bytes    256 KiB .. 4 MiB)
 HOPLITE_STORE_CAPACITY         bytes of object copies this node keeps      half of RAM
@@ -101,6 +103,7 @@ class Config:
     host: Optional[str] = None
     ifname: Optional[str] = None
     port: int = 0
+    transport: str = "tcp"
     chunk_bytes: int = 0
     capacity_bytes: int = dataclasses.field(default_factory=lambda: _total_memory() // 2)
     inline_threshold_bytes: int = 64 << 10
@@ -121,6 +124,7 @@ class Config:
         "host": ("HOPLITE_LISTEN_HOST", str),
         "ifname": ("HOPLITE_IFNAME", str),
         "port": ("HOPLITE_LISTEN_PORT", int),
+        "transport": ("HOPLITE_TRANSPORT", str),
         "chunk_bytes": ("HOPLITE_CHUNK_BYTES", parse_size),
         "capacity_bytes": ("HOPLITE_STORE_CAPACITY", parse_size),
         "inline_threshold_bytes": ("HOPLITE_INLINE_THRESHOLD", parse_size),

@@ -32,6 +32,7 @@ class Runtime:
                 "world_size": self.world_size,
                 "host": host,
                 "port": config.port,
+                "transport": config.transport,
                 "cluster_id": rendezvous.cluster_id(),
                 "secret": rendezvous.secret(config.secret),
                 "chunk_bytes": config.chunk_bytes,

@@ -13,6 +13,7 @@
 #include "common/hash.h"
 #include "common/object_meta.h"
 #include "common/scalar_types.h"
+#include "common/timeouts.h"
 
 namespace hoplite::c10d {
 namespace {
@@ -230,10 +231,10 @@ void HopliteWork::complete(std::exception_ptr error, int sourceRank) {
 
 // ---------------------------------------------------------------- HopliteBackend
 
-HopliteBackend::HopliteBackend(std::shared_ptr<Node> node, const std::string& groupName, int rank,
+HopliteBackend::HopliteBackend(std::shared_ptr<TaggedMessenger> messenger, const std::string& groupName, int rank,
                                std::vector<int> globalRanks, std::chrono::milliseconds timeout)
     : Backend(rank, static_cast<int>(globalRanks.size())),
-      channel_(std::move(node), fnv1a("c10d:" + groupName), rank, std::move(globalRanks)),
+      channel_(std::move(messenger), fnv1a("c10d:" + groupName), rank, std::move(globalRanks)),
       timeout_(timeout) {}
 
 HopliteBackend::~HopliteBackend() { shutdown(); }
@@ -727,11 +728,11 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::pointToPoint(Tensors& tensors, 
   };
   const double seconds = timeoutSeconds(::c10d::kUnsetTimeout);
   if (isSend) {
-    channel_.node().sendMessage(global, channel_.context(), tagValue, kPointToPoint, bytesOf(d.work), nbytes(d.work), keep,
-                                done, seconds);
+    channel_.messenger().send(global, channel_.context(), tagValue, kPointToPoint, bytesOf(d.work), nbytes(d.work), keep,
+                              done, seconds);
   } else {
-    channel_.node().recvMessage(global, channel_.context(), tagValue, kPointToPoint, bytesOf(d.work), nbytes(d.work), keep,
-                                done, seconds);
+    channel_.messenger().receive(global, channel_.context(), tagValue, kPointToPoint, bytesOf(d.work), nbytes(d.work),
+                                 keep, done, seconds);
   }
   return work;
 }

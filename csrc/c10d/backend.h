@@ -41,7 +41,7 @@ class HopliteBackend : public ::c10d::Backend {
  public:
   // `globalRanks[i]` is the node rank of group rank i; `groupName` must be the
   // same on every member and differ between groups.
-  HopliteBackend(std::shared_ptr<Node> node, const std::string& groupName, int rank, std::vector<int> globalRanks,
+  HopliteBackend(std::shared_ptr<TaggedMessenger> messenger, const std::string& groupName, int rank, std::vector<int> globalRanks,
                  std::chrono::milliseconds timeout);
   ~HopliteBackend() override;
 
@@ -102,7 +102,7 @@ class HopliteBackend : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Work> pointToPoint(Tensors& tensors, int peer, int tag, bool isSend);
   double timeoutSeconds(std::chrono::milliseconds requested) const;
 
-  Channel channel_;  // its node is shared with send/recv; the rest is the worker thread's
+  Channel channel_;  // its messenger is shared with send/recv; the rest is the worker thread's
   std::atomic<std::chrono::milliseconds> timeout_;
   std::mutex issueMutex_;  // numbers and queues a collective in one step
   uint64_t seq_ = 0;       // collectives issued: identical on every member

@@ -1,5 +1,7 @@
 #include "c10d/channel.h"
 
+#include "common/object_meta.h"
+
 namespace hoplite::c10d {
 
 namespace {
@@ -10,7 +12,7 @@ constexpr std::chrono::seconds kCancelGrace{5};
 }  // namespace
 
 // Blocks come back when the last message of their collective lets go of them,
-// which may be on the node's loop thread: hence the lock.
+// which may be on the messenger's loop thread: hence the lock.
 class Channel::ScratchPool {
  public:
   Block take(size_t bytes) {
@@ -48,8 +50,8 @@ struct Channel::Memory {
   }
 };
 
-Channel::Channel(std::shared_ptr<Node> node, uint64_t context, int rank, std::vector<int> globalRanks)
-    : node_(std::move(node)),
+Channel::Channel(std::shared_ptr<TaggedMessenger> messenger, uint64_t context, int rank, std::vector<int> globalRanks)
+    : messenger_(std::move(messenger)),
       context_(context),
       rank_(rank),
       globalRanks_(std::make_shared<const std::vector<int>>(std::move(globalRanks))),
@@ -89,7 +91,7 @@ void Channel::end(bool failed) {
     {
       std::lock_guard<std::mutex> lock(outcome_->mutex);
       for (auto& op : sends_) {
-        if (!op->done) node_->cancelSend(op->handle, why);  // its peer will not ask for it now
+        if (!op->done) messenger_->cancelSend(op->handle, why);  // its peer will not ask for it now
       }
     }
     for (auto& op : receives_) requestCancel(op, why);
@@ -104,7 +106,7 @@ void Channel::end(bool failed) {
 
 void Channel::requestCancel(const Pending& op, const Status& why) {
   std::lock_guard<std::mutex> lock(op->outcome->mutex);
-  if (!op->done) node_->cancelReceive(op->handle, why);
+  if (!op->done) messenger_->cancelReceive(op->handle, why);
 }
 
 void Channel::awaitCancel(const Pending& op, std::chrono::steady_clock::time_point until) {
@@ -140,7 +142,7 @@ Channel::Pending Channel::start(int peer, uint64_t subTag, bool isSend) {
 namespace {
 // `timeoutSeconds`: the collective's. A send's own deadline (what was left of
 // it when the send started) reports in those terms, as the waits do.
-Node::MessageCallback completer(const Channel::Pending& op, double timeoutSeconds) {
+TaggedMessenger::Callback completer(const Channel::Pending& op, double timeoutSeconds) {
   return [op, timeoutSeconds](const Status& reported, int) {
     const Status status = reported.code == Code::kTimeout
                               ? Status(Code::kTimeout, "timed out after " + printableSeconds(timeoutSeconds))
@@ -166,17 +168,16 @@ Channel::Pending Channel::send(int peer, uint64_t subTag, const void* data, size
   auto op = start(peer, subTag, true);
   // With the collective's deadline, so that the node withdraws a deferred send
   // whose receiver never asks for it.
-  op->handle = node_->sendMessage(globalRank(peer), context_, tagBase_ | subTag, kind_,
-                                  static_cast<const uint8_t*>(data), bytes, memory_, completer(op, timeoutSeconds_),
-                                  secondsLeft());
+  op->handle = messenger_->send(globalRank(peer), context_, tagBase_ | subTag, kind_, static_cast<const uint8_t*>(data),
+                                bytes, memory_, completer(op, timeoutSeconds_), secondsLeft());
   sends_.push_back(op);
   return op;
 }
 
 Channel::Pending Channel::recv(int peer, uint64_t subTag, void* data, size_t bytes) {
   auto op = start(peer, subTag, false);
-  op->handle = node_->recvMessage(globalRank(peer), context_, tagBase_ | subTag, kind_, static_cast<uint8_t*>(data), bytes,
-                                  memory_, completer(op, timeoutSeconds_));
+  op->handle = messenger_->receive(globalRank(peer), context_, tagBase_ | subTag, kind_, static_cast<uint8_t*>(data),
+                                   bytes, memory_, completer(op, timeoutSeconds_));
   receives_.push_back(op);
   return op;
 }

@@ -1,4 +1,4 @@
-// A process group's view of the node's tagged messages, the small transport
+// A process group's view of the node's tagged messages (TaggedMessenger), the small transport
 // the collective algorithms are written against (as Gloo's are against its
 // pairs): group ranks, one tag space per collective, and every wait bounded by
 // the collective's deadline. Used by one thread at a time.
@@ -13,7 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "node/node.h"
+#include "common/status.h"
+#include "messenger/tagged_messenger.h"
 
 namespace hoplite::c10d {
 
@@ -37,18 +38,18 @@ class Channel {
   using Pending = std::shared_ptr<Op>;
 
   // `globalRanks[i]` is the node rank of group rank i.
-  Channel(std::shared_ptr<Node> node, uint64_t context, int rank, std::vector<int> globalRanks);
+  Channel(std::shared_ptr<TaggedMessenger> messenger, uint64_t context, int rank, std::vector<int> globalRanks);
 
   int rank() const { return rank_; }
   int size() const { return static_cast<int>(globalRanks_->size()); }
   int globalRank(int groupRank) const { return globalRanks_->at(groupRank); }
   // Node rank of each group rank, shareable with callbacks that may outlive the channel.
   std::shared_ptr<const std::vector<int>> globalRanks() const { return globalRanks_; }
-  Node& node() { return *node_; }
+  TaggedMessenger& messenger() { return *messenger_; }
   uint64_t context() const { return context_; }
 
   // Starts a collective: its name for errors, its kind (which the peers'
-  // messages must match: see Node::sendMessage), its tags, its deadline, and
+  // messages must match: see TaggedMessenger), its tags, its deadline, and
   // `owner`, which keeps the memory it touches alive until the node has
   // finished with every message.
   void begin(const std::string& name, const std::string& kind, uint64_t tagBase, double timeoutSeconds,
@@ -78,13 +79,13 @@ class Channel {
   struct Memory;
   class ScratchPool;
   Pending start(int peer, uint64_t subTag, bool isSend);
-  // Asks the node to cancel a receive that has not completed; awaitCancel
+  // Asks the messenger to cancel a receive that has not completed; awaitCancel
   // returns once its memory is no longer written (or at `until`).
   void requestCancel(const Pending& op, const Status& why);
   void awaitCancel(const Pending& op, std::chrono::steady_clock::time_point until);
   double secondsLeft() const;
 
-  std::shared_ptr<Node> node_;
+  std::shared_ptr<TaggedMessenger> messenger_;
   uint64_t context_;
   int rank_;
   std::shared_ptr<const std::vector<int>> globalRanks_;
@@ -117,7 +118,7 @@ struct Channel::Op {
   bool isSend = false;
   int peer = 0;
   uint64_t subTag = 0;
-  uint64_t handle = 0;  // the node's, for cancelling
+  uint64_t handle = 0;  // the messenger's, for cancelling
   std::string where;    // "<collective> on rank r: sending to rank p"
   std::shared_ptr<Outcome> outcome;
   bool done = false;

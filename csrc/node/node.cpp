@@ -10,7 +10,7 @@
 
 #include "common/hash.h"
 #include "common/logging.h"
-#include "net/tcp/tcp_transport.h"
+#include "net/transport_registry.h"
 
 namespace hoplite {
 namespace {
@@ -44,7 +44,7 @@ Node::Node(NodeConfig config)
   limits_.maxControl = std::max<uint64_t>(config_.inlineThresholdBytes, 1u << 20) + (64u << 10);
   limits_.maxData = kMaxDataFrame;
   TransportOptions options{limits_, config_.socketBufferBytes, config_.tcpCongestion};
-  transport_ = std::make_unique<TcpTransport>(loop_, options);
+  transport_ = makeTransport(config_.transport, loop_, options);
   pool_ = std::make_shared<BufferPool>(config_.poolCacheBytes);
   store_ = std::make_unique<ObjectStore>(pool_, config_.capacityBytes, [this](const std::string& id) {
     counters_.evictions++;
@@ -52,6 +52,9 @@ Node::Node(NodeConfig config)
       send(shardOf(id), wire::HolderUpdate{id, config_.rank, wire::HolderState::kRemoved, -1});
     });
   });
+  mailbox_ = std::make_unique<Mailbox>(
+      loop_, static_cast<PeerLinks&>(*this),
+      MailboxConfig{config_.rank, config_.worldSize, config_.mailboxBytes, config_.capacityBytes, config_.chunkBytes});
   directory_ = std::make_unique<DirectoryShard>(loop_, [this](int rank, const wire::Locations& msg) { send(rank, msg); });
   workers_ = std::make_unique<WorkerPool>("hoplite-copy", config_.copyThreads);
   putCopies_ = std::make_unique<WorkerPool>("hoplite-putcopy", 1, kPutCopyNice);
@@ -256,7 +259,7 @@ void Node::failPeer(int rank, const Status& why, bool gone) {
     if (pull.rank == rank) pulls.push_back(request);
   }
   for (uint64_t request : pulls) failPull(request, failure);
-  failMessagesFrom(rank, 0, failure);
+  mailbox_->failFrom(rank, 0, failure);
 }
 
 std::shared_ptr<Connection> Node::sharedConnection(Connection& conn) {
@@ -286,7 +289,7 @@ void Node::onClosed(Connection& conn, const Status& why) {
       dropPartialResultsOf(from);
     }
     if (from >= 0 && !shuttingDown_) {
-      failMessagesFrom(from, conn.id(), Status(Code::kPeerFailed, "connection from " + peerName(from) + " closed: " + why.message));
+      mailbox_->failFrom(from, conn.id(), Status(Code::kPeerFailed, "connection from " + peerName(from) + " closed: " + why.message));
     }
     std::vector<StreamKey> streams;
     for (const auto& [key, stream] : serving_) {
@@ -612,19 +615,19 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
     }
     case wire::MsgType::kMessage:
       if (!isIncoming) break;  // a sender uses the connection it dialed
-      handleMessage(conn, wire::Message::decode(reader));
+      mailbox_->onMessage(conn, wire::Message::decode(reader));
       return;
     case wire::MsgType::kMessageReply:
       if (isIncoming) break;  // answers come back on the sender's connection
-      onMessageReply(conn, wire::MessageReply::decode(reader));
+      mailbox_->onReply(conn, wire::MessageReply::decode(reader));
       return;
     case wire::MsgType::kMessageCredit:
       if (isIncoming) break;  // credits come back on the sender's connection
-      onMessageCredit(conn, wire::MessageCredit::decode(reader));
+      mailbox_->onCredit(conn, wire::MessageCredit::decode(reader));
       return;
     case wire::MsgType::kMessageWithdrawn:
       if (!isIncoming) break;
-      onMessageWithdrawn(conn, wire::MessageWithdrawn::decode(reader));
+      mailbox_->onWithdrawn(conn, wire::MessageWithdrawn::decode(reader));
       return;
     case wire::MsgType::kChallenge:
       if (isIncoming) break;
@@ -680,9 +683,10 @@ std::map<std::string, uint64_t> Node::stats() {
     std::lock_guard<std::mutex> lock(subscriptionMutex_);
     subscriptions = subscriptions_.size();
   }
+  const Mailbox::Counters& messages = mailbox_->counters();
   return {
-      {"bytes_sent", counters_.bytesSent.load()},
-      {"bytes_received", counters_.bytesReceived.load()},
+      {"bytes_sent", counters_.bytesSent.load() + messages.bytesSent.load()},
+      {"bytes_received", counters_.bytesReceived.load() + messages.bytesReceived.load()},
       {"bytes_sent_same_host", counters_.bytesSentSameHost.load()},
       {"bytes_received_same_host", counters_.bytesReceivedSameHost.load()},
       {"pulls_lent", lentCount_.load()},
@@ -696,12 +700,12 @@ std::map<std::string, uint64_t> Node::stats() {
       {"reduce_bytes_on_device", counters_.reduceBytesOnDevice.load()},
       {"link_probes", counters_.probes.load()},
       {"pull_resumes", counters_.pullResumes.load()},
-      {"messages_sent", counters_.messagesSent.load()},
-      {"messages_received", counters_.messagesReceived.load()},
-      {"messages_unexpected", counters_.messagesUnexpected.load()},
-      {"messages_deferred", counters_.messagesDeferred.load()},
-      {"messages_withdrawn", counters_.messagesWithdrawn.load()},
-      {"mailbox_bytes", mailboxBytes_.load()},
+      {"messages_sent", messages.sent.load()},
+      {"messages_received", messages.received.load()},
+      {"messages_unexpected", messages.unexpected.load()},
+      {"messages_deferred", messages.deferred.load()},
+      {"messages_withdrawn", messages.withdrawn.load()},
+      {"mailbox_bytes", messages.waitingBytes.load()},
       {"handshakes_refused", counters_.handshakesRefused.load()},
       {"inline_gets", counters_.inlineGets.load()},
       {"local_gets", counters_.localGets.load()},
@@ -764,7 +768,7 @@ void Node::shutdown() {
     std::vector<uint64_t> tasks;
     for (const auto& entry : tasks_) tasks.push_back(entry.first);
     for (uint64_t task : tasks) failTask(task, why);
-    failMessagesFrom(-1, 0, why);
+    mailbox_->shutDown(why);
   });
   if (loopRunning) done.get_future().wait();
   // Bounded: a hung peer that never ends its side does not hold shutdown.

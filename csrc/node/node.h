@@ -22,11 +22,14 @@
 #include "common/hmac.h"
 #include "common/object_meta.h"
 #include "common/status.h"
+#include "common/timeouts.h"
 #include "common/worker_pool.h"
 #include "coll/device_reducer.h"
 #include "coll/reduce_kernels.h"
 #include "coll/reduce_plan.h"
 #include "directory/directory_shard.h"
+#include "messenger/mailbox.h"
+#include "messenger/peer_links.h"
 #include "net/event_loop.h"
 #include "net/local_connection.h"
 #include "net/same_host/memory_reader.h"
@@ -38,14 +41,12 @@
 
 namespace hoplite {
 
-// Longest timeout honoured anywhere (a day); longer ones are clamped.
-constexpr double kMaxTimeoutSeconds = 86400.0;
-
 struct NodeConfig {
   int rank = 0;
   int worldSize = 1;
   std::string host = "127.0.0.1";  // address to bind and advertise
   int port = 0;                    // 0: any free port
+  std::string transport = "tcp";   // by name (net/transport_registry.h)
   std::string clusterId;           // peers with another id are refused
   std::string secret;              // shared by the cluster; peers that cannot prove they know it are refused
   uint64_t chunkBytes = 0;         // 0: chosen per object from its size
@@ -114,7 +115,7 @@ struct Completion {
   ObjectMeta meta;
 };
 
-class Node : public ConnectionObserver {
+class Node : public ConnectionObserver, private PeerLinks {
  public:
   explicit Node(NodeConfig config);
   ~Node() override;
@@ -173,35 +174,8 @@ class Node : public ConnectionObserver {
   Status nextLocations(uint64_t handle, uint64_t seen, double timeoutSeconds, wire::Locations* out,
                        uint64_t* version);
   void unsubscribe(uint64_t handle);
-  // Tagged messages between ranks, the transport of the c10d backend
-  // (node_mailbox.cpp). A message is matched with the receive posted at its
-  // destination for the same (context, tag) and source, in send order; one that
-  // arrives before its receive waits in a mailbox. Both ends name the `kind` of
-  // work they do (e.g. "allreduce"): a match of different kinds fails the
-  // receive, so ranks that called different collectives get an error, not
-  // each other's bytes. `done` runs exactly once, on
-  // the loop thread: for a send once its bytes are handed to the kernel.
-  // `keepalive` holds the memory until then.
-  using MessageCallback = std::function<void(const Status&, int sourceRank)>;
-  // timeoutSeconds > 0: `done` reports a timeout if by then the message can
-  // still be stopped: a receive is cancelled; a send not yet announced is
-  // dropped, a deferred one not yet asked for withdrawn (a send whose bytes
-  // are already on their way reports how that ended instead). Returns a
-  // handle for cancelSend.
-  uint64_t sendMessage(int rank, uint64_t context, uint64_t tag, const std::string& kind, const uint8_t* data,
-                       uint64_t size, std::shared_ptr<const void> keepalive, MessageCallback done,
-                       double timeoutSeconds = 0);
-  // rank -1: from any source. Returns a handle for cancelReceive.
-  uint64_t recvMessage(int rank, uint64_t context, uint64_t tag, const std::string& kind, uint8_t* dest, uint64_t size,
-                       std::shared_ptr<const void> keepalive, MessageCallback done, double timeoutSeconds = 0);
-  // Fails a receive that has not completed with `why` (its caller gave up). No
-  // data frame is written to its memory once the loop has run the cancel,
-  // also not the rest of one being read (the connection discards it).
-  void cancelReceive(uint64_t handle, const Status& why);
-  // Gives up a send that is not under way, failing it with `why` (its caller
-  // gave up): one not yet announced never is, a deferred one that no receive
-  // asked for yet is withdrawn; a send whose bytes are on their way goes on.
-  void cancelSend(uint64_t handle, const Status& why);
+  // Tagged messages between ranks, what the c10d backend is built on.
+  TaggedMessenger& messenger() { return *mailbox_; }
   // Waits up to `timeoutSeconds` for completions; false once shut down and drained.
   bool waitCompletions(std::vector<Completion>* out, double timeoutSeconds);
   std::map<std::string, uint64_t> stats();
@@ -239,11 +213,14 @@ class Node : public ConnectionObserver {
   // A rank failed: its share of the directory moves on, and this node
   // registers the copies it holds of the objects that were listed there.
   void moveShardFrom(int rank);
-  std::string peerName(int rank) const;
+  // PeerLinks (for the mailbox).
+  std::string peerName(int rank) const override;
+  bool hasFailed(int rank) override { return peers_[rank].lost; }
+  uint64_t latestIncoming(int rank) override { return peers_[rank].incoming; }
   void sendTo(int rank, wire::MsgType type, std::string payload);
   // Runs `write` with the peer's connection once its handshake is done; a
   // failed peer drops it unrun.
-  void whenConnected(int rank, std::function<void(Connection&)> write);
+  void whenConnected(int rank, std::function<void(Connection&)> write) override;
   template <typename M>
   void send(int rank, const M& msg) {
     sendTo(rank, M::kType, wire::encode(msg));
@@ -254,7 +231,7 @@ class Node : public ConnectionObserver {
   // Runs every heartbeat interval: pings quiet peers, fails silent ones.
   void checkHeartbeats();
   void heardFrom(Connection& conn);
-  std::shared_ptr<Connection> sharedConnection(Connection& conn);
+  std::shared_ptr<Connection> sharedConnection(Connection& conn) override;
   // The handshake (see wire::Hello): a server answers a hello with a
   // challenge and trusts the connection once the client's proof checks out.
   struct Handshake {
@@ -451,66 +428,6 @@ class Node : public ConnectionObserver {
   // The shard on `rank` failed: its subscriptions go to the successor.
   void resubscribeFrom(int rank);
 
-  // --- tagged messages (node_mailbox.cpp) ---
-  using MessageKey = std::pair<uint64_t, uint64_t>;  // (context, tag)
-  struct PostedReceive {
-    uint64_t handle = 0;
-    int rank = -1;
-    uint8_t* dest = nullptr;
-    uint64_t size = 0;
-    std::string kind;
-    std::shared_ptr<const void> keepalive;
-    MessageCallback done;
-  };
-  struct SendProgress;
-  struct Inbound;   // a message arriving, or waiting in the mailbox
-  struct Outbound;  // a deferred message, until its receiver lets it come or refuses it
-  struct CreditOwed {  // eager bytes taken from one connection, not yet credited
-    std::weak_ptr<Connection> conn;
-    uint64_t bytes = 0;
-    EventLoop::TimerId timer = 0;  // the delayed credit, while armed
-  };
-  void handleMessage(Connection& conn, const wire::Message& msg);
-  void onMessageReply(Connection& conn, const wire::MessageReply& msg);
-  void onMessageCredit(Connection& conn, const wire::MessageCredit& msg);
-  // An eager message left the mailbox window (taken, or refused and dropped):
-  // its bytes are credited back to the sender, batched.
-  void creditEager(const Inbound& inbound);
-  void sendCredit(uint64_t connectionId);
-  void onMessageWithdrawn(Connection& conn, const wire::MessageWithdrawn& msg);
-  // Gives an inbound message to `receive`, or fails the receive when the
-  // message is of another kind or size; tells the sender either way (an eager
-  // one's sender through a credit).
-  bool claim(Inbound& inbound, PostedReceive& receive);
-  // Tells a deferred inbound message's sender what became of it.
-  void answerMessage(const Inbound& inbound, wire::MessageAnswer answer, const std::string& reason = "");
-  // A deferred message's sender gave up: its memory is let go, and the
-  // receiver told to forget it. False if it was not waiting to be asked for
-  // (eager, under way, or over): then it reports its own outcome.
-  bool dropOutbound(uint64_t request, const Status& why);
-  // A send's caller gave up (timeout, cancelSend): reports `why` unless the
-  // send has reported or its bytes are on their way (then returns false).
-  bool giveUpSend(uint64_t request, const Status& why);
-  // cancelReceive, on the loop thread: the receive's memory is not written once it returns.
-  void cancelReceiveNow(uint64_t handle, const Status& why);
-  void matchReceive(PostedReceive receive, MessageKey key);
-  void completeInbound(const std::shared_ptr<Inbound>& inbound);
-  // `done`, run at most once; with timeoutSeconds > 0, `arm` (run on the loop
-  // in the task that starts the operation) starts a timer that reports a
-  // timeout if `giveUp` could still stop the operation (returns true).
-  struct Deadline {
-    MessageCallback done;
-    std::function<void()> arm;
-  };
-  Deadline withDeadline(MessageCallback done, double timeoutSeconds, const std::string& what,
-                        std::function<bool(const Status&)> giveUp);
-  uint8_t* messageDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
-                              std::shared_ptr<const void>* keepalive);
-  void onMessageData(Connection& conn, uint64_t request, uint64_t end);
-  // A sender's connection closed: its unfinished messages and the receives
-  // waiting for it fail.
-  void failMessagesFrom(int rank, uint64_t connectionId, const Status& why);
-
   // --- requests this node serves (node_server.cpp) ---
   struct ServingStream {
     std::weak_ptr<Connection> conn;
@@ -543,6 +460,7 @@ class Node : public ConnectionObserver {
   std::shared_ptr<BufferPool> pool_;
   std::unique_ptr<ObjectStore> store_;
   std::unique_ptr<DirectoryShard> directory_;
+  std::unique_ptr<Mailbox> mailbox_;
   std::unique_ptr<WorkerPool> workers_;
   // Copies of puts into the store, at a lower priority than the transfers
   // they feed (a put's copy on every rank at once otherwise starves them).
@@ -591,15 +509,6 @@ class Node : public ConnectionObserver {
   // How recent reduces coordinated here ended, for reduceOutcome (bounded).
   std::unordered_map<std::string, std::pair<Status, ReducePlan>> reduceHistory_;
   std::deque<std::string> reduceHistoryOrder_;
-  std::atomic<uint64_t> nextMessage_{1};
-  std::map<StreamKey, std::shared_ptr<Inbound>> inbound_;  // arriving, by (connection id, request)
-  std::map<MessageKey, std::deque<std::shared_ptr<Inbound>>> mailbox_;  // unmatched, arrival order
-  std::map<MessageKey, std::deque<PostedReceive>> receives_;           // unmatched, post order
-  std::atomic<uint64_t> mailboxBytes_{0};  // eager bytes in mailbox_ (read by stats())
-  std::unordered_map<uint64_t, std::shared_ptr<Outbound>> outbound_;  // deferred, by request
-  std::unordered_map<uint64_t, CreditOwed> credits_;  // by connection id
-  std::unordered_map<uint64_t, std::shared_ptr<SendProgress>> sendsInFlight_;  // by request, until they report
-  std::unordered_map<int, uint64_t> eagerBytes_;  // per peer: sent eagerly, not yet credited
   double lastHeartbeatCheck_ = 0;
   LinkEstimate link_;
   bool linkMeasured_ = false;
@@ -636,9 +545,6 @@ class Node : public ConnectionObserver {
     std::atomic<uint64_t> reduceBytesOnDevice{0};  // of reduceBytes, computed by the DeviceReducer
     std::atomic<uint64_t> reduceRecoveries{0};  // reduces that redid positions after a participant died
     std::atomic<uint64_t> pullResumes{0};  // transfers continued from another holder after a failure
-    std::atomic<uint64_t> messagesSent{0}, messagesReceived{0}, messagesUnexpected{0};
-    std::atomic<uint64_t> messagesDeferred{0};  // sent only once their receive was there
-    std::atomic<uint64_t> messagesWithdrawn{0};  // sends given up before a receive asked for them
     std::atomic<uint64_t> handshakesRefused{0};  // peers that could not prove they know the secret
   } counters_;
 };

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/chunking.h"
 #include "common/logging.h"
 #include "node/node.h"
 
@@ -34,14 +35,7 @@ Status checkTarget(const std::string& id, const ObjectMeta& meta, const GetTarge
 }
 }  // namespace
 
-uint64_t Node::chunkFor(uint64_t size) const {
-  if (config_.chunkBytes > 0) return config_.chunkBytes;
-  // About 64 chunks an object, between 256 KiB and 4 MiB: small enough that a
-  // relay chain fills quickly, large enough that per-frame costs vanish.
-  uint64_t chunk = 256u << 10;
-  while (chunk < (4u << 20) && chunk * 64 < size) chunk *= 2;
-  return chunk;
-}
+uint64_t Node::chunkFor(uint64_t size) const { return chunkSize(size, config_.chunkBytes); }
 
 void Node::requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb) {
   if (shuttingDown_) {
@@ -601,7 +595,7 @@ uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offs
     conn.close(Status(Code::kProtocol, "data before the handshake completed"));
     return nullptr;
   }
-  if (request & wire::kMessageRequestBit) return messageDestination(conn, request, offset, size, keepalive);
+  if (Mailbox::carriesMessage(request)) return mailbox_->dataDestination(conn, request, offset, size, keepalive);
   auto it = pulls_.find(request);
   if (it == pulls_.end()) return nullptr;  // cancelled or failed: discard
   PullState& pull = it->second;
@@ -618,8 +612,8 @@ uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offs
 }
 
 void Node::onDataReceived(Connection& conn, uint64_t request, uint64_t end) {
-  if (request & wire::kMessageRequestBit) {
-    onMessageData(conn, request, end);
+  if (Mailbox::carriesMessage(request)) {
+    mailbox_->onDataReceived(conn, request, end);
     return;
   }
   auto it = pulls_.find(request);

@@ -20,7 +20,10 @@ void bindBackend(py::module& m) {
           TORCH_CHECK(g >= 0, "hoplite backend: negative global rank ", g);
         }
         auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000));
-        return c10::make_intrusive<c10d::HopliteBackend>(handle.sharedNode(), groupName, rank, std::move(globalRanks),
+        std::shared_ptr<Node> node = handle.sharedNode();
+        // Holds the node as long as the backend uses its messenger.
+        std::shared_ptr<TaggedMessenger> messenger(node, &node->messenger());
+        return c10::make_intrusive<c10d::HopliteBackend>(std::move(messenger), groupName, rank, std::move(globalRanks),
                                                          timeout);
       },
       py::arg("node"), py::arg("group_name"), py::arg("rank"), py::arg("global_ranks"), py::arg("timeout"));

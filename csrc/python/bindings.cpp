@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "common/hmac.h"
+#include "net/transport_registry.h"
 #include "python/node_handle.h"
 
 namespace py = pybind11;
@@ -24,6 +25,7 @@ NodeConfig configFromDict(const py::dict& d) {
   c.worldSize = option<int>(d, "world_size", c.worldSize);
   c.host = option<std::string>(d, "host", c.host);
   c.port = option<int>(d, "port", c.port);
+  c.transport = option<std::string>(d, "transport", c.transport);
   c.clusterId = option<std::string>(d, "cluster_id", c.clusterId);
   c.secret = option<std::string>(d, "secret", c.secret);
   c.chunkBytes = option<uint64_t>(d, "chunk_bytes", c.chunkBytes);
@@ -168,6 +170,7 @@ PYBIND11_MODULE(_C, m) {
       .def("stats", [](NodeHandle& h) { return h.node().stats(); })
       .def("empty", &NodeHandle::empty, py::arg("numel"), py::arg("dtype"))
       .def("shutdown", &NodeHandle::shutdown);
+  m.def("transports", &hoplite::transportNames, "Names of the transports this build has (HOPLITE_TRANSPORT).");
   m.def(
       "hmac_sha256",
       [](const py::bytes& key, const py::bytes& message) {

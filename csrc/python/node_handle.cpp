@@ -1,7 +1,7 @@
 #include "python/node_handle.h"
 
 #include "common/scalar_types.h"
-#include "python/tensor_target.h"
+#include "store/tensor_target.h"
 #ifdef HOPLITE_WITH_CUDA
 #include "device_reducer.h"
 #include "staging.h"

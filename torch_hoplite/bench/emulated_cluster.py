@@ -94,6 +94,10 @@ class EmulatedCluster:
     def ns(self, i: int) -> str:
         return f"{self.name}-n{i}"
 
+    def command_prefix(self) -> str:
+        """What runs a command on node {rank} (a template for str.format)."""
+        return f"ip netns exec {self.name}-n{{rank}}"
+
     def address(self, i: int) -> str:
         return f"{SUBNET}.{i + 1}"
 

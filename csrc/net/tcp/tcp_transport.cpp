@@ -1,5 +1,7 @@
 #include "net/tcp/tcp_transport.h"
 
+#include "net/transport_registry.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -105,6 +107,10 @@ std::string procLine(const char* path) {
   std::getline(in, line);
   return line;
 }
+
+[[maybe_unused]] const bool kRegistered = registerTransport("tcp", [](EventLoop& loop, const TransportOptions& options) {
+  return std::make_unique<TcpTransport>(loop, options);
+});
 
 }  // namespace
 

@@ -1,21 +1,20 @@
-// Tagged messages between ranks: an announce (control frame) followed by the
-// bytes as data frames, read straight into the posted receive's memory, or into
-// a mailbox buffer when the message arrives before its receive. Only eager
-// messages can wait in a mailbox: up to 4 MiB each, and at most
-// NodeConfig::mailboxBytes of them per sender not yet credited back (the
-// receiver credits what receives took in batches). The rest are deferred:
-// announced at once, their bytes sent when the receiver answers that a receive
-// took them, so nothing large waits in memory twice.
+// Tagged messages (see mailbox.h).
+#include "messenger/mailbox.h"
+
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <optional>
+#include <vector>
 
+#include "common/chunking.h"
 #include "common/logging.h"
-#include "node/node.h"
+#include "common/object_meta.h"
+#include "common/timeouts.h"
 
 namespace hoplite {
 
-struct Node::Inbound {
+struct Mailbox::Inbound {
   int source = -1;
   MessageKey key;
   uint64_t size = 0;
@@ -57,7 +56,7 @@ Status mismatch(const std::pair<uint64_t, uint64_t>& key, int source, const std:
   const std::string what = describeMessage(key.first, key.second) + ": rank " + std::to_string(source);
   if (sentKind != kind) {
     return Status(Code::kInvalidArgument, what + " sent it in its " + sentKind + ", this rank receives it in its " +
-                                              kind + ": the ranks called different collectives");
+                                              kind + ": the ranks are in different exchanges");
   }
   if (sent != expected) {
     return Status(Code::kInvalidArgument,
@@ -87,7 +86,7 @@ std::optional<typename Queues::mapped_type::value_type> takeFirst(Queues& queues
 // (the send succeeded) or dropped unwritten (its connection closed first).
 class SendGuard {
  public:
-  SendGuard(EventLoop& loop, std::shared_ptr<const void> keepalive, Node::MessageCallback done, int rank,
+  SendGuard(EventLoop& loop, std::shared_ptr<const void> keepalive, TaggedMessenger::Callback done, int rank,
             std::string what)
       : loop_(loop), keepalive_(std::move(keepalive)), done_(std::move(done)), rank_(rank), what_(std::move(what)) {}
   void started(const std::shared_ptr<Connection>& conn) { conn_ = conn; }
@@ -112,7 +111,7 @@ class SendGuard {
  private:
   EventLoop& loop_;
   std::shared_ptr<const void> keepalive_;
-  Node::MessageCallback done_;
+  TaggedMessenger::Callback done_;
   std::weak_ptr<Connection> conn_;
   int rank_;
   std::string what_;
@@ -128,7 +127,17 @@ void sendFrames(Connection& c, uint64_t request, const uint8_t* data, uint64_t s
 
 }  // namespace
 
-struct Node::Outbound {
+Mailbox::Mailbox(EventLoop& loop, PeerLinks& links, MailboxConfig config)
+    : loop_(loop), links_(links), config_(config) {}
+
+uint64_t Mailbox::chunkFor(uint64_t size) const { return chunkSize(size, config_.chunkBytes); }
+
+void Mailbox::shutDown(const Status& why) {
+  shutDown_ = true;
+  failFrom(-1, 0, why);
+}
+
+struct Mailbox::Outbound {
   int rank = -1;
   uint64_t size = 0;
   const uint8_t* data = nullptr;
@@ -137,16 +146,16 @@ struct Node::Outbound {
   std::string what;
 };
 
-Node::Deadline Node::withDeadline(MessageCallback done, double timeoutSeconds, const std::string& what,
+Mailbox::Deadline Mailbox::withDeadline(Callback done, double timeoutSeconds, const std::string& what,
                                   std::function<bool(const Status&)> giveUp) {
   struct Once {
-    MessageCallback done;
+    Callback done;
     bool called = false;
     EventLoop::TimerId timer = 0;  // set on the loop thread, which alone then calls `wrapped`
   };
   auto once = std::make_shared<Once>();
   once->done = std::move(done);
-  MessageCallback wrapped = [this, once](const Status& status, int rank) {
+  Callback wrapped = [this, once](const Status& status, int rank) {
     if (once->called) return;
     once->called = true;
     if (once->timer) loop_.cancelTimer(once->timer);
@@ -168,22 +177,22 @@ Node::Deadline Node::withDeadline(MessageCallback done, double timeoutSeconds, c
 // was announced: before, it is announced withdrawn (a receive already waiting
 // for it fails now rather than at its own deadline); after, only a deferred
 // one that no receive asked for yet can be withdrawn.
-struct Node::SendProgress {
+struct Mailbox::SendProgress {
   int rank = -1;
   bool announced = false;
   std::optional<Status> abandoned;  // why, if given up before its announce
-  MessageCallback done;  // runs at most once
+  Callback done;  // runs at most once
 };
 
-uint64_t Node::sendMessage(int rank, uint64_t context, uint64_t tag, const std::string& kind, const uint8_t* data,
-                           uint64_t size, std::shared_ptr<const void> keepalive, MessageCallback done,
+uint64_t Mailbox::send(int rank, uint64_t context, uint64_t tag, const std::string& kind, const uint8_t* data,
+                           uint64_t size, std::shared_ptr<const void> keepalive, Callback done,
                            double timeoutSeconds) {
-  const uint64_t request = wire::kMessageRequestBit | nextMessage_++;
+  const uint64_t request = wire::kMessageRequestBit | next_++;
   const std::string what = describeMessage(context, tag);
   auto deadline = withDeadline(std::move(done), timeoutSeconds, what + " to rank " + std::to_string(rank),
                                [this, request](const Status& why) { return giveUpSend(request, why); });
   // Leaves the sends in flight as it reports.
-  MessageCallback reported = deadline.done;
+  Callback reported = deadline.done;
   done = [this, request, reported](const Status& status, int peer) {
     sendsInFlight_.erase(request);
     reported(status, peer);
@@ -202,16 +211,16 @@ uint64_t Node::sendMessage(int rank, uint64_t context, uint64_t tag, const std::
            rank);
       return;
     }
-    if (shuttingDown_) {
+    if (shutDown_) {
       done(Status(Code::kShutdown, what + " not sent: the node is shut down"), rank);
       return;
     }
-    if (peers_[rank].lost) {
-      done(Status(Code::kPeerFailed, what + " not sent: " + peerName(rank) + " has failed"), rank);
+    if (links_.hasFailed(rank)) {
+      done(Status(Code::kPeerFailed, what + " not sent: " + links_.peerName(rank) + " has failed"), rank);
       return;
     }
     auto guard = std::make_shared<SendGuard>(loop_, std::move(keepalive), std::move(done), rank, what);
-    whenConnected(rank, [this, guard, progress, rank, request, context, tag, kind, data, size, what](Connection& c) mutable {
+    links_.whenConnected(rank, [this, guard, progress, rank, request, context, tag, kind, data, size, what](Connection& c) mutable {
       if (progress->abandoned) {  // while it waited for the connection; its caller was told
         // An empty message completes at its announce: it is simply not sent.
         if (size == 0) return;
@@ -225,14 +234,14 @@ uint64_t Node::sendMessage(int rank, uint64_t context, uint64_t tag, const std::
       // From here on only the frames (or the deferred message) hold the guard:
       // it reports when the last frame is written.
       auto frames = std::move(guard);
-      auto conn = sharedConnection(c);
+      auto conn = links_.sharedConnection(c);
       frames->started(conn);
-      const bool eager = size <= kEagerMessageBytes && eagerBytes_[rank] + size <= config_.mailboxBytes;
+      const bool eager = size <= kEagerMessageBytes && eagerBytes_[rank] + size <= config_.windowBytes;
       c.sendControl(wire::MsgType::kMessage, wire::encode(wire::Message{request, context, tag, size, kind, eager}));
       // A failed write closes the connection at once, and the peer's failure
       // has then already cleaned up its messages and window: nothing to record.
       if (!c.isOpen()) return;
-      counters_.messagesSent++;
+      counters_.sent++;
       if (eager) {
         eagerBytes_[rank] += size;
         sendFrames(c, request, data, size, chunkFor(size), frames);
@@ -240,7 +249,7 @@ uint64_t Node::sendMessage(int rank, uint64_t context, uint64_t tag, const std::
       } else {
         outbound_[request] =
             std::make_shared<Outbound>(Outbound{rank, size, data, frames, conn, what + " to rank " + std::to_string(rank)});
-        counters_.messagesDeferred++;
+        counters_.deferred++;
       }
     });
   });
@@ -249,25 +258,25 @@ uint64_t Node::sendMessage(int rank, uint64_t context, uint64_t tag, const std::
   return request;
 }
 
-void Node::cancelSend(uint64_t handle, const Status& why) {
+void Mailbox::cancelSend(uint64_t handle, const Status& why) {
   loop_.post([this, handle, why] { giveUpSend(handle, why); });
 }
 
-bool Node::giveUpSend(uint64_t request, const Status& why) {
+bool Mailbox::giveUpSend(uint64_t request, const Status& why) {
   auto it = sendsInFlight_.find(request);
   if (it == sendsInFlight_.end()) return false;  // it has reported
   if (it->second->announced) return dropOutbound(request, why);
   std::shared_ptr<SendProgress> send = it->second;
   send->abandoned = why;
-  counters_.messagesWithdrawn++;
+  counters_.withdrawn++;
   send->done(why, send->rank);
   return true;
 }
 
-uint64_t Node::recvMessage(int rank, uint64_t context, uint64_t tag, const std::string& kind, uint8_t* dest,
+uint64_t Mailbox::receive(int rank, uint64_t context, uint64_t tag, const std::string& kind, uint8_t* dest,
                            uint64_t size,
-                           std::shared_ptr<const void> keepalive, MessageCallback done, double timeoutSeconds) {
-  const uint64_t handle = nextMessage_++;
+                           std::shared_ptr<const void> keepalive, Callback done, double timeoutSeconds) {
+  const uint64_t handle = next_++;
   const std::string what = describeMessage(context, tag) + " from rank " + (rank < 0 ? "any" : std::to_string(rank));
   auto deadline = withDeadline(std::move(done), timeoutSeconds, what, [this, handle](const Status& why) {
     cancelReceiveNow(handle, why);  // reports `why` through the receive's callback
@@ -285,7 +294,7 @@ uint64_t Node::recvMessage(int rank, uint64_t context, uint64_t tag, const std::
   return handle;
 }
 
-void Node::matchReceive(PostedReceive receive, MessageKey key) {
+void Mailbox::matchReceive(PostedReceive receive, MessageKey key) {
   const std::string what = describeMessage(key.first, key.second);
   auto fail = [&](Code code, const std::string& why) { receive.done(Status(code, what + ": " + why), receive.rank); };
   if (receive.rank >= config_.worldSize || receive.rank == config_.rank || receive.rank < -1) {
@@ -297,7 +306,7 @@ void Node::matchReceive(PostedReceive receive, MessageKey key) {
   });
   if (arrived) {
     auto inbound = *arrived;
-    if (inbound->eager) mailboxBytes_ -= inbound->size;
+    if (inbound->eager) counters_.waitingBytes -= inbound->size;
     if (!claim(*inbound, receive)) {
       if (auto conn = inbound->conn.lock(); conn && !inbound->eager) inbound_.erase({conn->id(), inbound->request});
       return;
@@ -305,22 +314,22 @@ void Node::matchReceive(PostedReceive receive, MessageKey key) {
     if (inbound->complete) completeInbound(inbound);  // else when its last byte arrives
     return;
   }
-  if (shuttingDown_) {
+  if (shutDown_) {
     fail(Code::kShutdown, "the node is shut down");
     return;
   }
-  if (receive.rank >= 0 && peers_[receive.rank].lost) {
-    fail(Code::kPeerFailed, peerName(receive.rank) + " has failed");
+  if (receive.rank >= 0 && links_.hasFailed(receive.rank)) {
+    fail(Code::kPeerFailed, links_.peerName(receive.rank) + " has failed");
     return;
   }
   receives_[key].push_back(std::move(receive));
 }
 
-void Node::cancelReceive(uint64_t handle, const Status& why) {
+void Mailbox::cancelReceive(uint64_t handle, const Status& why) {
   loop_.post([this, handle, why] { cancelReceiveNow(handle, why); });
 }
 
-void Node::cancelReceiveNow(uint64_t handle, const Status& why) {
+void Mailbox::cancelReceiveNow(uint64_t handle, const Status& why) {
   for (auto it = receives_.begin(); it != receives_.end(); ++it) {
     auto& queue = it->second;
     for (auto r = queue.begin(); r != queue.end(); ++r) {
@@ -347,9 +356,9 @@ void Node::cancelReceiveNow(uint64_t handle, const Status& why) {
   }
 }
 
-void Node::handleMessage(Connection& conn, const wire::Message& msg) {
-  if (msg.size > config_.capacityBytes || inbound_.count({conn.id(), msg.request})) {
-    conn.close(Status(Code::kProtocol, msg.size > config_.capacityBytes ? "message larger than the store capacity"
+void Mailbox::onMessage(Connection& conn, const wire::Message& msg) {
+  if (msg.size > config_.maxMessageBytes || inbound_.count({conn.id(), msg.request})) {
+    conn.close(Status(Code::kProtocol, msg.size > config_.maxMessageBytes ? "message larger than the store capacity"
                                                                          : "message request reused"));
     return;
   }
@@ -359,17 +368,17 @@ void Node::handleMessage(Connection& conn, const wire::Message& msg) {
   inbound->size = msg.size;
   inbound->kind = msg.kind;
   inbound->request = msg.request;
-  inbound->conn = sharedConnection(conn);
+  inbound->conn = links_.sharedConnection(conn);
   inbound->eager = msg.eager;
-  counters_.messagesReceived++;
+  counters_.received++;
   auto posted = takeFirst(receives_, inbound->key, [&](const PostedReceive& r) {
     return r.rank == -1 || r.rank == inbound->source;
   });
   if (posted && !claim(*inbound, *posted) && !msg.eager) return;  // refused: no bytes follow
   if (!inbound->receive && !inbound->discard) {
-    counters_.messagesUnexpected++;
+    counters_.unexpected++;
     mailbox_[inbound->key].push_back(inbound);
-    if (msg.eager) mailboxBytes_ += msg.size;
+    if (msg.eager) counters_.waitingBytes += msg.size;
   }
   if (msg.size == 0) {
     completeInbound(inbound);
@@ -381,12 +390,12 @@ void Node::handleMessage(Connection& conn, const wire::Message& msg) {
     PostedReceive receive = std::move(*inbound->receive);
     inbound->receive.reset();
     receive.done(Status(Code::kPeerFailed, describeMessage(msg.context, msg.tag) + ": the connection from " +
-                                               peerName(inbound->source) + " closed"),
+                                               links_.peerName(inbound->source) + " closed"),
                  inbound->source);
   }
 }
 
-uint8_t* Node::messageDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
+uint8_t* Mailbox::dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
                                   std::shared_ptr<const void>* keepalive) {
   auto it = inbound_.find({conn.id(), request});
   if (it == inbound_.end()) return nullptr;
@@ -421,7 +430,7 @@ uint8_t* Node::messageDestination(Connection& conn, uint64_t request, uint64_t o
   return inbound.receive->dest + offset;
 }
 
-void Node::onMessageData(Connection& conn, uint64_t request, uint64_t end) {
+void Mailbox::onDataReceived(Connection& conn, uint64_t request, uint64_t end) {
   auto it = inbound_.find({conn.id(), request});
   if (it == inbound_.end() || end != it->second->size) return;
   auto inbound = it->second;
@@ -430,7 +439,7 @@ void Node::onMessageData(Connection& conn, uint64_t request, uint64_t end) {
   completeInbound(inbound);
 }
 
-void Node::completeInbound(const std::shared_ptr<Inbound>& inbound) {
+void Mailbox::completeInbound(const std::shared_ptr<Inbound>& inbound) {
   inbound->complete = true;
   if (!inbound->receive) return;  // waits in the mailbox
   PostedReceive receive = std::move(*inbound->receive);
@@ -440,7 +449,7 @@ void Node::completeInbound(const std::shared_ptr<Inbound>& inbound) {
   receive.done(Status(), inbound->source);
 }
 
-void Node::failMessagesFrom(int rank, uint64_t connectionId, const Status& why) {
+void Mailbox::failFrom(int rank, uint64_t connectionId, const Status& why) {
   auto from = [&](int source) { return rank < 0 || source == rank; };
   std::vector<PostedReceive> failed;
   for (auto it = inbound_.begin(); it != inbound_.end();) {
@@ -456,7 +465,7 @@ void Node::failMessagesFrom(int rank, uint64_t connectionId, const Status& why) 
     }
     auto box = mailbox_.find(inbound->key);
     if (box != mailbox_.end()) {
-      if (std::erase(box->second, inbound) > 0 && inbound->eager) mailboxBytes_ -= inbound->size;
+      if (std::erase(box->second, inbound) > 0 && inbound->eager) counters_.waitingBytes -= inbound->size;
       if (box->second.empty()) mailbox_.erase(box);
     }
     it = inbound_.erase(it);
@@ -465,7 +474,7 @@ void Node::failMessagesFrom(int rank, uint64_t connectionId, const Status& why) 
   // peer's failure, or the close of the connection it opened last, fails them
   // (an older one closing late is its previous process's, and the rank may
   // have rejoined since).
-  const bool peerGone = connectionId == 0 || (rank >= 0 && peers_[rank].incoming == connectionId);
+  const bool peerGone = connectionId == 0 || (rank >= 0 && links_.latestIncoming(rank) == connectionId);
   for (auto it = receives_.begin(); peerGone && it != receives_.end();) {
     auto& queue = it->second;
     for (auto r = queue.begin(); r != queue.end();) {
@@ -496,7 +505,7 @@ void Node::failMessagesFrom(int rank, uint64_t connectionId, const Status& why) 
   }
 }
 
-bool Node::claim(Inbound& inbound, PostedReceive& receive) {
+bool Mailbox::claim(Inbound& inbound, PostedReceive& receive) {
   Status refused = mismatch(inbound.key, inbound.source, inbound.kind, inbound.size, receive.kind, receive.size);
   if (!refused.ok()) {
     inbound.discard = true;  // consumed by the receive it failed: its bytes are dropped
@@ -505,7 +514,7 @@ bool Node::claim(Inbound& inbound, PostedReceive& receive) {
     if (inbound.eager) {
       creditEager(inbound);
     } else {
-      answerMessage(inbound, wire::MessageAnswer::kRefused, refused.message);
+      answer(inbound, wire::MessageAnswer::kRefused, refused.message);
     }
     return false;
   }
@@ -513,19 +522,19 @@ bool Node::claim(Inbound& inbound, PostedReceive& receive) {
   if (inbound.eager) {
     creditEager(inbound);
   } else {
-    answerMessage(inbound, wire::MessageAnswer::kSend);
+    answer(inbound, wire::MessageAnswer::kSend);
   }
   return true;
 }
 
-void Node::answerMessage(const Inbound& inbound, wire::MessageAnswer answer, const std::string& reason) {
+void Mailbox::answer(const Inbound& inbound, wire::MessageAnswer answer, const std::string& reason) {
   if (auto conn = inbound.conn.lock()) {
     conn->sendControl(wire::MsgType::kMessageReply,
                       wire::encode(wire::MessageReply{inbound.request, answer, reason.substr(0, wire::kMaxMessageReason)}));
   }
 }
 
-void Node::onMessageReply(Connection& conn, const wire::MessageReply& msg) {
+void Mailbox::onReply(Connection& conn, const wire::MessageReply& msg) {
   auto it = outbound_.find(msg.request);
   if (it == outbound_.end()) return;  // its sender gave up, or the peer failed, meanwhile
   std::shared_ptr<Outbound> out = it->second;
@@ -545,19 +554,19 @@ void Node::onMessageReply(Connection& conn, const wire::MessageReply& msg) {
   }
 }
 
-void Node::onMessageCredit(Connection& conn, const wire::MessageCredit& msg) {
+void Mailbox::onCredit(Connection& conn, const wire::MessageCredit& msg) {
   auto it = eagerBytes_.find(conn.peerRank());
   // The window was reset when the peer failed: nothing is owed any more.
   if (it != eagerBytes_.end()) it->second -= std::min(it->second, msg.bytes);
 }
 
-void Node::creditEager(const Inbound& inbound) {
+void Mailbox::creditEager(const Inbound& inbound) {
   auto conn = inbound.conn.lock();
   if (inbound.size == 0 || !conn || !conn->isOpen()) return;  // nothing owed, or no one to tell
   CreditOwed& owed = credits_[conn->id()];
   owed.conn = conn;
   owed.bytes += inbound.size;
-  if (owed.bytes >= std::max<uint64_t>(1, config_.mailboxBytes / kCreditFraction)) {
+  if (owed.bytes >= std::max<uint64_t>(1, config_.windowBytes / kCreditFraction)) {
     sendCredit(conn->id());
   } else if (owed.timer == 0) {
     owed.timer = loop_.addTimer(kCreditDelaySeconds, [this, id = conn->id()] {
@@ -569,7 +578,7 @@ void Node::creditEager(const Inbound& inbound) {
   }
 }
 
-void Node::sendCredit(uint64_t connectionId) {
+void Mailbox::sendCredit(uint64_t connectionId) {
   auto it = credits_.find(connectionId);
   if (it == credits_.end()) return;
   if (it->second.timer != 0) loop_.cancelTimer(it->second.timer);
@@ -579,12 +588,12 @@ void Node::sendCredit(uint64_t connectionId) {
   if (conn && conn->isOpen()) conn->sendControl(wire::MsgType::kMessageCredit, wire::encode(wire::MessageCredit{bytes}));
 }
 
-bool Node::dropOutbound(uint64_t request, const Status& why) {
+bool Mailbox::dropOutbound(uint64_t request, const Status& why) {
   auto it = outbound_.find(request);
   if (it == outbound_.end()) return false;  // eager (its bytes are on their way), answered, or over
   std::shared_ptr<Outbound> out = it->second;
   outbound_.erase(it);
-  counters_.messagesWithdrawn++;
+  counters_.withdrawn++;
   out->frames->fail(why);
   // Else a receive could take it later and wait for bytes that never come.
   // Written last: a failed write closes the connection, failing what was on it.
@@ -595,7 +604,7 @@ bool Node::dropOutbound(uint64_t request, const Status& why) {
   return true;
 }
 
-void Node::onMessageWithdrawn(Connection& conn, const wire::MessageWithdrawn& msg) {
+void Mailbox::onWithdrawn(Connection& conn, const wire::MessageWithdrawn& msg) {
   auto it = inbound_.find({conn.id(), msg.request});
   if (it == inbound_.end()) return;  // refused meanwhile
   std::shared_ptr<Inbound> inbound = it->second;
@@ -615,7 +624,7 @@ void Node::onMessageWithdrawn(Connection& conn, const wire::MessageWithdrawn& ms
   inbound->receive.reset();
   if (receive.rank == -1) return matchReceive(std::move(receive), inbound->key);  // another sender may serve it
   receive.done(Status(Code::kPeerFailed, describeMessage(inbound->key.first, inbound->key.second) + ": " +
-                                             peerName(inbound->source) + " withdrew it: " + msg.reason),
+                                             links_.peerName(inbound->source) + " withdrew it: " + msg.reason),
                inbound->source);
 }
 

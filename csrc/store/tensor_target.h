@@ -1,5 +1,6 @@
 // A get's device destination that the binding hands back as a tensor (the
-// CUDA one is in cuda/staging.h). Header of the binding layer: ATen types.
+// CUDA one is in cuda/staging.h): the ATen-facing side of a DeviceTarget,
+// shared by the binding and cuda/ so that neither includes the other.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,0 +1,31 @@
+// What the mailbox needs from the part of the node that keeps the peers'
+// connections (node/peers): to reach a peer, and to know whether it failed.
+// Loop thread only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "net/transport.h"
+
+namespace hoplite {
+
+class PeerLinks {
+ public:
+  virtual ~PeerLinks() = default;
+  // Runs `write` with the connection this node dialed to `rank` once its
+  // handshake is done; a peer that fails first drops it unrun.
+  virtual void whenConnected(int rank, std::function<void(Connection&)> write) = 0;
+  // The owning pointer of a connection a callback was given.
+  virtual std::shared_ptr<Connection> sharedConnection(Connection& conn) = 0;
+  // Reachable once and failed since.
+  virtual bool hasFailed(int rank) = 0;
+  // Id of the latest connection `rank` opened to this node (0: none): only
+  // its close speaks for the peer (an older one is a previous process's).
+  virtual uint64_t latestIncoming(int rank) = 0;
+  virtual std::string peerName(int rank) const = 0;
+};
+
+}  // namespace hoplite

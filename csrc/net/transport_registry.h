@@ -1,0 +1,28 @@
+// Transports by name: the node asks for the one its config names ("tcp" by
+// default), so that another transport is a folder of its own that registers
+// itself here, and nothing above net/ changes.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "net/event_loop.h"
+#include "net/transport.h"
+
+namespace hoplite {
+
+using TransportFactory = std::function<std::unique_ptr<Transport>(EventLoop&, const TransportOptions&)>;
+
+// Called from a static initializer of the transport's own file; returns true
+// (for that initializer). Throws std::logic_error if the name is taken.
+bool registerTransport(const std::string& name, TransportFactory factory);
+
+// Throws std::invalid_argument naming the registered transports if none is
+// called `name`, and whatever the factory throws (e.g. a bad option).
+std::unique_ptr<Transport> makeTransport(const std::string& name, EventLoop& loop, const TransportOptions& options);
+
+std::vector<std::string> transportNames();  // sorted
+
+}  // namespace hoplite
