@@ -130,6 +130,15 @@ void sendFrames(Connection& c, uint64_t request, const uint8_t* data, uint64_t s
 Mailbox::Mailbox(EventLoop& loop, PeerLinks& links, MailboxConfig config)
     : loop_(loop), links_(links), config_(config) {}
 
+void Mailbox::registerHandlers(MessageRouter& router) {
+  router.on<wire::Message>(Route::kOnAccepted, [this](Connection& c, const wire::Message& m) { onMessage(c, m); });
+  router.on<wire::MessageWithdrawn>(Route::kOnAccepted,
+                                    [this](Connection& c, const wire::MessageWithdrawn& m) { onWithdrawn(c, m); });
+  router.on<wire::MessageReply>(Route::kOnDialed, [this](Connection& c, const wire::MessageReply& m) { onReply(c, m); });
+  router.on<wire::MessageCredit>(Route::kOnDialed,
+                                 [this](Connection& c, const wire::MessageCredit& m) { onCredit(c, m); });
+}
+
 uint64_t Mailbox::chunkFor(uint64_t size) const { return chunkSize(size, config_.chunkBytes); }
 
 void Mailbox::shutDown(const Status& why) {

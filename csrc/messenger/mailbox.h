@@ -26,6 +26,7 @@
 #include "messenger/peer_links.h"
 #include "messenger/tagged_messenger.h"
 #include "net/event_loop.h"
+#include "net/message_router.h"
 #include "net/transport.h"
 #include "wire/messages.h"
 
@@ -53,8 +54,11 @@ class Mailbox final : public TaggedMessenger {
   // Whether a data frame's request is a message's (else a pull's).
   static bool carriesMessage(uint64_t request) { return (request & wire::kMessageRequestBit) != 0; }
 
-  // Frames (loop thread). Messages come on the connection their sender
-  // dialed, answers and credits back on it.
+  // Routes the message frames to the handlers below: messages come on the
+  // connection their sender dialed, answers and credits back on it.
+  void registerHandlers(MessageRouter& router);
+
+  // Frames (loop thread).
   void onMessage(Connection& conn, const wire::Message& msg);
   void onReply(Connection& conn, const wire::MessageReply& msg);
   void onCredit(Connection& conn, const wire::MessageCredit& msg);

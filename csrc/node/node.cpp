@@ -23,10 +23,19 @@ constexpr int kPutCopyNice = 10;
 // of each connection (normally a round trip).
 constexpr double kShutdownLingerSeconds = 2;
 
+// Control frames carry inline objects (up to the threshold) and their
+// metadata; data frames at most the largest chunk.
+wire::FrameLimits frameLimits(const NodeConfig& config) {
+  return {std::max<uint64_t>(config.inlineThresholdBytes, 1u << 20) + (64u << 10), kMaxDataFrame};
+}
+
 }  // namespace
 
 Node::Node(NodeConfig config)
-    : config_(std::move(config)), hostIdentity_(config_.sameHost ? same_host::hostIdentity() : "") {
+    : config_(std::move(config)),
+      limits_(frameLimits(config_)),
+      router_(limits_.maxControl),
+      hostIdentity_(config_.sameHost ? same_host::hostIdentity() : "") {
   if (config_.worldSize < 1 || config_.rank < 0 || config_.rank >= config_.worldSize) {
     throw std::invalid_argument("rank " + std::to_string(config_.rank) + " out of range for world size " +
                                 std::to_string(config_.worldSize));
@@ -41,8 +50,6 @@ Node::Node(NodeConfig config)
   const std::string probe = randomBytes(memoryProbe_.size());
   std::copy(probe.begin(), probe.end(), memoryProbe_.begin());
   while (incarnation_ == 0) incarnation_ = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
-  limits_.maxControl = std::max<uint64_t>(config_.inlineThresholdBytes, 1u << 20) + (64u << 10);
-  limits_.maxData = kMaxDataFrame;
   TransportOptions options{limits_, config_.socketBufferBytes, config_.tcpCongestion};
   transport_ = makeTransport(config_.transport, loop_, options);
   pool_ = std::make_shared<BufferPool>(config_.poolCacheBytes);
@@ -56,6 +63,7 @@ Node::Node(NodeConfig config)
       loop_, static_cast<PeerLinks&>(*this),
       MailboxConfig{config_.rank, config_.worldSize, config_.mailboxBytes, config_.capacityBytes, config_.chunkBytes});
   directory_ = std::make_unique<DirectoryShard>(loop_, [this](int rank, const wire::Locations& msg) { send(rank, msg); });
+  registerHandlers();
   workers_ = std::make_unique<WorkerPool>("hoplite-copy", config_.copyThreads);
   putCopies_ = std::make_unique<WorkerPool>("hoplite-putcopy", 1, kPutCopyNice);
   self_ = std::make_shared<LocalConnection>(loop_, this, config_.rank);
@@ -498,149 +506,111 @@ void Node::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) 
     conn.close(Status(Code::kProtocol, "message before the server authenticated"));
     return;
   }
-  switch (type) {
-    case wire::MsgType::kHelloAck: {
-      auto ack = wire::HelloAck::decode(reader);
-      auto it = peers_.find(conn.peerRank());
-      if (isIncoming || it == peers_.end() || it->second.conn.get() != &conn || ack.rank != conn.peerRank() ||
-          !it->second.verified) {
-        conn.close(Status(Code::kProtocol, "unexpected hello ack"));
-        return;
-      }
-      Peer& peer = it->second;
-      peer.ready = true;
-      peer.lastHeard = now();
-      peer.memory = acceptSameHost(conn.peerRank(), ack);  // before the queued pulls go out
-      for (int32_t rank : ack.deadShards) {
-        if (rank >= 0 && rank < config_.worldSize) moveShardFrom(rank);
-      }
-      auto queued = std::move(peer.queued);
-      peer.queued.clear();
-      // A failed send closes the connection and fails the peer's requests.
-      auto c = peer.conn;
-      for (auto& write : queued) {
-        if (!c->isOpen()) break;
-        write(*c);
-      }
-      return;
-    }
-    case wire::MsgType::kRegister:
-      handleRegister(conn, wire::Register::decode(reader, limits_.maxControl));
-      return;
-    case wire::MsgType::kHolderUpdate: {
-      auto msg = wire::HolderUpdate::decode(reader);
-      bool known = directory_->updateHolder(msg);
-      if (!known && msg.state != wire::HolderState::kRemoved && msg.holder == conn.peerRank()) {
-        // A copy finished after its object was deleted: it must not outlive the delete.
-        uint64_t drop = newRequest();
-        requestStatus(msg.holder, wire::MsgType::kDropCopy, wire::encode(wire::DropCopy{drop, msg.id}), drop,
-                      [](const Status&) {});
-      }
-      return;
-    }
-    case wire::MsgType::kLookup:
-      handleLookup(conn, wire::Lookup::decode(reader));
-      return;
-    case wire::MsgType::kDelete:
-      handleDelete(conn, wire::Delete::decode(reader));
-      return;
-    case wire::MsgType::kDropCopy:
-      handleDropCopy(conn, wire::DropCopy::decode(reader));
-      return;
-    case wire::MsgType::kPull:
-      handlePull(conn, wire::Pull::decode(reader));
-      return;
-    case wire::MsgType::kCancel: {
-      auto msg = wire::Cancel::decode(reader);
-      endStream({conn.id(), msg.request});
-      lent_.erase({conn.id(), msg.request});
-      lentCount_ = lent_.size();
-      return;
-    }
-    case wire::MsgType::kDataAt:
-      handleDataAt(conn, wire::DataAt::decode(reader));
-      return;
-    case wire::MsgType::kStatusReply: {
-      auto msg = wire::StatusReply::decode(reader);
-      if (pulls_.count(msg.request)) {
-        failPull(msg.request, msg.status);
-        return;
-      }
-      auto it = pending_.find(msg.request);
-      if (it == pending_.end()) return;  // answered already (e.g. the requester gave up)
-      Pending p = std::move(it->second);
-      pending_.erase(it);
-      if (p.onStatus) p.onStatus(msg.status);
-      if (p.onLookup) p.onLookup(msg.status, nullptr);
-      return;
-    }
-    case wire::MsgType::kLookupReply: {
-      auto msg = wire::LookupReply::decode(reader, limits_.maxControl);
-      auto it = pending_.find(msg.request);
-      if (it == pending_.end()) return;
-      Pending p = std::move(it->second);
-      pending_.erase(it);
-      if (p.onLookup) p.onLookup(msg.status, &msg);
-      if (p.onStatus) p.onStatus(msg.status);
-      return;
-    }
-    case wire::MsgType::kReduceTask:
-      handleReduceTask(conn, wire::ReduceTask::decode(reader));
-      return;
-    case wire::MsgType::kReduceAbort:
-      handleReduceAbort(conn, wire::ReduceAbort::decode(reader));
-      return;
-    case wire::MsgType::kShardMoved: {
-      auto msg = wire::ShardMoved::decode(reader);
-      if (msg.rank < 0 || msg.rank >= config_.worldSize) return;
-      // Another member saw it go: a connect to it that is being refused now is
-      // final, not a peer still starting up (requests queued for it fail at the
-      // next refusal and move on to the new shard, instead of waiting out the
-      // connect timeout).
-      auto peer = peers_.find(msg.rank);
-      if (peer != peers_.end()) peer->second.connectDeadline = 0;
-      moveShardFrom(msg.rank);
-      return;
-    }
-    case wire::MsgType::kSubscribe:
-      handleSubscribe(conn, wire::Subscribe::decode(reader));
-      return;
-    case wire::MsgType::kLocations:
-      onLocations(conn, wire::Locations::decode(reader));
-      return;
-    case wire::MsgType::kProbe: {
-      auto msg = wire::Probe::decode(reader, limits_.maxControl);
-      conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, Status()}));
-      return;
-    }
-    case wire::MsgType::kMessage:
-      if (!isIncoming) break;  // a sender uses the connection it dialed
-      mailbox_->onMessage(conn, wire::Message::decode(reader));
-      return;
-    case wire::MsgType::kMessageReply:
-      if (isIncoming) break;  // answers come back on the sender's connection
-      mailbox_->onReply(conn, wire::MessageReply::decode(reader));
-      return;
-    case wire::MsgType::kMessageCredit:
-      if (isIncoming) break;  // credits come back on the sender's connection
-      mailbox_->onCredit(conn, wire::MessageCredit::decode(reader));
-      return;
-    case wire::MsgType::kMessageWithdrawn:
-      if (!isIncoming) break;
-      mailbox_->onWithdrawn(conn, wire::MessageWithdrawn::decode(reader));
-      return;
-    case wire::MsgType::kChallenge:
-      if (isIncoming) break;
-      handleChallenge(conn, wire::Challenge::decode(reader));
-      return;
-    case wire::MsgType::kAuth:
-    case wire::MsgType::kHello:
-      conn.close(Status(Code::kProtocol, "unexpected handshake message"));
-      return;
-    case wire::MsgType::kData:
-      break;  // data frames never reach onFrame
+  if (!router_.route(conn, isIncoming, type, reader)) {
+    conn.close(Status(Code::kProtocol, "unexpected message type " + std::to_string(static_cast<int>(type)) +
+                                           (isIncoming ? " on a connection the peer dialed" : " on a dialed connection")));
   }
-  conn.close(Status(Code::kProtocol, "unexpected message type"));
+}
+
+template <typename M>
+void Node::handle(Route route, void (Node::*method)(Connection&, const M&)) {
+  router_.on<M>(route, [this, method](Connection& conn, const M& msg) { (this->*method)(conn, msg); });
+}
+
+void Node::registerHandlers() {
+  // Peers and the directory.
+  handle(Route::kOnDialed, &Node::handleChallenge);
+  handle(Route::kOnDialed, &Node::handleHelloAck);
+  handle(Route::kOnEither, &Node::handleShardMoved);
+  handle(Route::kOnEither, &Node::handleProbe);
+  handle(Route::kOnEither, &Node::handleRegister);
+  handle(Route::kOnEither, &Node::handleHolderUpdate);
+  handle(Route::kOnEither, &Node::handleLookup);
+  handle(Route::kOnEither, &Node::handleDelete);
+  handle(Route::kOnEither, &Node::handleSubscribe);
+  handle(Route::kOnEither, &Node::onLocations);
+  // Answers to this node's requests.
+  handle(Route::kOnEither, &Node::onStatusReply);
+  handle(Route::kOnEither, &Node::onLookupReply);
+  // Transfers: served, and pulled.
+  handle(Route::kOnEither, &Node::handleDropCopy);
+  handle(Route::kOnEither, &Node::handlePull);
+  handle(Route::kOnEither, &Node::handleCancel);
+  handle(Route::kOnEither, &Node::handleDataAt);
+  // The reduce's tasks.
+  handle(Route::kOnEither, &Node::handleReduceTask);
+  handle(Route::kOnEither, &Node::handleReduceAbort);
+  mailbox_->registerHandlers(router_);
+}
+
+void Node::handleHelloAck(Connection& conn, const wire::HelloAck& ack) {
+  auto it = peers_.find(conn.peerRank());
+  if (it == peers_.end() || it->second.conn.get() != &conn || ack.rank != conn.peerRank() || !it->second.verified) {
+    conn.close(Status(Code::kProtocol, "unexpected hello ack"));
+    return;
+  }
+  Peer& peer = it->second;
+  peer.ready = true;
+  peer.lastHeard = now();
+  peer.memory = acceptSameHost(conn.peerRank(), ack);  // before the queued pulls go out
+  for (int32_t rank : ack.deadShards) {
+    if (rank >= 0 && rank < config_.worldSize) moveShardFrom(rank);
+  }
+  auto queued = std::move(peer.queued);
+  peer.queued.clear();
+  // A failed send closes the connection and fails the peer's requests.
+  auto c = peer.conn;
+  for (auto& write : queued) {
+    if (!c->isOpen()) break;
+    write(*c);
+  }
+}
+
+void Node::handleShardMoved(Connection&, const wire::ShardMoved& msg) {
+  if (msg.rank < 0 || msg.rank >= config_.worldSize) return;
+  // Another member saw it go: a connect to it that is being refused now is
+  // final, not a peer still starting up (requests queued for it fail at the
+  // next refusal and move on to the new shard, instead of waiting out the
+  // connect timeout).
+  auto peer = peers_.find(msg.rank);
+  if (peer != peers_.end()) peer->second.connectDeadline = 0;
+  moveShardFrom(msg.rank);
+}
+
+void Node::handleProbe(Connection& conn, const wire::Probe& msg) {
+  conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, Status()}));
+}
+
+void Node::handleHolderUpdate(Connection& conn, const wire::HolderUpdate& msg) {
+  bool known = directory_->updateHolder(msg);
+  if (!known && msg.state != wire::HolderState::kRemoved && msg.holder == conn.peerRank()) {
+    // A copy finished after its object was deleted: it must not outlive the delete.
+    uint64_t drop = newRequest();
+    requestStatus(msg.holder, wire::MsgType::kDropCopy, wire::encode(wire::DropCopy{drop, msg.id}), drop,
+                  [](const Status&) {});
+  }
+}
+
+void Node::onStatusReply(Connection&, const wire::StatusReply& msg) {
+  if (pulls_.count(msg.request)) {
+    failPull(msg.request, msg.status);
+    return;
+  }
+  auto it = pending_.find(msg.request);
+  if (it == pending_.end()) return;  // answered already (e.g. the requester gave up)
+  Pending p = std::move(it->second);
+  pending_.erase(it);
+  if (p.onStatus) p.onStatus(msg.status);
+  if (p.onLookup) p.onLookup(msg.status, nullptr);
+}
+
+void Node::onLookupReply(Connection&, const wire::LookupReply& msg) {
+  auto it = pending_.find(msg.request);
+  if (it == pending_.end()) return;
+  Pending p = std::move(it->second);
+  pending_.erase(it);
+  if (p.onLookup) p.onLookup(msg.status, &msg);
+  if (p.onStatus) p.onStatus(msg.status);
 }
 
 // ---------------------------------------------------------------- completions, stats, shutdown

@@ -32,6 +32,7 @@
 #include "messenger/peer_links.h"
 #include "net/event_loop.h"
 #include "net/local_connection.h"
+#include "net/message_router.h"
 #include "net/same_host/memory_reader.h"
 #include "net/transport.h"
 #include "store/buffer_pool.h"
@@ -249,7 +250,18 @@ class Node : public ConnectionObserver, private PeerLinks {
   void handleAuth(Connection& conn, const wire::Auth& msg);
   // Whether `conn` finished the handshake: only then may it carry anything but the handshake.
   bool authenticated(Connection& conn) const;
+  // The handshake's frames, in order, until it completes; then router_.
   void dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader);
+  // Who handles which message: every part's handlers, once, at construction.
+  void registerHandlers();
+  template <typename M>
+  void handle(Route route, void (Node::*method)(Connection&, const M&));
+  void handleHelloAck(Connection& conn, const wire::HelloAck& ack);
+  void handleShardMoved(Connection& conn, const wire::ShardMoved& msg);
+  void handleProbe(Connection& conn, const wire::Probe& msg);
+  void handleHolderUpdate(Connection& conn, const wire::HolderUpdate& msg);
+  void onStatusReply(Connection& conn, const wire::StatusReply& msg);
+  void onLookupReply(Connection& conn, const wire::LookupReply& msg);
   double now() const;
   // Runs fn on the loop; the future gets the Status fn reports (once).
   std::future<Status> startOnLoop(std::function<void(std::function<void(Status)>)> fn);
@@ -442,6 +454,8 @@ class Node : public ConnectionObserver, private PeerLinks {
   void handleLookup(Connection& conn, const wire::Lookup& msg);
   void handleDelete(Connection& conn, const wire::Delete& msg);
   void handleDropCopy(Connection& conn, const wire::DropCopy& msg);
+  // The puller stopped (or a same-host reader is done with the memory lent to it).
+  void handleCancel(Connection& conn, const wire::Cancel& msg);
   void handlePull(Connection& conn, const wire::Pull& msg);
   void startServing(const std::shared_ptr<Connection>& conn, const wire::Pull& msg,
                     const std::shared_ptr<LocalObject>& obj);
@@ -454,6 +468,7 @@ class Node : public ConnectionObserver, private PeerLinks {
 
   NodeConfig config_;
   wire::FrameLimits limits_;
+  MessageRouter router_;
   EventLoop loop_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Listener> listener_;

@@ -95,6 +95,12 @@ namespace {
 constexpr double kParkSeconds = 5.0;
 }
 
+void Node::handleCancel(Connection& conn, const wire::Cancel& msg) {
+  endStream({conn.id(), msg.request});
+  lent_.erase({conn.id(), msg.request});
+  lentCount_ = lent_.size();
+}
+
 void Node::handlePull(Connection& conn, const wire::Pull& msg) {
   auto shared = sharedConnection(conn);
   if (auto obj = store_->find(msg.id)) {

@@ -1,0 +1,68 @@
+// Requests this node sent that wait for an answer (a StatusReply or a
+// LookupReply), each answered exactly once: by its reply, by its peer's
+// failure, or at shutdown. Loop thread only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "wire/messages.h"
+
+namespace hoplite {
+
+class RequestTracker {
+ public:
+  using StatusCallback = std::function<void(const Status&)>;
+  // `reply` is null when the request ended without one (a StatusReply, a failure).
+  using LookupCallback = std::function<void(const Status&, const wire::LookupReply* reply)>;
+
+  void expectStatus(uint64_t request, int rank, StatusCallback done) {
+    pending_[request] = Pending{rank, std::move(done), nullptr};
+  }
+  void expectLookup(uint64_t request, int rank, LookupCallback done) {
+    pending_[request] = Pending{rank, nullptr, std::move(done)};
+  }
+  // Runs the request's callback (once) and forgets it; false if it waits for
+  // nothing (answered already, or its asker gave up).
+  bool answer(uint64_t request, const Status& status, const wire::LookupReply* reply = nullptr) {
+    auto it = pending_.find(request);
+    if (it == pending_.end()) return false;
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    if (p.onStatus) p.onStatus(status);
+    if (p.onLookup) p.onLookup(status, reply);
+    return true;
+  }
+  // Its asker no longer cares: no callback runs.
+  void forget(uint64_t request) { pending_.erase(request); }
+  // Gives a waiting status request another callback; false if none waits.
+  bool replaceCallback(uint64_t request, StatusCallback done) {
+    auto it = pending_.find(request);
+    if (it == pending_.end() || !it->second.onStatus) return false;
+    it->second.onStatus = std::move(done);
+    return true;
+  }
+  // Answers every request to `rank` (-1: to anyone) with `why`.
+  void failRank(int rank, const Status& why) {
+    std::vector<uint64_t> failed;
+    for (const auto& [request, p] : pending_) {
+      if (rank < 0 || p.rank == rank) failed.push_back(request);
+    }
+    // A callback may answer or add others: each is looked up again.
+    for (uint64_t request : failed) answer(request, why);
+  }
+
+ private:
+  struct Pending {
+    int rank;
+    StatusCallback onStatus;  // exactly one of the two is set
+    LookupCallback onLookup;
+  };
+  std::unordered_map<uint64_t, Pending> pending_;
+};
+
+}  // namespace hoplite
