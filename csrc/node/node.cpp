@@ -250,18 +250,7 @@ void Node::failPeer(int rank, const Status& why, bool gone) {
   peer.ready = false;
   peer.queued.clear();
   Status failure(Code::kPeerFailed, peerName(rank) + " failed: " + why.message);
-  std::vector<uint64_t> failed;
-  for (const auto& [request, p] : pending_) {
-    if (p.rank == rank) failed.push_back(request);
-  }
-  for (uint64_t request : failed) {
-    auto it = pending_.find(request);
-    if (it == pending_.end()) continue;
-    Pending p = std::move(it->second);
-    pending_.erase(it);
-    if (p.onStatus) p.onStatus(failure);
-    if (p.onLookup) p.onLookup(failure, nullptr);
-  }
+  requests_.failRank(rank, failure);
   std::vector<uint64_t> pulls;
   for (const auto& [request, pull] : pulls_) {
     if (pull.rank == rank) pulls.push_back(request);
@@ -596,21 +585,11 @@ void Node::onStatusReply(Connection&, const wire::StatusReply& msg) {
     failPull(msg.request, msg.status);
     return;
   }
-  auto it = pending_.find(msg.request);
-  if (it == pending_.end()) return;  // answered already (e.g. the requester gave up)
-  Pending p = std::move(it->second);
-  pending_.erase(it);
-  if (p.onStatus) p.onStatus(msg.status);
-  if (p.onLookup) p.onLookup(msg.status, nullptr);
+  requests_.answer(msg.request, msg.status);  // (false: answered already, or its asker gave up)
 }
 
 void Node::onLookupReply(Connection&, const wire::LookupReply& msg) {
-  auto it = pending_.find(msg.request);
-  if (it == pending_.end()) return;
-  Pending p = std::move(it->second);
-  pending_.erase(it);
-  if (p.onLookup) p.onLookup(msg.status, &msg);
-  if (p.onStatus) p.onStatus(msg.status);
+  requests_.answer(msg.request, msg.status, &msg);
 }
 
 // ---------------------------------------------------------------- completions, stats, shutdown
@@ -726,12 +705,7 @@ void Node::shutdown() {
     for (auto& conn : std::vector(ending_)) conn->closeGracefully(why);
     noteEnded();
     self_->close(why);
-    auto pending = std::move(pending_);
-    pending_.clear();
-    for (auto& [request, p] : pending) {
-      if (p.onStatus) p.onStatus(why);
-      if (p.onLookup) p.onLookup(why, nullptr);
-    }
+    requests_.failRank(-1, why);
     std::vector<uint64_t> reduces;
     for (const auto& entry : reduces_) reduces.push_back(entry.first);
     for (uint64_t key : reduces) endReduce(key, why);

@@ -35,6 +35,7 @@
 #include "net/message_router.h"
 #include "net/same_host/memory_reader.h"
 #include "net/transport.h"
+#include "node/request_tracker.h"
 #include "store/buffer_pool.h"
 #include "store/device_memory.h"
 #include "store/object_store.h"
@@ -268,13 +269,8 @@ class Node : public ConnectionObserver, private PeerLinks {
   static Status awaitStatus(std::future<Status>& future, double timeoutSeconds, const std::string& what);
 
   // --- requests this node makes (node_client.cpp) ---
-  using StatusCallback = std::function<void(const Status&)>;
-  using LookupCallback = std::function<void(const Status&, const wire::LookupReply*)>;
-  struct Pending {
-    int rank;
-    StatusCallback onStatus;  // exactly one of the two is set
-    LookupCallback onLookup;
-  };
+  using StatusCallback = RequestTracker::StatusCallback;
+  using LookupCallback = RequestTracker::LookupCallback;
   struct SameHostRange {
     uint64_t offset, length, address;
   };
@@ -489,7 +485,7 @@ class Node : public ConnectionObserver, private PeerLinks {
   std::unordered_map<uint64_t, std::shared_ptr<Connection>> incoming_;
   std::unordered_map<uint64_t, Handshake> handshakes_;  // incoming connections between hello and auth
   uint64_t nextRequest_ = 1;
-  std::unordered_map<uint64_t, Pending> pending_;
+  RequestTracker requests_;  // answers awaited
   std::unordered_map<uint64_t, PullState> pulls_;
   std::unordered_map<uint64_t, GetOp> gets_;
   std::map<StreamKey, ServingStream> serving_;

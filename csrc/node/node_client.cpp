@@ -42,7 +42,7 @@ void Node::requestStatus(int rank, wire::MsgType type, std::string payload, uint
     cb(Status(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " is shut down"));
     return;
   }
-  pending_[request] = Pending{rank, std::move(cb), nullptr};
+  requests_.expectStatus(request, rank, std::move(cb));
   sendTo(rank, type, std::move(payload));
 }
 
@@ -73,14 +73,14 @@ uint64_t Node::requestLookup(const std::string& id, double timeoutSeconds, bool 
 
 void Node::sendLookup(const wire::Lookup& msg, LookupCallback cb) {
   const int shard = shardOf(msg.id);
-  pending_[msg.request] = Pending{shard, nullptr, [this, msg, shard, cb](const Status& s, const wire::LookupReply* r) {
-                                    if (s.code == Code::kPeerFailed && !shuttingDown_ && shardOf(msg.id) != shard) {
-                                      // Its shard failed: ask the one that took over, under the
-                                      // same request number, so the caller can still cancel it.
-                                      return sendLookup(msg, cb);
-                                    }
-                                    cb(s, r);
-                                  }};
+  requests_.expectLookup(msg.request, shard, [this, msg, shard, cb](const Status& s, const wire::LookupReply* r) {
+    if (s.code == Code::kPeerFailed && !shuttingDown_ && shardOf(msg.id) != shard) {
+      // Its shard failed: ask the one that took over, under the same request
+      // number, so the caller can still cancel it.
+      return sendLookup(msg, cb);
+    }
+    cb(s, r);
+  });
   send(shard, msg);
 }
 

@@ -361,10 +361,9 @@ bool Node::sendTask(uint64_t key, int position) {
   p.endRequest = task.endRequest;
   const int generation = p.generation;
   if (!shuttingDown_) {
-    pending_[task.endRequest] = Pending{p.holder, [this, key, position, generation](const Status& s) {
-                                          onTaskEnd(key, position, generation, s);
-                                        },
-                                        nullptr};
+    requests_.expectStatus(task.endRequest, p.holder, [this, key, position, generation](const Status& s) {
+      onTaskEnd(key, position, generation, s);
+    });
   }
   requestStatus(p.holder, wire::MsgType::kReduceTask, std::move(payload), task.request,
                 [this, key, position, generation](const Status& s) { onTaskRegistered(key, position, generation, s); });
@@ -432,11 +431,11 @@ void Node::endReduce(uint64_t key, const Status& outcome) {
   auto c = std::move(it->second);
   reduces_.erase(it);
   if (c->timer) loop_.cancelTimer(c->timer);
-  for (uint64_t request : c->lookups) pending_.erase(request);
+  for (uint64_t request : c->lookups) requests_.forget(request);
   using State = ReducePosition::State;
   for (size_t p = 0; p < c->positions.size(); ++p) {
     const ReducePosition& pos = c->positions[p];
-    pending_.erase(pos.endRequest);
+    requests_.forget(pos.endRequest);
     if (!outcome.ok() && pos.state == State::kRunning) send(pos.holder, wire::ReduceAbort{0, pos.output, false});
     // Partial results, consumed or not (tasks leave them to a live coordinator);
     // inputs located but not used stay where they are.

@@ -82,7 +82,7 @@ void Node::recoverReduce(uint64_t key, const std::set<int>& dead) {
       if (p == tree.root && !holderDead) oldRootEnd = pos.endRequest;  // it reports once it took the result back
     }
     if (p != tree.root && pos.state != State::kVacant) deleteEverywhere(pos.output);
-    if (p != tree.root || !oldRootEnd) pending_.erase(pos.endRequest);
+    if (p != tree.root || !oldRootEnd) requests_.forget(pos.endRequest);
     if (holderDead) {
       relocate.emplace_back(pos.input, pos.holder);
       c.plan->lost.push_back(pos.input);
@@ -129,9 +129,7 @@ void Node::recoverReduce(uint64_t key, const std::set<int>& dead) {
     requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
                  relaunch);
   };
-  auto end = oldRootEnd ? pending_.find(oldRootEnd) : pending_.end();
-  if (end == pending_.end()) return retract();
-  end->second.onStatus = [retract](const Status&) { retract(); };
+  if (!oldRootEnd || !requests_.replaceCallback(oldRootEnd, [retract](const Status&) { retract(); })) retract();
 }
 
 }  // namespace hoplite
