@@ -6,8 +6,6 @@
 #include <random>
 #include <stdexcept>
 
-#include "node/reduce_state.h"
-
 #include "common/hash.h"
 #include "common/logging.h"
 #include "net/transport_registry.h"
@@ -63,9 +61,17 @@ Node::Node(NodeConfig config)
       loop_, static_cast<PeerLinks&>(*this),
       MailboxConfig{config_.rank, config_.worldSize, config_.mailboxBytes, config_.capacityBytes, config_.chunkBytes});
   directory_ = std::make_unique<DirectoryShard>(loop_, [this](int rank, const wire::Locations& msg) { send(rank, msg); });
-  registerHandlers();
   workers_ = std::make_unique<WorkerPool>("hoplite-copy", config_.copyThreads);
   putCopies_ = std::make_unique<WorkerPool>("hoplite-putcopy", 1, kPutCopyNice);
+  ReduceServices& services = *this;
+  linkEstimator_ = std::make_unique<LinkEstimator>(loop_, services, config_.rank, config_.worldSize);
+  coordinator_ = std::make_unique<ReduceCoordinator>(
+      loop_, services,
+      CoordinatorConfig{config_.rank, config_.worldSize, incarnation_, limits_.maxControl,
+                        config_.heartbeatTimeoutSeconds},
+      *linkEstimator_);
+  reduceTasks_ = std::make_unique<ReduceTaskRunner>(loop_, services, config_.rank, *store_, *pool_, *workers_);
+  registerHandlers();
   self_ = std::make_shared<LocalConnection>(loop_, this, config_.rank);
   listener_ = transport_->listen(config_.host, config_.port, this, [this](std::shared_ptr<Connection> conn) {
     // A connection that does not complete the handshake in time is dropped, so
@@ -153,26 +159,6 @@ void Node::addPeer(int rank, const std::string& host, int port) {
   });
 }
 
-std::future<Status> Node::startOnLoop(std::function<void(std::function<void(Status)>)> fn) {
-  auto promise = std::make_shared<std::promise<Status>>();
-  auto future = promise->get_future();
-  auto once = std::make_shared<std::atomic<bool>>(false);
-  bool posted = loop_.post([fn = std::move(fn), promise, once] {
-    fn([promise, once](Status s) {
-      if (!once->exchange(true)) promise->set_value(std::move(s));
-    });
-  });
-  if (!posted) promise->set_value(Status(Code::kShutdown, "node is shut down"));
-  return future;
-}
-
-Status Node::awaitStatus(std::future<Status>& future, double timeoutSeconds, const std::string& what) {
-  if (future.wait_for(std::chrono::duration<double>(timeoutSeconds)) != std::future_status::ready) {
-    return Status(Code::kTimeout, what + " timed out after " + std::to_string(timeoutSeconds) + " s");
-  }
-  return future.get();
-}
-
 // ---------------------------------------------------------------- connections
 
 void Node::sendTo(int rank, wire::MsgType type, std::string payload) {
@@ -240,7 +226,7 @@ void Node::failPeer(int rank, const Status& why, bool gone) {
   if (rank < 0 || rank >= config_.worldSize) return;
   if (gone) {
     moveShardFrom(rank);  // first: requests failed below are retried at the new shard
-    dropPartialResultsOf(rank);
+    reduceTasks_->dropPartialResultsOf(rank);
   }
   Peer& peer = peers_[rank];
   peer.lost = true;
@@ -283,7 +269,7 @@ void Node::onClosed(Connection& conn, const Status& why) {
       // It registered its objects over this connection: they leave this shard's
       // lists too (a peer closes its connections only when it leaves or dies).
       directory_->forgetHolder(from);
-      dropPartialResultsOf(from);
+      reduceTasks_->dropPartialResultsOf(from);
     }
     if (from >= 0 && !shuttingDown_) {
       mailbox_->failFrom(from, conn.id(), Status(Code::kPeerFailed, "connection from " + peerName(from) + " closed: " + why.message));
@@ -526,9 +512,7 @@ void Node::registerHandlers() {
   handle(Route::kOnEither, &Node::handlePull);
   handle(Route::kOnEither, &Node::handleCancel);
   handle(Route::kOnEither, &Node::handleDataAt);
-  // The reduce's tasks.
-  handle(Route::kOnEither, &Node::handleReduceTask);
-  handle(Route::kOnEither, &Node::handleReduceAbort);
+  reduceTasks_->registerHandlers(router_);
   mailbox_->registerHandlers(router_);
 }
 
@@ -615,7 +599,7 @@ bool Node::waitCompletions(std::vector<Completion>* out, double timeoutSeconds) 
 
 Status Node::announce(double timeoutSeconds) {
   if (stopped()) return Status(Code::kShutdown, "node is shut down");
-  auto done = startOnLoop([this, timeoutSeconds](std::function<void(Status)> done) {
+  auto done = startOnLoop(loop_, [this, timeoutSeconds](std::function<void(Status)> done) {
     // Peers that are dead too, or slow, need not hold the rejoining rank up.
     std::set<int> others;
     for (int r = 0; r < config_.worldSize; ++r) {
@@ -642,12 +626,12 @@ std::map<std::string, uint64_t> Node::stats() {
       {"pulls_served", counters_.pullsServed.load()},
       {"pulls_completed", counters_.pullsCompleted.load()},
       {"relays_served", counters_.relaysServed.load()},
-      {"reduces_coordinated", counters_.reducesCoordinated.load()},
-      {"reduce_tasks", counters_.reduceTasks.load()},
-      {"reduce_recoveries", counters_.reduceRecoveries.load()},
-      {"reduce_bytes", counters_.reduceBytes.load()},
-      {"reduce_bytes_on_device", counters_.reduceBytesOnDevice.load()},
-      {"link_probes", counters_.probes.load()},
+      {"reduces_coordinated", coordinator_->counters().coordinated.load()},
+      {"reduce_tasks", reduceTasks_->counters().tasks.load()},
+      {"reduce_recoveries", coordinator_->counters().recoveries.load()},
+      {"reduce_bytes", reduceTasks_->counters().bytes.load()},
+      {"reduce_bytes_on_device", reduceTasks_->counters().bytesOnDevice.load()},
+      {"link_probes", linkEstimator_->probesSent()},
       {"pull_resumes", counters_.pullResumes.load()},
       {"messages_sent", messages.sent.load()},
       {"messages_received", messages.received.load()},
@@ -706,12 +690,8 @@ void Node::shutdown() {
     noteEnded();
     self_->close(why);
     requests_.failRank(-1, why);
-    std::vector<uint64_t> reduces;
-    for (const auto& entry : reduces_) reduces.push_back(entry.first);
-    for (uint64_t key : reduces) endReduce(key, why);
-    std::vector<uint64_t> tasks;
-    for (const auto& entry : tasks_) tasks.push_back(entry.first);
-    for (uint64_t task : tasks) failTask(task, why);
+    coordinator_->shutDown(why);
+    reduceTasks_->shutDown(why);
     mailbox_->shutDown(why);
   });
   if (loopRunning) done.get_future().wait();

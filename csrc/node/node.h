@@ -25,16 +25,20 @@
 #include "common/timeouts.h"
 #include "common/worker_pool.h"
 #include "coll/device_reducer.h"
-#include "coll/reduce_kernels.h"
-#include "coll/reduce_plan.h"
 #include "directory/directory_shard.h"
 #include "messenger/mailbox.h"
 #include "messenger/peer_links.h"
 #include "net/event_loop.h"
 #include "net/local_connection.h"
+#include "net/loop_call.h"
 #include "net/message_router.h"
 #include "net/same_host/memory_reader.h"
 #include "net/transport.h"
+#include "reduce/coordinator.h"
+#include "reduce/link_estimator.h"
+#include "reduce/reduce_services.h"
+#include "reduce/reduce_types.h"
+#include "reduce/task_runner.h"
 #include "node/request_tracker.h"
 #include "store/buffer_pool.h"
 #include "store/device_memory.h"
@@ -72,32 +76,6 @@ struct NodeConfig {
   bool sameHost = true;
 };
 
-// A streaming reduce as the caller asks for it.
-struct ReduceRequest {
-  std::string resultId;
-  std::vector<std::string> inputIds;
-  int count = 0;  // reduce the first `count` inputs to become ready
-  ReduceOp op = ReduceOp::kSum;
-  int degree = 0;  // 0: chosen by the cost model
-  double timeoutSeconds = 0;
-  // Input i takes tree position i (positions in launchReadyInputs' order)
-  // instead of the next one free when it is located; needs count == inputs.
-  bool ordered = false;
-};
-
-// What ran: observable for tests and benchmarks.
-struct ReducePlan {
-  ObjectMeta meta;           // the result's (every input's)
-  std::vector<int> used;     // indices into inputIds, by tree position (see launchReadyInputs)
-  std::vector<int> holders;  // rank that computed each position
-  std::vector<int> lost;     // inputs given up because their holder died (indices into inputIds)
-  int recoveries = 0;        // times positions were redone after a participant died
-  ReduceTree tree;
-  LinkEstimate link;         // what the degree was chosen from
-  bool linkMeasured = false;  // false: defaults (no peer to probe, or the probe failed)
-  double planSeconds = 0;    // from the call until every task had started
-};
-
 // Delivered to the caller through waitCompletions().
 // Where a get's copy goes instead of a buffer from the pool: the caller's own
 // memory (get(out=...)), which must match the object's dtype and byte size, or
@@ -117,7 +95,7 @@ struct Completion {
   ObjectMeta meta;
 };
 
-class Node : public ConnectionObserver, private PeerLinks {
+class Node : public ConnectionObserver, private PeerLinks, private ReduceServices {
  public:
   explicit Node(NodeConfig config);
   ~Node() override;
@@ -146,7 +124,7 @@ class Node : public ConnectionObserver, private PeerLinks {
   void setHostMemoryLocker(std::shared_ptr<HostMemoryLocker> locker) { pool_->setLocker(std::move(locker)); }
   // Reduce steps over objects put from a device run on it through `reducer`
   // (CUDA builds); set before the node takes part in a reduce.
-  void setDeviceReducer(std::shared_ptr<DeviceReducer> reducer) { deviceReducer_ = std::move(reducer); }
+  void setDeviceReducer(std::shared_ptr<DeviceReducer> reducer) { reduceTasks_->setDeviceReducer(std::move(reducer)); }
   // Starts a get; the outcome arrives as a kGet completion with `token`, except
   // when a complete local copy exists: then it is served at once into *now and
   // true is returned. copy=false hands out the store's own buffer (read-only by
@@ -157,15 +135,17 @@ class Node : public ConnectionObserver, private PeerLinks {
   bool get(const std::string& id, double timeoutSeconds, bool copy, uint64_t token, Completion* now,
            const GetTarget* target = nullptr, int source = -1);
   Status remove(const std::string& id, double timeoutSeconds);
-  // Starts a streaming reduce (node_reduce.cpp) and returns once its inputs are
+  // Starts a streaming reduce (reduce/coordinator.h) and returns once its inputs are
   // chosen and every tree position has registered its output: the result
   // object then exists and fills as the reduce streams. This node coordinates
   // it until the result is complete: if a participant dies, the positions that
   // depended on it are redone (with other inputs where its input is lost).
-  Status reduce(const ReduceRequest& request, ReducePlan* plan);
+  Status reduce(const ReduceRequest& request, ReducePlan* plan) { return coordinator_->reduce(request, plan); }
   // Waits until a reduce this node coordinates (or recently did) into
   // `resultId` has completed its result, and gives the plan it ended with.
-  Status reduceOutcome(const std::string& resultId, double timeoutSeconds, ReducePlan* plan);
+  Status reduceOutcome(const std::string& resultId, double timeoutSeconds, ReducePlan* plan) {
+    return coordinator_->reduceOutcome(resultId, timeoutSeconds, plan);
+  }
   // Subscribes to where an object is (node_subscribe.cpp): its directory shard
   // sends the locations at once (whether the object exists yet or not) and
   // after every change; a shard that fails hands the subscription on with its
@@ -210,16 +190,16 @@ class Node : public ConnectionObserver, private PeerLinks {
   };
   // The rank hosting an id's directory entry: its hash's rank, or, once that
   // one failed, the next live rank after it (for good). Loop thread.
-  int shardOf(const std::string& id) const;
-  int shardHost(int homeRank) const;  // who hosts the share of the directory that `homeRank` had
+  int shardOf(const std::string& id) const override;
+  int shardHost(int homeRank) const override;  // who hosts the share of the directory that `homeRank` had
   // A rank failed: its share of the directory moves on, and this node
   // registers the copies it holds of the objects that were listed there.
   void moveShardFrom(int rank);
   // PeerLinks (for the mailbox).
   std::string peerName(int rank) const override;
-  bool hasFailed(int rank) override { return peers_[rank].lost; }
+  bool hasFailed(int rank) override { return peers_[rank].lost; }  // (and ReduceServices)
   uint64_t latestIncoming(int rank) override { return peers_[rank].incoming; }
-  void sendTo(int rank, wire::MsgType type, std::string payload);
+  void sendTo(int rank, wire::MsgType type, std::string payload) override;
   // Runs `write` with the peer's connection once its handshake is done; a
   // failed peer drops it unrun.
   void whenConnected(int rank, std::function<void(Connection&)> write) override;
@@ -263,10 +243,7 @@ class Node : public ConnectionObserver, private PeerLinks {
   void handleHolderUpdate(Connection& conn, const wire::HolderUpdate& msg);
   void onStatusReply(Connection& conn, const wire::StatusReply& msg);
   void onLookupReply(Connection& conn, const wire::LookupReply& msg);
-  double now() const;
-  // Runs fn on the loop; the future gets the Status fn reports (once).
-  std::future<Status> startOnLoop(std::function<void(std::function<void(Status)>)> fn);
-  static Status awaitStatus(std::future<Status>& future, double timeoutSeconds, const std::string& what);
+  double now() const override;
 
   // --- requests this node makes (node_client.cpp) ---
   using StatusCallback = RequestTracker::StatusCallback;
@@ -312,22 +289,22 @@ class Node : public ConnectionObserver, private PeerLinks {
     int source = -1;  // the sender the caller prefers, until the first lookup asks for it
     int retries = 0;  // times the object was being recomputed (kRetry) and looked up again
   };
-  uint64_t newRequest() { return nextRequest_++; }
-  void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb);
+  uint64_t newRequest() override { return nextRequest_++; }
+  void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb) override;
   // A request to the id's directory shard, sent again to its successor if
   // that shard fails before answering.
-  void requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb);
+  void requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request,
+                    StatusCallback cb) override;
   // Sends a Lookup to the id's shard; `cb` runs once. Returns the request id.
   uint64_t requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
-                         LookupCallback cb, int preferred = -1);
+                         LookupCallback cb, int preferred = -1) override;
   void sendLookup(const wire::Lookup& msg, LookupCallback cb);
   void startGet(uint64_t token);
   // Obtains a local copy of an object: this node's own (complete or still
   // arriving), a copy pulled from the sender the directory assigns (`sender`,
   // else -1), or a standalone one for an inline object. Runs `done` once.
-  using FetchCallback = std::function<void(const Status&, std::shared_ptr<LocalObject>, int sender)>;
   // `preferred`: the sender to ask the directory for (see DirectoryShard::lookup).
-  void fetch(const std::string& id, double timeoutSeconds, FetchCallback done, int preferred = -1);
+  void fetch(const std::string& id, double timeoutSeconds, FetchCallback done, int preferred = -1) override;
   void onFetchLookup(const std::string& id, const Status& status, const wire::LookupReply* reply,
                      const FetchCallback& done);
   // `sender`: the holder the fetch started a pull from for this get (-1: none).
@@ -376,59 +353,15 @@ class Node : public ConnectionObserver, private PeerLinks {
   Status fillFrom(LocalObject& object, const uint8_t* src, DeviceSource* device, uint64_t from, uint64_t n);
   // Copies bytes [from, from + n) of a local copy to a get's device target (copy threads).
   Status writeToDevice(DeviceTarget& device, const LocalObject& object, uint64_t from, uint64_t n);
-  uint64_t chunkFor(uint64_t size) const;
+  uint64_t chunkFor(uint64_t size) const override;
   void pushCompletion(Completion c);
 
-  // --- streaming reduce: coordinator (node_reduce.cpp, node_reduce_recovery.cpp) ---
-  struct ReduceCoordination;
-  struct ReduceInput;
-  struct ReducePosition;
-  struct ReduceTaskState;
-  void startReduce(uint64_t key);
-  void onReduceInput(uint64_t key, int index, const Status& status, const wire::LookupReply* reply);
-  // Locates an input again (its holder died): a copy elsewhere, or one put again later.
-  void relocateInput(uint64_t key, int index, int deadHolder, double delaySeconds = 0);
-  // Fills vacant positions with located inputs (the first pass in arrival order).
-  void launchReadyInputs(uint64_t key);
-  // Fixes the tree on the first input and checks each input against it;
-  // false when the reduce failed.
-  bool planInput(uint64_t key, const ReduceInput& input);
-  void assignInput(uint64_t key, int position, const ReduceInput& input);
-  // Sends the position's task; false when that failed the reduce.
-  bool sendTask(uint64_t key, int position);
-  std::string partialOutputId(const ReduceCoordination& c, int position) const;
-  void armInputTimer(uint64_t key);
-  void onTaskRegistered(uint64_t key, int position, int generation, const Status& status);
-  void onTaskEnd(uint64_t key, int position, int generation, const Status& status);
-  void onTaskFailed(uint64_t key, int position, const Status& status);
-  void maybeReturn(uint64_t key);
-  void endReduce(uint64_t key, const Status& outcome);  // complete (ok) or failed
-  void rememberReduce(ReduceCoordination& c, const Status& outcome);
-  // Recovery: after a task failed because a participant died, ask every
-  // participant whether it is alive, then redo the positions that depended on
-  // the dead (node_reduce_recovery.cpp).
-  void startRollCall(uint64_t key, const Status& why);
-  // Probes `ranks`; `done` runs once, with those that failed to answer or had
-  // not answered after `timeoutSeconds`.
-  void probeRanks(const std::set<int>& ranks, double timeoutSeconds, std::function<void(std::set<int> silent)> done);
-  void recoverReduce(uint64_t key, const std::set<int>& dead);
-  // --- streaming reduce: tasks (node_reduce_task.cpp) ---
-  void handleReduceTask(Connection& conn, const wire::ReduceTask& msg);
-  void startTask(uint64_t task, std::shared_ptr<LocalObject> input);
-  void startTaskInputs(uint64_t task);
-  void answerTask(ReduceTaskState& task, const Status& status);
-  void reportTaskEnd(const ReduceTaskState& task, const Status& status);
-  void watchTaskObject(uint64_t task, const std::shared_ptr<LocalObject>& obj);
-  void progressTask(uint64_t task);
-  void finishTask(uint64_t task);
-  void failTask(uint64_t task, const Status& why);
-  void closeRoot(const std::shared_ptr<ReduceTaskState>& task);
-  void handleReduceAbort(Connection& conn, const wire::ReduceAbort& msg);
-  void deleteEverywhere(const std::string& id);  // fire and forget
-  void dropPartialResultsOf(int coordinator);
-  // Link latency and bandwidth for the cost model, from probes to a peer
-  // (refreshed when older than a minute); `then` runs once they are known (node_link.cpp).
-  void withLinkEstimate(std::function<void()> then);
+  // --- for the reduce's parts (ReduceServices; the rest is declared above) ---
+  void probeRanks(const std::set<int>& ranks, double timeoutSeconds,
+                  std::function<void(std::set<int> silent)> done) override;  // node_probe.cpp
+  void deleteEverywhere(const std::string& id) override;  // fire and forget
+  RequestTracker& requests() override { return requests_; }
+  bool shuttingDown() const override { return shuttingDown_; }
 
   // --- subscriptions to locations (node_subscribe.cpp) ---
   void handleSubscribe(Connection& conn, const wire::Subscribe& msg);
@@ -457,10 +390,10 @@ class Node : public ConnectionObserver, private PeerLinks {
                     const std::shared_ptr<LocalObject>& obj);
   // A pull may reach a relay before the relay's own copy exists (the directory
   // listed it as soon as it asked); such pulls wait here briefly.
-  void serveParkedPulls(const std::shared_ptr<LocalObject>& obj);
+  void serveParkedPulls(const std::shared_ptr<LocalObject>& obj) override;
   void pump(const StreamKey& key);
   void endStream(const StreamKey& key);
-  void dropLocalCopy(const std::string& id, const Status& why);
+  void dropLocalCopy(const std::string& id, const Status& why) override;
 
   NodeConfig config_;
   wire::FrameLimits limits_;
@@ -472,11 +405,15 @@ class Node : public ConnectionObserver, private PeerLinks {
   std::unique_ptr<ObjectStore> store_;
   std::unique_ptr<DirectoryShard> directory_;
   std::unique_ptr<Mailbox> mailbox_;
+  // The streaming reduce (reduce/): the reduces this node coordinates, the
+  // tree positions it computes, and the link estimate that sizes the trees.
+  std::unique_ptr<LinkEstimator> linkEstimator_;
+  std::unique_ptr<ReduceCoordinator> coordinator_;
+  std::unique_ptr<ReduceTaskRunner> reduceTasks_;
   std::unique_ptr<WorkerPool> workers_;
   // Copies of puts into the store, at a lower priority than the transfers
   // they feed (a put's copy on every rank at once otherwise starves them).
   std::unique_ptr<WorkerPool> putCopies_;
-  std::shared_ptr<DeviceReducer> deviceReducer_;
 
   // Loop-thread state.
   std::shared_ptr<LocalConnection> self_;
@@ -511,20 +448,10 @@ class Node : public ConnectionObserver, private PeerLinks {
   std::promise<void> allEnded_;
   bool allEndedKept_ = false;
   void noteEnded();
-  uint64_t nextReduce_ = 1;
   // Random per process: told in every hello, and part of this node's
   // partial-result ids (unique across restarts).
   uint64_t incarnation_ = 0;
-  std::unordered_map<uint64_t, std::unique_ptr<ReduceCoordination>> reduces_;
-  std::unordered_map<uint64_t, std::shared_ptr<ReduceTaskState>> tasks_;
-  // How recent reduces coordinated here ended, for reduceOutcome (bounded).
-  std::unordered_map<std::string, std::pair<Status, ReducePlan>> reduceHistory_;
-  std::deque<std::string> reduceHistoryOrder_;
   double lastHeartbeatCheck_ = 0;
-  LinkEstimate link_;
-  bool linkMeasured_ = false;
-  double linkMeasuredAt_ = -1;
-  std::vector<std::function<void()>> linkWaiters_;  // non-empty while probing
 
   struct Subscription {
     std::string id;
@@ -543,7 +470,7 @@ class Node : public ConnectionObserver, private PeerLinks {
   bool closed_ = false;
 
   std::atomic<bool> stopped_{false};
-  bool stopped() const { return stopped_.load(); }
+  bool stopped() const override { return stopped_.load(); }
 
   struct Counters {
     std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, pullsServed{0}, pullsCompleted{0};
@@ -552,9 +479,6 @@ class Node : public ConnectionObserver, private PeerLinks {
     std::atomic<uint64_t> inlineGets{0}, localGets{0}, remoteGets{0}, evictions{0};
     std::atomic<uint64_t> copiesHandedOver{0};  // remote gets that took their pulled copy (handOver)
     std::atomic<uint64_t> relaysServed{0};  // pulls served from a copy still arriving
-    std::atomic<uint64_t> reducesCoordinated{0}, reduceTasks{0}, reduceBytes{0}, probes{0};
-    std::atomic<uint64_t> reduceBytesOnDevice{0};  // of reduceBytes, computed by the DeviceReducer
-    std::atomic<uint64_t> reduceRecoveries{0};  // reduces that redid positions after a participant died
     std::atomic<uint64_t> pullResumes{0};  // transfers continued from another holder after a failure
     std::atomic<uint64_t> handshakesRefused{0};  // peers that could not prove they know the secret
   } counters_;

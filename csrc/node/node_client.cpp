@@ -84,6 +84,11 @@ void Node::sendLookup(const wire::Lookup& msg, LookupCallback cb) {
   send(shard, msg);
 }
 
+void Node::deleteEverywhere(const std::string& id) {
+  uint64_t request = newRequest();
+  requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id}), request, [](const Status&) {});
+}
+
 // ---------------------------------------------------------------- put
 
 Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* src, uint64_t token,
@@ -126,7 +131,7 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
   reg.complete = small || zeroCopy;
   // Whoever comes first, the shard's answer (1) or the caller giving up (2), decides.
   auto decided = std::make_shared<std::atomic<int>>(0);
-  auto registered = startOnLoop([this, reg = std::move(reg), obj, decided](std::function<void(Status)> done) mutable {
+  auto registered = startOnLoop(loop_, [this, reg = std::move(reg), obj, decided](std::function<void(Status)> done) mutable {
     if (reg.complete) obj->advance(obj->size());
     uint64_t request = newRequest();
     reg.request = request;
@@ -211,7 +216,7 @@ Status Node::remove(const std::string& id, double timeoutSeconds) {
   Status s = validateId(id);
   if (!s.ok()) return s;
   if (stopped()) return Status(Code::kShutdown, "delete of object " + printableId(id) + ": node is shut down");
-  auto deleted = startOnLoop([this, id](std::function<void(Status)> done) {
+  auto deleted = startOnLoop(loop_, [this, id](std::function<void(Status)> done) {
     uint64_t request = newRequest();
     requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id}), request, done);
   });

@@ -1,7 +1,7 @@
-// Probes to peers: whether they answer (a rejoining node's introduction, a
-// reduce's roll call) and how fast the link to one is (the reduce cost model).
-#include "common/logging.h"
-#include "node/node.h"
+#include "reduce/link_estimator.h"
+
+#include <algorithm>
+#include <memory>
 
 namespace hoplite {
 
@@ -14,49 +14,19 @@ constexpr int kProbeRounds = 3;
 constexpr LinkEstimate kDefaultLink{50e-6, 1.25e9};
 }  // namespace
 
-void Node::probeRanks(const std::set<int>& ranks, double timeoutSeconds,
-                      std::function<void(std::set<int> silent)> done) {
-  struct Call {
-    std::set<int> waiting, silent;
-    EventLoop::TimerId timer = 0;
-    std::function<void(std::set<int>)> done;  // empty once called
-  };
-  auto call = std::make_shared<Call>();
-  call->waiting = ranks;
-  call->done = std::move(done);
-  auto settle = [this, call] {
-    if (!call->done) return;
-    if (call->timer) loop_.cancelTimer(call->timer);
-    call->silent.insert(call->waiting.begin(), call->waiting.end());
-    std::exchange(call->done, nullptr)(std::move(call->silent));
-  };
-  if (ranks.empty()) return settle();
-  call->timer = loop_.addTimer(timeoutSeconds, [call, settle] {
-    call->timer = 0;
-    settle();
-  });
-  for (int r : ranks) {
-    uint64_t request = newRequest();
-    requestStatus(r, wire::MsgType::kProbe, wire::encode(wire::Probe{request, std::string()}), request,
-                  [call, r, settle](const Status& s) {
-                    if (!call->done) return;
-                    if (!s.ok()) call->silent.insert(r);
-                    call->waiting.erase(r);
-                    if (call->waiting.empty()) settle();
-                  });
-  }
-}
+LinkEstimator::LinkEstimator(EventLoop& loop, ReduceServices& node, int rank, int worldSize)
+    : loop_(loop), node_(node), rank_(rank), worldSize_(worldSize) {}
 
-void Node::withLinkEstimate(std::function<void()> then) {
-  const bool fresh = linkMeasuredAt_ >= 0 && now() - linkMeasuredAt_ < kLinkMaxAge;
-  if (config_.worldSize <= 1 || fresh) {
-    if (linkMeasuredAt_ < 0) link_ = kDefaultLink;
+void LinkEstimator::withEstimate(std::function<void()> then) {
+  const bool fresh = measuredAt_ >= 0 && node_.now() - measuredAt_ < kLinkMaxAge;
+  if (worldSize_ <= 1 || fresh) {
+    if (measuredAt_ < 0) link_ = kDefaultLink;
     then();
     return;
   }
-  linkWaiters_.push_back(std::move(then));
-  if (linkWaiters_.size() > 1) return;  // a probe is already out
-  const int peer = (config_.rank + 1) % config_.worldSize;
+  waiters_.push_back(std::move(then));
+  if (waiters_.size() > 1) return;  // a probe is already out
+  const int peer = (rank_ + 1) % worldSize_;
   // Settled once: by the probes, or by the timer when the peer is slow to answer.
   struct Round {
     bool settled = false;
@@ -68,10 +38,10 @@ void Node::withLinkEstimate(std::function<void()> then) {
     round->settled = true;
     if (round->timer) loop_.cancelTimer(round->timer);
     link_ = measured ? link : kDefaultLink;
-    linkMeasured_ = measured;
-    linkMeasuredAt_ = now();
-    auto waiters = std::move(linkWaiters_);
-    linkWaiters_.clear();
+    measured_ = measured;
+    measuredAt_ = node_.now();
+    auto waiters = std::move(waiters_);
+    waiters_.clear();
     for (auto& w : waiters) w();
   };
   // Small probes give the round trip; 1 MiB ones add the time to move 1 MiB.
@@ -94,10 +64,10 @@ void Node::withLinkEstimate(std::function<void()> then) {
       return finish(true, link);
     }
     const bool big = samples->next++ % 2 == 1;
-    counters_.probes++;
-    uint64_t request = newRequest();
-    const double start = now();
-    requestStatus(peer, wire::MsgType::kProbe, wire::encode(wire::Probe{request, std::string(big ? kProbeBytes : 0, '\0')}),
+    probes_++;
+    uint64_t request = node_.newRequest();
+    const double start = node_.now();
+    node_.requestStatus(peer, wire::MsgType::kProbe, wire::encode(wire::Probe{request, std::string(big ? kProbeBytes : 0, '\0')}),
                   request, [this, round, samples, step, finish, start, big](const Status& s) {
                     if (round->settled) return;  // by the timer
                     if (!s.ok()) {
@@ -105,7 +75,7 @@ void Node::withLinkEstimate(std::function<void()> then) {
                       return finish(false, {});
                     }
                     double& best = big ? samples->big : samples->small;
-                    best = std::min(best, now() - start);
+                    best = std::min(best, node_.now() - start);
                     (*step)();
                   });
   };

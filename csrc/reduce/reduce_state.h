@@ -1,6 +1,6 @@
 // The loop-thread state of a streaming reduce: the coordinator's view of one
-// reduce (node_reduce.cpp, node_reduce_recovery.cpp), and one tree position
-// computed on this node (node_reduce_task.cpp).
+// reduce (coordinator.h), and one tree position computed on this node
+// (task_runner.h).
 #pragma once
 
 #include <deque>
@@ -11,22 +11,24 @@
 #include <utility>
 #include <vector>
 
-#include "node/node.h"
+#include "coll/device_reducer.h"
+#include "coll/reduce_kernels.h"
+#include "net/event_loop.h"
+#include "net/transport.h"
+#include "reduce/reduce_types.h"
+#include "store/local_object.h"
+#include "wire/messages.h"
 
 namespace hoplite {
 
-// Ids of a reduce's partial results start with this, then the coordinator's
-// rank and "." (so the results of a dead coordinator can be found and dropped).
-inline const std::string kPartialResultPrefix = std::string("\x01reduce/");
-
 // An input the directory located: its index in the request, and where it is.
-struct Node::ReduceInput {
+struct ReduceInput {
   int index;
   wire::LookupReply reply;
 };
 
 // One tree position as the coordinator sees it.
-struct Node::ReducePosition {
+struct ReducePosition {
   enum class State : uint8_t {
     kVacant,    // waiting for an input (not reached yet, or its holder died)
     kPending,   // has an input; its task goes out once the result is retracted
@@ -41,10 +43,10 @@ struct Node::ReducePosition {
   int generation = 0;
   std::string output;       // what its task writes: the result's id at the root
   bool registered = false;  // its task registered `output`
-  uint64_t endRequest = 0;  // pending_ key of the task's end report
+  uint64_t endRequest = 0;  // the request of the task's end report
 };
 
-struct Node::ReduceCoordination {
+struct ReduceCoordination {
   ReduceRequest request;
   std::shared_ptr<ReducePlan> plan;
   // reduce()'s caller, told once every position has registered its output; empty after.
@@ -53,7 +55,7 @@ struct Node::ReduceCoordination {
   std::vector<std::function<void(const Status&, const ReducePlan&)>> waiters;
   double started = 0;
   EventLoop::TimerId timer = 0;    // waiting for inputs: the first ones, or replacements
-  std::vector<uint64_t> lookups;   // pending_ keys of locate lookups still out
+  std::vector<uint64_t> lookups;   // requests of locate lookups still out
   std::deque<ReduceInput> ready;   // located, not used yet
   std::optional<ReduceInput> reserved;  // this node's own input, kept for the root position
   std::vector<bool> arrived;  // by input index: located at least once
@@ -72,7 +74,7 @@ struct Node::ReduceCoordination {
   Status failure;           // what started the recovery
 };
 
-struct Node::ReduceTaskState {
+struct ReduceTaskState {
   wire::ReduceTask msg;
   std::weak_ptr<Connection> coordinator;
   bool answered = false;

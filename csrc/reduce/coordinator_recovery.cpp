@@ -5,12 +5,11 @@
 // theirs died with them) and those positions' ancestors, up to the root. The
 // result's readers are sent back to wait for the recomputed result.
 #include "common/logging.h"
-#include "node/node.h"
-#include "node/reduce_state.h"
+#include "reduce/coordinator.h"
 
 namespace hoplite {
 
-void Node::startRollCall(uint64_t key, const Status& why) {
+void ReduceCoordinator::startRollCall(uint64_t key, const Status& why) {
   ReduceCoordination& c = *reduces_.at(key);
   if (c.rollCall) return;
   c.rollCall = true;
@@ -22,27 +21,26 @@ void Node::startRollCall(uint64_t key, const Status& why) {
   for (const auto& r : c.ready) ranks.insert(r.reply.sender);
   for (int r : ranks) {
     if (r == config_.rank) continue;
-    auto peer = peers_.find(r);
-    (peer != peers_.end() && peer->second.lost ? dead : waiting).insert(r);
+    (node_.hasFailed(r) ? dead : waiting).insert(r);
   }
   // Who has not answered when the heartbeat timeout passes counts as dead.
-  probeRanks(waiting, config_.heartbeatTimeoutSeconds, [this, key, dead](std::set<int> silent) mutable {
+  node_.probeRanks(waiting, config_.heartbeatTimeoutSeconds, [this, key, dead](std::set<int> silent) mutable {
     dead.insert(silent.begin(), silent.end());
-    if (reduces_.count(key)) recoverReduce(key, dead);
+    if (reduces_.count(key)) recover(key, dead);
   });
 }
 
-void Node::recoverReduce(uint64_t key, const std::set<int>& dead) {
+void ReduceCoordinator::recover(uint64_t key, const std::set<int>& dead) {
   ReduceCoordination& c = *reduces_.at(key);
   c.rollCall = false;
-  if (dead.empty() || shuttingDown_) return endReduce(key, c.failure);
+  if (dead.empty() || node_.shuttingDown()) return endReduce(key, c.failure);
   using State = ReducePosition::State;
   const ReduceTree& tree = c.plan->tree;
   const int k = c.request.count;
   c.plan->recoveries++;
-  counters_.reduceRecoveries++;
+  counters_.recoveries++;
   std::string names;
-  for (int r : dead) names += (names.empty() ? "" : ", ") + peerName(r);
+  for (int r : dead) names += (names.empty() ? "" : ", ") + node_.peerName(r);
   HLOG(kInfo, "reduce into %s: %s failed; redoing what depended on it", printableId(c.request.resultId).c_str(),
        names.c_str());
 
@@ -78,11 +76,11 @@ void Node::recoverReduce(uint64_t key, const std::set<int>& dead) {
     const bool holderDead = pos.state != State::kVacant && dead.count(pos.holder);
     if (pos.state == State::kRunning) {
       // Also to the "dead": one that only missed the roll call must stop too.
-      send(pos.holder, wire::ReduceAbort{0, pos.output, /*retract=*/true});
+      node_.send(pos.holder, wire::ReduceAbort{0, pos.output, /*retract=*/true});
       if (p == tree.root && !holderDead) oldRootEnd = pos.endRequest;  // it reports once it took the result back
     }
-    if (p != tree.root && pos.state != State::kVacant) deleteEverywhere(pos.output);
-    if (p != tree.root || !oldRootEnd) requests_.forget(pos.endRequest);
+    if (p != tree.root && pos.state != State::kVacant) node_.deleteEverywhere(pos.output);
+    if (p != tree.root || !oldRootEnd) node_.requests().forget(pos.endRequest);
     if (holderDead) {
       relocate.emplace_back(pos.input, pos.holder);
       c.plan->lost.push_back(pos.input);
@@ -114,7 +112,7 @@ void Node::recoverReduce(uint64_t key, const std::set<int>& dead) {
     const std::string id = it->second->request.resultId;
     const bool registered = it->second->resultRegistered;
     it->second->resultRegistered = false;
-    uint64_t request = newRequest();
+    uint64_t request = node_.newRequest();
     auto relaunch = [this, key, round](const Status&) {
       auto it = reduces_.find(key);
       if (it == reduces_.end() || it->second->retractRound != round) return;
@@ -126,10 +124,10 @@ void Node::recoverReduce(uint64_t key, const std::set<int>& dead) {
       launchReadyInputs(key);
     };
     if (!registered) return relaunch(Status());  // the id may be someone else's: leave it
-    requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
+    node_.requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
                  relaunch);
   };
-  if (!oldRootEnd || !requests_.replaceCallback(oldRootEnd, [retract](const Status&) { retract(); })) retract();
+  if (!oldRootEnd || !node_.requests().replaceCallback(oldRootEnd, [retract](const Status&) { retract(); })) retract();
 }
 
 }  // namespace hoplite

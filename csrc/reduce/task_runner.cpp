@@ -1,12 +1,10 @@
-// One position of a streaming reduce, computed on the node holding its input:
-// streams `input op children` chunk by chunk into its own output object, which
-// its parent fetches like any object while it is being written.
+// Tree positions of streaming reduces computed on this node (see task_runner.h).
 #include <algorithm>
 #include <optional>
 
+#include "reduce/task_runner.h"
+
 #include "common/logging.h"
-#include "node/node.h"
-#include "node/reduce_state.h"
 
 namespace hoplite {
 
@@ -37,20 +35,36 @@ Status stepOnDevice(BufferPool& pool, DeviceReduceKernel& kernel, const LocalObj
 }
 }  // namespace
 
-void Node::handleReduceTask(Connection& conn, const wire::ReduceTask& msg) {
-  const uint64_t taskId = nextReduce_++;
+ReduceTaskRunner::ReduceTaskRunner(EventLoop& loop, ReduceServices& node, int rank, ObjectStore& store,
+                                   BufferPool& pool, WorkerPool& workers)
+    : loop_(loop), node_(node), rank_(rank), store_(store), pool_(pool), workers_(workers) {}
+
+void ReduceTaskRunner::registerHandlers(MessageRouter& router) {
+  router.on<wire::ReduceTask>(Route::kOnEither, [this](Connection& c, const wire::ReduceTask& m) { handleTask(c, m); });
+  router.on<wire::ReduceAbort>(Route::kOnEither,
+                               [this](Connection& c, const wire::ReduceAbort& m) { handleAbort(c, m); });
+}
+
+void ReduceTaskRunner::shutDown(const Status& why) {
+  std::vector<uint64_t> ids;
+  for (const auto& entry : tasks_) ids.push_back(entry.first);
+  for (uint64_t id : ids) failTask(id, why);
+}
+
+void ReduceTaskRunner::handleTask(Connection& conn, const wire::ReduceTask& msg) {
+  const uint64_t taskId = nextTask_++;
   auto t = std::make_shared<ReduceTaskState>();
   t->msg = msg;
-  t->coordinator = sharedConnection(conn);
-  t->started = now();
+  t->coordinator = node_.sharedConnection(conn);
+  t->started = node_.now();
   ReduceTaskState& task = *t;
   tasks_[taskId] = std::move(t);
-  counters_.reduceTasks++;
+  counters_.tasks++;
   Status s;
   if (msg.op > kMaxReduceOp) s = Status(Code::kInvalidArgument, "unknown reduce op");
   if (s.ok()) s = reduceKernel(static_cast<ReduceOp>(msg.op), msg.meta.dtype, &task.kernel);
   if (!s.ok()) return failTask(taskId, s);
-  fetch(msg.inputId, static_cast<double>(msg.timeoutMs) / 1000.0,
+  node_.fetch(msg.inputId, static_cast<double>(msg.timeoutMs) / 1000.0,
         [this, taskId](const Status& s, std::shared_ptr<LocalObject> input, int) {
           if (!tasks_.count(taskId)) return;
           if (!s.ok()) return failTask(taskId, s);
@@ -58,7 +72,7 @@ void Node::handleReduceTask(Connection& conn, const wire::ReduceTask& msg) {
         });
 }
 
-void Node::startTask(uint64_t taskId, std::shared_ptr<LocalObject> input) {
+void ReduceTaskRunner::startTask(uint64_t taskId, std::shared_ptr<LocalObject> input) {
   ReduceTaskState& task = *tasks_.at(taskId);
   const wire::ReduceTask& msg = task.msg;
   if (!sameContents(input->meta(), msg.meta)) {
@@ -72,28 +86,28 @@ void Node::startTask(uint64_t taskId, std::shared_ptr<LocalObject> input) {
   if (!task.alias && deviceReducer_) {
     task.onDevice = deviceReducer_->kernel(static_cast<ReduceOp>(msg.op), msg.meta.dtype, input->meta().device);
   }
-  Status s = store_->create(msg.outputId, msg.meta, /*primary=*/true, &task.output,
+  Status s = store_.create(msg.outputId, msg.meta, /*primary=*/true, &task.output,
                             task.alias ? input->buffer() : nullptr, /*sharedWithStored=*/task.alias);
   if (!s.ok()) return failTask(taskId, s);
   task.output->recomputable = msg.root;  // its coordinator computes the result again if a participant dies
-  serveParkedPulls(task.output);
+  node_.serveParkedPulls(task.output);
   task.children.assign(msg.childIds.size(), nullptr);
   wire::Register reg;
-  reg.request = newRequest();
+  reg.request = node_.newRequest();
   reg.id = msg.outputId;
   reg.meta = msg.meta;
-  reg.holder = config_.rank;
+  reg.holder = rank_;
   reg.complete = false;
   reg.recomputable = msg.root;
   task.registering = true;
-  requestShard(msg.outputId, wire::MsgType::kRegister, wire::encode(reg), reg.request,
+  node_.requestShard(msg.outputId, wire::MsgType::kRegister, wire::encode(reg), reg.request,
                [this, taskId, state = tasks_.at(taskId)](const Status& s) {
                  state->registering = false;
                  auto it = tasks_.find(taskId);
                  if (it == tasks_.end()) {  // failed meanwhile
                    state->registered = s.ok();
                    if (state->closing) return closeRoot(state);
-                   if (s.ok()) deleteEverywhere(state->msg.outputId);  // free the id
+                   if (s.ok()) node_.deleteEverywhere(state->msg.outputId);  // free the id
                    return;
                  }
                  if (!s.ok()) return failTask(taskId, s);
@@ -105,13 +119,13 @@ void Node::startTask(uint64_t taskId, std::shared_ptr<LocalObject> input) {
 
 // Watches the input and fetches the children; any of these may end the task
 // at once (a complete leaf, a failed fetch), so the task is looked up each time.
-void Node::startTaskInputs(uint64_t taskId) {
+void ReduceTaskRunner::startTaskInputs(uint64_t taskId) {
   const ReduceTaskState& task = *tasks_.at(taskId);
   const std::vector<std::string> childIds = task.msg.childIds;
   const double timeout = static_cast<double>(task.msg.timeoutMs) / 1000.0;
   watchTaskObject(taskId, task.input);
   for (size_t i = 0; i < childIds.size() && tasks_.count(taskId); ++i) {
-    fetch(childIds[i], timeout, [this, taskId, i](const Status& s, std::shared_ptr<LocalObject> child, int) {
+    node_.fetch(childIds[i], timeout, [this, taskId, i](const Status& s, std::shared_ptr<LocalObject> child, int) {
       auto it = tasks_.find(taskId);
       if (it == tasks_.end()) return;
       if (!s.ok()) return failTask(taskId, s);
@@ -121,7 +135,7 @@ void Node::startTaskInputs(uint64_t taskId) {
   }
 }
 
-void Node::answerTask(ReduceTaskState& task, const Status& status) {
+void ReduceTaskRunner::answerTask(ReduceTaskState& task, const Status& status) {
   if (task.answered) return;
   task.answered = true;
   if (auto c = task.coordinator.lock()) {
@@ -129,13 +143,13 @@ void Node::answerTask(ReduceTaskState& task, const Status& status) {
   }
 }
 
-void Node::reportTaskEnd(const ReduceTaskState& task, const Status& status) {
+void ReduceTaskRunner::reportTaskEnd(const ReduceTaskState& task, const Status& status) {
   if (auto c = task.coordinator.lock()) {
     c->sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{task.msg.endRequest, status}));
   }
 }
 
-void Node::watchTaskObject(uint64_t taskId, const std::shared_ptr<LocalObject>& obj) {
+void ReduceTaskRunner::watchTaskObject(uint64_t taskId, const std::shared_ptr<LocalObject>& obj) {
   auto it = tasks_.find(taskId);
   if (it == tasks_.end()) return;
   ReduceTaskState& task = *it->second;
@@ -143,7 +157,7 @@ void Node::watchTaskObject(uint64_t taskId, const std::shared_ptr<LocalObject>& 
   progressTask(taskId);
 }
 
-void Node::progressTask(uint64_t taskId) {
+void ReduceTaskRunner::progressTask(uint64_t taskId) {
   auto it = tasks_.find(taskId);
   if (it == tasks_.end()) return;
   ReduceTaskState& task = *it->second;
@@ -177,7 +191,7 @@ void Node::progressTask(uint64_t taskId) {
     const size_t n = (to - from) / item;
     std::optional<Status> onDevice;
     if (device) {
-      onDevice = stepOnDevice(*pool_, *device, *out, *in, children, from, n, divisor);
+      onDevice = stepOnDevice(pool_, *device, *out, *in, children, from, n, divisor);
       if (onDevice->ok()) return onDevice;
     }
     kernel.combine(out->data() + from, in->data() + from, children[0]->data() + from, n);
@@ -194,8 +208,8 @@ void Node::progressTask(uint64_t taskId) {
     task.busy = false;
     const uint64_t bytes = to - task.output->watermark();
     task.reduced = to;
-    counters_.reduceBytes += bytes;
-    if (onDevice && onDevice->ok()) counters_.reduceBytesOnDevice += bytes;
+    counters_.bytes += bytes;
+    if (onDevice && onDevice->ok()) counters_.bytesOnDevice += bytes;
     if (onDevice && !onDevice->ok() && task.onDevice) {
       HLOG(kWarn, "reduce into %s continues on the CPU: the device step failed (%s)",
            printableId(task.msg.reduceId).c_str(), onDevice->message.c_str());
@@ -210,16 +224,16 @@ void Node::progressTask(uint64_t taskId) {
     done(work());
     return;
   }
-  workers_->submit([this, work, done] {
+  workers_.submit([this, work, done] {
     auto onDevice = work();
     loop_.post([done, onDevice] { done(onDevice); });
   });
 }
 
-void Node::finishTask(uint64_t taskId) {
+void ReduceTaskRunner::finishTask(uint64_t taskId) {
   auto it = tasks_.find(taskId);
   if (it == tasks_.end()) return;
-  if (store_->find(it->second->msg.outputId) != it->second->output) {
+  if (store_.find(it->second->msg.outputId) != it->second->output) {
     // Dropped meanwhile (a retract reached it before an abort did): announcing
     // it complete would list a holder without a copy.
     return failTask(taskId, Status(Code::kRetry, "its output " + printableId(it->second->msg.outputId) + " was dropped"));
@@ -229,41 +243,41 @@ void Node::finishTask(uint64_t taskId) {
   for (auto& [obj, listener] : task->listeners) obj->removeListener(listener);
   const std::string& out = task->msg.outputId;
   HLOG(kDebug, "reduce task for %s (%zu children) ran %.3f to %.3f s (steady clock)", printableId(out).c_str(),
-       task->msg.childIds.size(), task->started, now());
-  send(shardOf(out), wire::HolderUpdate{out, config_.rank, wire::HolderState::kComplete, -1});
+       task->msg.childIds.size(), task->started, node_.now());
+  node_.send(node_.shardOf(out), wire::HolderUpdate{out, rank_, wire::HolderState::kComplete, -1});
   reportTaskEnd(*task, Status());
   // The children's outputs stay until the coordinator frees them with the
   // result complete: if this node dies first, only this position is redone.
   if (task->coordinator.expired()) {
-    for (const auto& child : task->msg.childIds) deleteEverywhere(child);
+    for (const auto& child : task->msg.childIds) node_.deleteEverywhere(child);
   }
 }
 
 // A coordinator that failed frees none of its partial results: their holders do.
-void Node::dropPartialResultsOf(int rank) {
+void ReduceTaskRunner::dropPartialResultsOf(int rank) {
   const std::string prefix = kPartialResultPrefix + std::to_string(rank) + ".";
-  for (const auto& obj : store_->snapshot()) {
+  for (const auto& obj : store_.snapshot()) {
     if (obj->id().rfind(prefix, 0) != 0) continue;
-    dropLocalCopy(obj->id(), Status(Code::kPeerFailed, "its reduce's coordinator, " + peerName(rank) + ", failed"));
+    node_.dropLocalCopy(obj->id(), Status(Code::kPeerFailed, "its reduce's coordinator, " + node_.peerName(rank) + ", failed"));
   }
 }
 
-void Node::failTask(uint64_t taskId, const Status& why) {
+void ReduceTaskRunner::failTask(uint64_t taskId, const Status& why) {
   auto it = tasks_.find(taskId);
   if (it == tasks_.end()) return;
   auto task = std::move(it->second);
   tasks_.erase(it);
   for (auto& [obj, listener] : task->listeners) obj->removeListener(listener);
   const wire::ReduceTask& msg = task->msg;
-  Status status(why.code, "reduce into " + printableId(msg.reduceId) + " failed on " + peerName(config_.rank) + ": " +
+  Status status(why.code, "reduce into " + printableId(msg.reduceId) + " failed on " + node_.peerName(rank_) + ": " +
                               why.message);
   if (why.message.rfind("reduce into ", 0) == 0) status.message = why.message;  // already says so
   answerTask(*task, status);
   // A live coordinator recovers from a participant's death and frees the
   // partial results itself; without one, nobody else will.
-  const bool coordinated = !task->coordinator.expired() && !shuttingDown_;
+  const bool coordinated = !task->coordinator.expired() && !node_.shuttingDown();
   if (task->output) {
-    if (store_->find(msg.outputId) == task->output) store_->remove(msg.outputId);
+    if (store_.find(msg.outputId) == task->output) store_.remove(msg.outputId);
     Status seen = status;
     // The result's readers wait for the recomputed result instead of failing.
     if (msg.root && coordinated && why.code == Code::kPeerFailed) seen.code = Code::kRetry;
@@ -277,28 +291,23 @@ void Node::failTask(uint64_t taskId, const Status& why) {
   }
   reportTaskEnd(*task, status);
   if (coordinated) return;
-  if (task->registered) deleteEverywhere(msg.outputId);
-  for (const auto& child : msg.childIds) deleteEverywhere(child);
+  if (task->registered) node_.deleteEverywhere(msg.outputId);
+  for (const auto& child : msg.childIds) node_.deleteEverywhere(child);
 }
 
 // A failed root takes its registration back before it reports: the
 // coordinator registers the result again only after that report, so a stale
 // registration can never overtake the new one. Readers of the retracted result
 // look it up again and wait for the new one.
-void Node::closeRoot(const std::shared_ptr<ReduceTaskState>& task) {
+void ReduceTaskRunner::closeRoot(const std::shared_ptr<ReduceTaskState>& task) {
   if (!task->registered) return reportTaskEnd(*task, task->endStatus);
   const std::string& id = task->msg.outputId;
-  uint64_t request = newRequest();
-  requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
+  uint64_t request = node_.newRequest();
+  node_.requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
                [this, task](const Status&) { reportTaskEnd(*task, task->endStatus); });
 }
 
-void Node::deleteEverywhere(const std::string& id) {
-  uint64_t request = newRequest();
-  requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id}), request, [](const Status&) {});
-}
-
-void Node::handleReduceAbort(Connection&, const wire::ReduceAbort& msg) {
+void ReduceTaskRunner::handleAbort(Connection&, const wire::ReduceAbort& msg) {
   std::vector<uint64_t> doomed;
   for (const auto& [id, task] : tasks_) {
     if (task->msg.outputId == msg.id) doomed.push_back(id);

@@ -1,18 +1,22 @@
-// Streaming reduce, the coordinator's side. The caller's node locates the
-// inputs, puts each into the next tree position as it becomes ready, and sends
-// a task to the node holding it (node_reduce_task.cpp). Each task streams
-// `input op children` chunk by chunk into its own output object, which its
-// parent fetches like any object while it is being written; the root's output
-// is the result. The coordinator follows every task until the result is
-// complete, so that it can redo positions when a participant dies
-// (node_reduce_recovery.cpp).
+// Streaming reduce, the coordinator's side (see coordinator.h).
 #include <algorithm>
 
+#include "reduce/coordinator.h"
+
 #include "common/logging.h"
-#include "node/node.h"
-#include "node/reduce_state.h"
+#include "net/loop_call.h"
 
 namespace hoplite {
+
+ReduceCoordinator::ReduceCoordinator(EventLoop& loop, ReduceServices& node, CoordinatorConfig config,
+                                     LinkEstimator& link)
+    : loop_(loop), node_(node), config_(config), link_(link) {}
+
+void ReduceCoordinator::shutDown(const Status& why) {
+  std::vector<uint64_t> keys;
+  for (const auto& entry : reduces_) keys.push_back(entry.first);
+  for (uint64_t key : keys) endReduce(key, why);
+}
 
 namespace {
 // Ended reduces remembered for reduceOutcome.
@@ -21,7 +25,7 @@ constexpr size_t kReduceHistory = 1024;
 constexpr double kRelocateDelay = 0.1;
 }  // namespace
 
-Status Node::reduce(const ReduceRequest& request, ReducePlan* plan) {
+Status ReduceCoordinator::reduce(const ReduceRequest& request, ReducePlan* plan) {
   Status s = validateId(request.resultId);
   for (size_t i = 0; s.ok() && i < request.inputIds.size(); ++i) s = validateId(request.inputIds[i]);
   const int n = static_cast<int>(request.inputIds.size());
@@ -37,9 +41,11 @@ Status Node::reduce(const ReduceRequest& request, ReducePlan* plan) {
     s = Status(Code::kInvalidArgument, "an ordered reduce uses every input: num_objects must be " + std::to_string(n));
   }
   if (!s.ok()) return s;
-  if (stopped()) return Status(Code::kShutdown, "reduce into " + printableId(request.resultId) + ": node is shut down");
+  if (node_.stopped()) {
+    return Status(Code::kShutdown, "reduce into " + printableId(request.resultId) + ": node is shut down");
+  }
   auto result = std::make_shared<ReducePlan>();
-  auto started = startOnLoop([this, request, result](std::function<void(Status)> done) {
+  auto started = startOnLoop(loop_, [this, request, result](std::function<void(Status)> done) {
     uint64_t key = nextReduce_++;
     auto c = std::make_unique<ReduceCoordination>();
     c->request = request;
@@ -49,10 +55,10 @@ Status Node::reduce(const ReduceRequest& request, ReducePlan* plan) {
       if (s.ok()) *result = plan;
       done(s);
     };
-    c->started = now();
+    c->started = node_.now();
     c->arrived.assign(request.inputIds.size(), false);
     c->lost.assign(request.inputIds.size(), false);
-    c->partialPrefix = kPartialResultPrefix + std::to_string(config_.rank) + "." + std::to_string(incarnation_) + "." +
+    c->partialPrefix = kPartialResultPrefix + std::to_string(config_.rank) + "." + std::to_string(config_.incarnation) + "." +
                        std::to_string(key) + "/";
     reduces_[key] = std::move(c);
     startReduce(key);
@@ -63,10 +69,10 @@ Status Node::reduce(const ReduceRequest& request, ReducePlan* plan) {
   return s;
 }
 
-Status Node::reduceOutcome(const std::string& resultId, double timeoutSeconds, ReducePlan* plan) {
-  if (stopped()) return Status(Code::kShutdown, "node is shut down");
+Status ReduceCoordinator::reduceOutcome(const std::string& resultId, double timeoutSeconds, ReducePlan* plan) {
+  if (node_.stopped()) return Status(Code::kShutdown, "node is shut down");
   auto result = std::make_shared<ReducePlan>();
-  auto ended = startOnLoop([this, resultId, result](std::function<void(Status)> done) {
+  auto ended = startOnLoop(loop_, [this, resultId, result](std::function<void(Status)> done) {
     for (auto& [key, c] : reduces_) {
       if (c->request.resultId != resultId) continue;
       c->waiters.push_back([result, done](const Status& s, const ReducePlan& plan) {
@@ -75,10 +81,10 @@ Status Node::reduceOutcome(const std::string& resultId, double timeoutSeconds, R
       });
       return;
     }
-    auto it = reduceHistory_.find(resultId);
-    if (it == reduceHistory_.end()) {
+    auto it = history_.find(resultId);
+    if (it == history_.end()) {
       return done(Status(Code::kNotFound, "no reduce into " + printableId(resultId) + " was coordinated on " +
-                                              peerName(config_.rank) + " (or it ended too long ago)"));
+                                              node_.peerName(config_.rank) + " (or it ended too long ago)"));
     }
     *result = it->second.second;
     done(it->second.first);
@@ -88,10 +94,10 @@ Status Node::reduceOutcome(const std::string& resultId, double timeoutSeconds, R
   return s;
 }
 
-void Node::startReduce(uint64_t key) {
+void ReduceCoordinator::startReduce(uint64_t key) {
   ReduceCoordination& c = *reduces_.at(key);
-  counters_.reducesCoordinated++;
-  if (shuttingDown_) {
+  counters_.coordinated++;
+  if (node_.shuttingDown()) {
     endReduce(key, Status(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " is shut down"));
     return;
   }
@@ -99,16 +105,16 @@ void Node::startReduce(uint64_t key) {
   const double timeout = c.request.timeoutSeconds;
   const std::vector<std::string> ids = c.request.inputIds;
   for (size_t i = 0; i < ids.size(); ++i) {
-    uint64_t request = requestLookup(ids[i], timeout, /*locate=*/true, /*failedHolder=*/-1,
+    uint64_t request = node_.requestLookup(ids[i], timeout, /*locate=*/true, /*failedHolder=*/-1,
                                      [this, key, i](const Status& s, const wire::LookupReply* reply) {
-                                       onReduceInput(key, static_cast<int>(i), s, reply);
+                                       onInput(key, static_cast<int>(i), s, reply);
                                      });
     // A send to a failed peer may end the reduce at once: look it up again each time.
     auto it = reduces_.find(key);
     if (it == reduces_.end()) return;
     it->second->lookups.push_back(request);
   }
-  withLinkEstimate([this, key] {
+  link_.withEstimate([this, key] {
     auto it = reduces_.find(key);
     if (it == reduces_.end()) return;
     it->second->linkKnown = true;
@@ -118,7 +124,7 @@ void Node::startReduce(uint64_t key) {
 
 // Fails the reduce if positions still lack inputs when the timeout passes (at
 // the start, or while waiting for replacements of inputs that died).
-void Node::armInputTimer(uint64_t key) {
+void ReduceCoordinator::armInputTimer(uint64_t key) {
   ReduceCoordination& c = *reduces_.at(key);
   if (c.timer) return;
   c.timer = loop_.addTimer(c.request.timeoutSeconds, [this, key] {
@@ -132,7 +138,7 @@ void Node::armInputTimer(uint64_t key) {
       // Every position has an input, but not every task registered in time.
       std::string waiting;
       for (const auto& p : c.positions) {
-        if (!p.registered) waiting += (waiting.empty() ? "" : ", ") + peerName(p.holder);
+        if (!p.registered) waiting += (waiting.empty() ? "" : ", ") + node_.peerName(p.holder);
       }
       return endReduce(key, Status(Code::kTimeout, "reduce into " + printableId(c.request.resultId) + " timed out after " +
                                                         printableSeconds(c.request.timeoutSeconds) +
@@ -153,7 +159,7 @@ void Node::armInputTimer(uint64_t key) {
   });
 }
 
-void Node::onReduceInput(uint64_t key, int index, const Status& status, const wire::LookupReply* reply) {
+void ReduceCoordinator::onInput(uint64_t key, int index, const Status& status, const wire::LookupReply* reply) {
   auto it = reduces_.find(key);
   if (it == reduces_.end()) return;
   ReduceCoordination& c = *it->second;
@@ -184,7 +190,7 @@ void Node::onReduceInput(uint64_t key, int index, const Status& status, const wi
   ReduceInput input{index, *reply};
   if (input.reply.sender < 0 && input.reply.hasInline) input.reply.sender = config_.rank;  // bytes in the directory: any node can compute it
   const int holder = input.reply.sender;
-  const bool dead = holder != config_.rank && (holder < 0 || (peers_.count(holder) && peers_.at(holder).lost));
+  const bool dead = holder != config_.rank && (holder < 0 || node_.hasFailed(holder));
   if (dead) {
     // No copy left, or the directory has not heard of its holder's death yet: ask again shortly.
     return relocateInput(key, index, holder, kRelocateDelay);
@@ -195,15 +201,15 @@ void Node::onReduceInput(uint64_t key, int index, const Status& status, const wi
   launchReadyInputs(key);
 }
 
-void Node::relocateInput(uint64_t key, int index, int deadHolder, double delay) {
+void ReduceCoordinator::relocateInput(uint64_t key, int index, int deadHolder, double delay) {
   reduces_.at(key)->lost[index] = true;
   auto ask = [this, key, index, deadHolder] {
     auto it = reduces_.find(key);
     if (it == reduces_.end()) return;
     const ReduceCoordination& c = *it->second;
-    uint64_t request = requestLookup(c.request.inputIds[index], c.request.timeoutSeconds, /*locate=*/true, deadHolder,
+    uint64_t request = node_.requestLookup(c.request.inputIds[index], c.request.timeoutSeconds, /*locate=*/true, deadHolder,
                                      [this, key, index](const Status& s, const wire::LookupReply* reply) {
-                                       onReduceInput(key, index, s, reply);
+                                       onInput(key, index, s, reply);
                                      });
     it = reduces_.find(key);
     if (it != reduces_.end()) it->second->lookups.push_back(request);
@@ -212,7 +218,7 @@ void Node::relocateInput(uint64_t key, int index, int deadHolder, double delay) 
   loop_.addTimer(delay, ask);
 }
 
-void Node::launchReadyInputs(uint64_t key) {
+void ReduceCoordinator::launchReadyInputs(uint64_t key) {
   ReduceCoordination& c = *reduces_.at(key);
   if (!c.linkKnown || c.rollCall || c.retracting) return;
   const int k = c.request.count;
@@ -273,7 +279,7 @@ void Node::launchReadyInputs(uint64_t key) {
   }
 }
 
-bool Node::planInput(uint64_t key, const ReduceInput& ready) {
+bool ReduceCoordinator::planInput(uint64_t key, const ReduceInput& ready) {
   ReduceCoordination& c = *reduces_.at(key);
   const std::string resultName = printableId(c.request.resultId);
   const std::string& id = c.request.inputIds[ready.index];
@@ -290,10 +296,10 @@ bool Node::planInput(uint64_t key, const ReduceInput& ready) {
     c.metaFrom = id;
     c.plan->meta = meta;
     const int degree = c.request.degree > 0 ? std::min(c.request.degree, std::max(1, k - 1))
-                                            : chooseReduceDegree(k, meta.nbytes, chunkFor(meta.nbytes), link_);
+                                            : chooseReduceDegree(k, meta.nbytes, node_.chunkFor(meta.nbytes), link_.estimate());
     c.plan->tree = buildReduceTree(k, degree);
-    c.plan->link = link_;
-    c.plan->linkMeasured = linkMeasured_;
+    c.plan->link = link_.estimate();
+    c.plan->linkMeasured = link_.measured();
     c.plan->used.assign(k, -1);
     c.plan->holders.assign(k, -1);
     c.positions.assign(k, ReducePosition{});
@@ -312,18 +318,18 @@ bool Node::planInput(uint64_t key, const ReduceInput& ready) {
 // the directory (its own, unless it rejoined): their fate is shared with the
 // coordinator's (which the reduce cannot outlive anyway), not with whichever
 // node their id would hash to.
-std::string Node::partialOutputId(const ReduceCoordination& c, int position) const {
+std::string ReduceCoordinator::partialOutputId(const ReduceCoordination& c, int position) const {
   if (position == c.plan->tree.root) return c.request.resultId;
   const std::string base = c.partialPrefix + std::to_string(position) + "." +
                            std::to_string(c.positions[position].generation) + "#";
-  const int home = shardHost(config_.rank);
+  const int home = node_.shardHost(config_.rank);
   for (uint64_t salt = 0;; ++salt) {  // each salt lands there with probability >= 1/world
     std::string id = base + std::to_string(salt);
-    if (shardOf(id) == home) return id;
+    if (node_.shardOf(id) == home) return id;
   }
 }
 
-void Node::assignInput(uint64_t key, int position, const ReduceInput& ready) {
+void ReduceCoordinator::assignInput(uint64_t key, int position, const ReduceInput& ready) {
   ReduceCoordination& c = *reduces_.at(key);
   ReducePosition& p = c.positions[position];
   p.input = ready.index;
@@ -333,13 +339,13 @@ void Node::assignInput(uint64_t key, int position, const ReduceInput& ready) {
   c.plan->holders[position] = ready.reply.sender;
 }
 
-bool Node::sendTask(uint64_t key, int position) {
+bool ReduceCoordinator::sendTask(uint64_t key, int position) {
   ReduceCoordination& c = *reduces_.at(key);
   ReducePosition& p = c.positions[position];
   const ReduceTree& tree = c.plan->tree;
   wire::ReduceTask task;
-  task.request = newRequest();
-  task.endRequest = newRequest();
+  task.request = node_.newRequest();
+  task.endRequest = node_.newRequest();
   task.reduceId = c.request.resultId;
   task.inputId = c.request.inputIds[p.input];
   task.outputId = p.output;
@@ -350,7 +356,7 @@ bool Node::sendTask(uint64_t key, int position) {
   task.root = position == tree.root;
   task.timeoutMs = static_cast<uint64_t>(c.request.timeoutSeconds * 1000) + 1;
   std::string payload = wire::encode(task);
-  if (payload.size() > limits_.maxControl) {
+  if (payload.size() > config_.maxControl) {
     endReduce(key, Status(Code::kInvalidArgument, "reduce into " + printableId(c.request.resultId) + ": degree " +
                                                        std::to_string(tree.degree) +
                                                        " makes a tree node's list of children too long to send"));
@@ -360,17 +366,17 @@ bool Node::sendTask(uint64_t key, int position) {
   p.registered = false;
   p.endRequest = task.endRequest;
   const int generation = p.generation;
-  if (!shuttingDown_) {
-    requests_.expectStatus(task.endRequest, p.holder, [this, key, position, generation](const Status& s) {
+  if (!node_.shuttingDown()) {
+    node_.requests().expectStatus(task.endRequest, p.holder, [this, key, position, generation](const Status& s) {
       onTaskEnd(key, position, generation, s);
     });
   }
-  requestStatus(p.holder, wire::MsgType::kReduceTask, std::move(payload), task.request,
+  node_.requestStatus(p.holder, wire::MsgType::kReduceTask, std::move(payload), task.request,
                 [this, key, position, generation](const Status& s) { onTaskRegistered(key, position, generation, s); });
   return reduces_.count(key) > 0;  // a send to a failed peer may end the reduce at once
 }
 
-void Node::onTaskRegistered(uint64_t key, int position, int generation, const Status& status) {
+void ReduceCoordinator::onTaskRegistered(uint64_t key, int position, int generation, const Status& status) {
   auto it = reduces_.find(key);
   if (it == reduces_.end()) return;
   ReducePosition& p = it->second->positions[position];
@@ -381,7 +387,7 @@ void Node::onTaskRegistered(uint64_t key, int position, int generation, const St
   maybeReturn(key);
 }
 
-void Node::onTaskEnd(uint64_t key, int position, int generation, const Status& status) {
+void ReduceCoordinator::onTaskEnd(uint64_t key, int position, int generation, const Status& status) {
   auto it = reduces_.find(key);
   if (it == reduces_.end()) return;
   ReduceCoordination& c = *it->second;
@@ -392,7 +398,7 @@ void Node::onTaskEnd(uint64_t key, int position, int generation, const Status& s
   if (position == c.plan->tree.root) endReduce(key, Status());
 }
 
-void Node::onTaskFailed(uint64_t key, int position, const Status& status) {
+void ReduceCoordinator::onTaskFailed(uint64_t key, int position, const Status& status) {
   ReduceCoordination& c = *reduces_.at(key);
   c.positions[position].state = ReducePosition::State::kFailed;
   // Only a participant's death is recovered from; anything else is the
@@ -403,13 +409,13 @@ void Node::onTaskFailed(uint64_t key, int position, const Status& status) {
 
 // reduce() returns once every position's output is registered: from then on
 // the result exists and others may fetch it while it fills.
-void Node::maybeReturn(uint64_t key) {
+void ReduceCoordinator::maybeReturn(uint64_t key) {
   ReduceCoordination& c = *reduces_.at(key);
   if (!c.returned || c.filled < c.request.count) return;
   for (const auto& p : c.positions) {
     if (!p.registered) return;
   }
-  c.plan->planSeconds = now() - c.started;
+  c.plan->planSeconds = node_.now() - c.started;
   HLOG(kDebug, "reduce into %s: called at %.3f s, every task started %.3f s later (degree %d)",
        printableId(c.request.resultId).c_str(), c.started, c.plan->planSeconds, c.plan->tree.degree);
   auto returned = std::move(c.returned);
@@ -425,31 +431,31 @@ void Node::maybeReturn(uint64_t key) {
 // whoever waits. After a failure, running tasks are aborted and the result's
 // readers fail at once; an id this reduce never registered (e.g. one that was
 // taken) is someone else's and stays.
-void Node::endReduce(uint64_t key, const Status& outcome) {
+void ReduceCoordinator::endReduce(uint64_t key, const Status& outcome) {
   auto it = reduces_.find(key);
   if (it == reduces_.end()) return;
   auto c = std::move(it->second);
   reduces_.erase(it);
   if (c->timer) loop_.cancelTimer(c->timer);
-  for (uint64_t request : c->lookups) requests_.forget(request);
+  for (uint64_t request : c->lookups) node_.requests().forget(request);
   using State = ReducePosition::State;
   for (size_t p = 0; p < c->positions.size(); ++p) {
     const ReducePosition& pos = c->positions[p];
-    requests_.forget(pos.endRequest);
-    if (!outcome.ok() && pos.state == State::kRunning) send(pos.holder, wire::ReduceAbort{0, pos.output, false});
+    node_.requests().forget(pos.endRequest);
+    if (!outcome.ok() && pos.state == State::kRunning) node_.send(pos.holder, wire::ReduceAbort{0, pos.output, false});
     // Partial results, consumed or not (tasks leave them to a live coordinator);
     // inputs located but not used stay where they are.
     if (static_cast<int>(p) != c->plan->tree.root && (pos.state != State::kVacant || pos.generation > 0)) {
-      deleteEverywhere(pos.output);
+      node_.deleteEverywhere(pos.output);
     }
   }
-  if (!outcome.ok() && c->resultRegistered) deleteEverywhere(c->request.resultId);
-  rememberReduce(*c, outcome);
+  if (!outcome.ok() && c->resultRegistered) node_.deleteEverywhere(c->request.resultId);
+  remember(*c, outcome);
   if (c->returned) c->returned(outcome, *c->plan);
   for (auto& w : c->waiters) w(outcome, *c->plan);
 }
 
-void Node::rememberReduce(ReduceCoordination& c, const Status& outcome) {
+void ReduceCoordinator::remember(ReduceCoordination& c, const Status& outcome) {
   // Lost inputs that were put again and used in the end are not lost.
   auto& lost = c.plan->lost;
   std::sort(lost.begin(), lost.end());
@@ -459,11 +465,11 @@ void Node::rememberReduce(ReduceCoordination& c, const Status& outcome) {
                             [&](int i) { return std::find(used.begin(), used.end(), i) != used.end(); }),
              lost.end());
   const std::string& id = c.request.resultId;
-  if (!reduceHistory_.count(id)) reduceHistoryOrder_.push_back(id);
-  reduceHistory_[id] = {outcome, *c.plan};
-  if (reduceHistoryOrder_.size() > kReduceHistory) {
-    reduceHistory_.erase(reduceHistoryOrder_.front());
-    reduceHistoryOrder_.pop_front();
+  if (!history_.count(id)) historyOrder_.push_back(id);
+  history_[id] = {outcome, *c.plan};
+  if (historyOrder_.size() > kReduceHistory) {
+    history_.erase(historyOrder_.front());
+    historyOrder_.pop_front();
   }
 }
 

@@ -1,0 +1,40 @@
+// A public call that hands its work to the event loop and waits for the
+// Status the work reports.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "net/event_loop.h"
+
+namespace hoplite {
+
+// Runs fn on the loop; the future gets the Status fn reports (the first, if
+// it reports more than once), or kShutdown when the loop no longer runs tasks.
+inline std::future<Status> startOnLoop(EventLoop& loop, std::function<void(std::function<void(Status)>)> fn) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  auto future = promise->get_future();
+  auto once = std::make_shared<std::atomic<bool>>(false);
+  bool posted = loop.post([fn = std::move(fn), promise, once] {
+    fn([promise, once](Status s) {
+      if (!once->exchange(true)) promise->set_value(std::move(s));
+    });
+  });
+  if (!posted) promise->set_value(Status(Code::kShutdown, "node is shut down"));
+  return future;
+}
+
+// The future's Status, or a timeout naming `what`.
+inline Status awaitStatus(std::future<Status>& future, double timeoutSeconds, const std::string& what) {
+  if (future.wait_for(std::chrono::duration<double>(timeoutSeconds)) != std::future_status::ready) {
+    return Status(Code::kTimeout, what + " timed out after " + std::to_string(timeoutSeconds) + " s");
+  }
+  return future.get();
+}
+
+}  // namespace hoplite

@@ -1,0 +1,70 @@
+// What the reduce's parts (coordinator.h, task_runner.h) need from the node
+// they run in: its requests and messages, the directory's shards, the
+// liveness of peers, and local copies of objects. The node implements it.
+// Loop thread only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "common/status.h"
+#include "net/transport.h"
+#include "node/request_tracker.h"
+#include "store/local_object.h"
+#include "wire/messages.h"
+
+namespace hoplite {
+
+class ReduceServices {
+ public:
+  using StatusCallback = RequestTracker::StatusCallback;
+  using LookupCallback = RequestTracker::LookupCallback;
+  // A local copy of an object (complete or still arriving), and the rank it is pulled from (-1: none).
+  using FetchCallback = std::function<void(const Status&, std::shared_ptr<LocalObject>, int sender)>;
+
+  virtual ~ReduceServices() = default;
+
+  // Peers and the directory.
+  virtual int shardOf(const std::string& id) const = 0;
+  virtual int shardHost(int homeRank) const = 0;
+  virtual bool hasFailed(int rank) = 0;
+  virtual std::string peerName(int rank) const = 0;
+  virtual bool shuttingDown() const = 0;
+  virtual bool stopped() const = 0;  // shutdown() was called (any thread)
+  virtual double now() const = 0;
+  // Probes `ranks`; `done` runs once, with those that failed to answer or had
+  // not answered after `timeoutSeconds`.
+  virtual void probeRanks(const std::set<int>& ranks, double timeoutSeconds,
+                          std::function<void(std::set<int> silent)> done) = 0;
+
+  // Messages and requests.
+  virtual uint64_t newRequest() = 0;
+  // The owning pointer of a connection a handler was given.
+  virtual std::shared_ptr<Connection> sharedConnection(Connection& conn) = 0;
+  virtual void sendTo(int rank, wire::MsgType type, std::string payload) = 0;
+  template <typename M>
+  void send(int rank, const M& msg) {
+    sendTo(rank, M::kType, wire::encode(msg));
+  }
+  virtual RequestTracker& requests() = 0;
+  virtual void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request,
+                             StatusCallback cb) = 0;
+  // To the id's directory shard, sent again to its successor if it fails first.
+  virtual void requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request,
+                            StatusCallback cb) = 0;
+  virtual uint64_t requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
+                                 LookupCallback cb, int preferred = -1) = 0;
+
+  // Objects.
+  virtual void fetch(const std::string& id, double timeoutSeconds, FetchCallback done, int preferred = -1) = 0;
+  // Pulls that reached this node before its copy of the object existed.
+  virtual void serveParkedPulls(const std::shared_ptr<LocalObject>& obj) = 0;
+  virtual void dropLocalCopy(const std::string& id, const Status& why) = 0;
+  virtual void deleteEverywhere(const std::string& id) = 0;  // fire and forget
+  virtual uint64_t chunkFor(uint64_t size) const = 0;
+};
+
+}  // namespace hoplite

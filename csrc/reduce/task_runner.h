@@ -1,0 +1,69 @@
+// The tree positions of streaming reduces that this node computes: each
+// streams `input op children` chunk by chunk into its own output object,
+// which its parent fetches like any object while it is being written; the
+// root's output is the result. Tasks arrive as ReduceTask messages from their
+// coordinator (coordinator.h, possibly on this node). Loop thread only.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+
+#include "coll/device_reducer.h"
+#include "common/worker_pool.h"
+#include "net/event_loop.h"
+#include "net/message_router.h"
+#include "reduce/reduce_services.h"
+#include "reduce/reduce_state.h"
+#include "store/buffer_pool.h"
+#include "store/object_store.h"
+
+namespace hoplite {
+
+class ReduceTaskRunner {
+ public:
+  ReduceTaskRunner(EventLoop& loop, ReduceServices& node, int rank, ObjectStore& store, BufferPool& pool,
+                   WorkerPool& workers);
+
+  // Reduce steps over objects put from a device run on it through `reducer`
+  // (CUDA builds); set before the node takes part in a reduce.
+  void setDeviceReducer(std::shared_ptr<DeviceReducer> reducer) { deviceReducer_ = std::move(reducer); }
+  void registerHandlers(MessageRouter& router);
+  // Its coordinator died: the partial results it had this node compute go.
+  void dropPartialResultsOf(int coordinator);
+  // Every task fails with `why`.
+  void shutDown(const Status& why);
+
+  struct Counters {
+    std::atomic<uint64_t> tasks{0}, bytes{0};
+    std::atomic<uint64_t> bytesOnDevice{0};  // of bytes, computed by the DeviceReducer
+  };
+  const Counters& counters() const { return counters_; }
+
+ private:
+  void handleTask(Connection& conn, const wire::ReduceTask& msg);
+  void handleAbort(Connection& conn, const wire::ReduceAbort& msg);
+  void startTask(uint64_t task, std::shared_ptr<LocalObject> input);
+  void startTaskInputs(uint64_t task);
+  void answerTask(ReduceTaskState& task, const Status& status);
+  void reportTaskEnd(const ReduceTaskState& task, const Status& status);
+  void watchTaskObject(uint64_t task, const std::shared_ptr<LocalObject>& obj);
+  void progressTask(uint64_t task);
+  void finishTask(uint64_t task);
+  void failTask(uint64_t task, const Status& why);
+  void closeRoot(const std::shared_ptr<ReduceTaskState>& task);
+
+  EventLoop& loop_;
+  ReduceServices& node_;
+  const int rank_;
+  ObjectStore& store_;
+  BufferPool& pool_;
+  WorkerPool& workers_;
+  std::shared_ptr<DeviceReducer> deviceReducer_;
+  uint64_t nextTask_ = 1;
+  std::unordered_map<uint64_t, std::shared_ptr<ReduceTaskState>> tasks_;
+  Counters counters_;
+};
+
+}  // namespace hoplite
