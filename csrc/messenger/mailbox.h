@@ -23,7 +23,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "messenger/peer_links.h"
+#include "net/peer_links.h"
 #include "messenger/tagged_messenger.h"
 #include "net/event_loop.h"
 #include "net/message_router.h"

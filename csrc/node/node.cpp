@@ -57,6 +57,9 @@ Node::Node(NodeConfig config)
       send(shardOf(id), wire::HolderUpdate{id, config_.rank, wire::HolderState::kRemoved, -1});
     });
   });
+  server_ = std::make_unique<TransferServer>(
+      loop_, static_cast<PeerLinks&>(*this), *store_,
+      TransferServerConfig{config_.rank, !hostIdentity_.empty(), config_.chunkBytes});
   mailbox_ = std::make_unique<Mailbox>(
       loop_, static_cast<PeerLinks&>(*this),
       MailboxConfig{config_.rank, config_.worldSize, config_.mailboxBytes, config_.capacityBytes, config_.chunkBytes});
@@ -274,13 +277,7 @@ void Node::onClosed(Connection& conn, const Status& why) {
     if (from >= 0 && !shuttingDown_) {
       mailbox_->failFrom(from, conn.id(), Status(Code::kPeerFailed, "connection from " + peerName(from) + " closed: " + why.message));
     }
-    std::vector<StreamKey> streams;
-    for (const auto& [key, stream] : serving_) {
-      if (key.first == conn.id()) streams.push_back(key);
-    }
-    for (const auto& key : streams) endStream(key);
-    lent_.erase(lent_.lower_bound({conn.id(), 0}), lent_.upper_bound({conn.id(), UINT64_MAX}));
-    lentCount_ = lent_.size();
+    server_->onConnectionClosed(conn.id());
     return;
   }
   int rank = conn.peerRank();
@@ -509,9 +506,8 @@ void Node::registerHandlers() {
   handle(Route::kOnEither, &Node::onLookupReply);
   // Transfers: served, and pulled.
   handle(Route::kOnEither, &Node::handleDropCopy);
-  handle(Route::kOnEither, &Node::handlePull);
-  handle(Route::kOnEither, &Node::handleCancel);
   handle(Route::kOnEither, &Node::handleDataAt);
+  server_->registerHandlers(router_);
   reduceTasks_->registerHandlers(router_);
   mailbox_->registerHandlers(router_);
 }
@@ -618,14 +614,14 @@ std::map<std::string, uint64_t> Node::stats() {
   }
   const Mailbox::Counters& messages = mailbox_->counters();
   return {
-      {"bytes_sent", counters_.bytesSent.load() + messages.bytesSent.load()},
+      {"bytes_sent", server_->counters().bytesSent.load() + messages.bytesSent.load()},
       {"bytes_received", counters_.bytesReceived.load() + messages.bytesReceived.load()},
-      {"bytes_sent_same_host", counters_.bytesSentSameHost.load()},
+      {"bytes_sent_same_host", server_->counters().bytesSentSameHost.load()},
       {"bytes_received_same_host", counters_.bytesReceivedSameHost.load()},
-      {"pulls_lent", lentCount_.load()},
-      {"pulls_served", counters_.pullsServed.load()},
+      {"pulls_lent", server_->counters().lent.load()},
+      {"pulls_served", server_->counters().pullsServed.load()},
       {"pulls_completed", counters_.pullsCompleted.load()},
-      {"relays_served", counters_.relaysServed.load()},
+      {"relays_served", server_->counters().relaysServed.load()},
       {"reduces_coordinated", coordinator_->counters().coordinated.load()},
       {"reduce_tasks", reduceTasks_->counters().tasks.load()},
       {"reduce_recoveries", coordinator_->counters().recoveries.load()},

@@ -27,7 +27,7 @@
 #include "coll/device_reducer.h"
 #include "directory/directory_shard.h"
 #include "messenger/mailbox.h"
-#include "messenger/peer_links.h"
+#include "net/peer_links.h"
 #include "net/event_loop.h"
 #include "net/local_connection.h"
 #include "net/loop_call.h"
@@ -43,6 +43,7 @@
 #include "store/buffer_pool.h"
 #include "store/device_memory.h"
 #include "store/object_store.h"
+#include "transfer/server.h"
 #include "wire/messages.h"
 
 namespace hoplite {
@@ -369,30 +370,12 @@ class Node : public ConnectionObserver, private PeerLinks, private ReduceService
   // The shard on `rank` failed: its subscriptions go to the successor.
   void resubscribeFrom(int rank);
 
-  // --- requests this node serves (node_server.cpp) ---
-  struct ServingStream {
-    std::weak_ptr<Connection> conn;
-    uint64_t request;
-    std::shared_ptr<LocalObject> object;
-    uint64_t listener = 0;
-    uint64_t next = 0;
-    bool sameHost = false;  // announce where the bytes are (DataAt) instead of sending them
-  };
-  using StreamKey = std::pair<uint64_t, uint64_t>;  // (connection id, request)
+  // --- its directory shard's requests, and its copies (node_server.cpp) ---
   void handleRegister(Connection& conn, const wire::Register& msg);
   void handleLookup(Connection& conn, const wire::Lookup& msg);
   void handleDelete(Connection& conn, const wire::Delete& msg);
   void handleDropCopy(Connection& conn, const wire::DropCopy& msg);
-  // The puller stopped (or a same-host reader is done with the memory lent to it).
-  void handleCancel(Connection& conn, const wire::Cancel& msg);
-  void handlePull(Connection& conn, const wire::Pull& msg);
-  void startServing(const std::shared_ptr<Connection>& conn, const wire::Pull& msg,
-                    const std::shared_ptr<LocalObject>& obj);
-  // A pull may reach a relay before the relay's own copy exists (the directory
-  // listed it as soon as it asked); such pulls wait here briefly.
-  void serveParkedPulls(const std::shared_ptr<LocalObject>& obj) override;
-  void pump(const StreamKey& key);
-  void endStream(const StreamKey& key);
+  void serveParkedPulls(const std::shared_ptr<LocalObject>& obj) override { server_->serveParkedPulls(obj); }
   void dropLocalCopy(const std::string& id, const Status& why) override;
 
   NodeConfig config_;
@@ -405,6 +388,7 @@ class Node : public ConnectionObserver, private PeerLinks, private ReduceService
   std::unique_ptr<ObjectStore> store_;
   std::unique_ptr<DirectoryShard> directory_;
   std::unique_ptr<Mailbox> mailbox_;
+  std::unique_ptr<TransferServer> server_;  // pulls from this node's copies
   // The streaming reduce (reduce/): the reduces this node coordinates, the
   // tree positions it computes, and the link estimate that sizes the trees.
   std::unique_ptr<LinkEstimator> linkEstimator_;
@@ -425,20 +409,6 @@ class Node : public ConnectionObserver, private PeerLinks, private ReduceService
   RequestTracker requests_;  // answers awaited
   std::unordered_map<uint64_t, PullState> pulls_;
   std::unordered_map<uint64_t, GetOp> gets_;
-  std::map<StreamKey, ServingStream> serving_;
-  struct ParkedPull {
-    std::weak_ptr<Connection> conn;
-    wire::Pull msg;
-    EventLoop::TimerId timer;
-  };
-  std::unordered_map<std::string, std::vector<ParkedPull>> parkedPulls_;
-  // Copies recently handed to their gets (bounded): a pull that the directory
-  // sent here just before is answered at once instead of parked.
-  std::unordered_set<std::string> handedOver_;
-  std::deque<std::string> handedOverOrder_;
-  // Memory lent to same-host readers, until they cancel or their connection closes.
-  std::map<StreamKey, std::shared_ptr<const Buffer>> lent_;
-  std::atomic<uint64_t> lentCount_{0};  // lent_.size(), for stats()
   const std::string hostIdentity_;  // empty when the same-host path is off
   std::array<uint8_t, 16> memoryProbe_{};  // random; peers read it to test same-host reads
   bool shuttingDown_ = false;
@@ -473,12 +443,10 @@ class Node : public ConnectionObserver, private PeerLinks, private ReduceService
   bool stopped() const override { return stopped_.load(); }
 
   struct Counters {
-    std::atomic<uint64_t> bytesSent{0}, bytesReceived{0}, pullsServed{0}, pullsCompleted{0};
-    // Of the above: announced to same-host readers, read from a peer's memory.
-    std::atomic<uint64_t> bytesSentSameHost{0}, bytesReceivedSameHost{0};
+    std::atomic<uint64_t> bytesReceived{0}, pullsCompleted{0};
+    std::atomic<uint64_t> bytesReceivedSameHost{0};  // of bytesReceived, read from a peer's memory
     std::atomic<uint64_t> inlineGets{0}, localGets{0}, remoteGets{0}, evictions{0};
     std::atomic<uint64_t> copiesHandedOver{0};  // remote gets that took their pulled copy (handOver)
-    std::atomic<uint64_t> relaysServed{0};  // pulls served from a copy still arriving
     std::atomic<uint64_t> pullResumes{0};  // transfers continued from another holder after a failure
     std::atomic<uint64_t> handshakesRefused{0};  // peers that could not prove they know the secret
   } counters_;

@@ -16,8 +16,6 @@ constexpr uint64_t kCallerCopyBytes = 1u << 20;
 constexpr uint64_t kLoopCopyBytes = 256u << 10;
 // Lookups one get may make when holders turn out to have dropped their copy.
 constexpr int kMaxLookups = 3;
-// Ids of copies handed to their gets that a node remembers (Node::handedOver_).
-constexpr size_t kHandedOverRemembered = 1024;
 // Senders one pull may lose and replace before it fails.
 constexpr int kMaxResumes = 3;
 // A get of an object being recomputed looks it up again after this delay,
@@ -379,7 +377,7 @@ void Node::onFetchLookup(const std::string& id, const Status& status, const wire
     return;
   }
   obj->recomputable = reply->recomputable;
-  handedOver_.erase(id);  // pulls for this id wait for the new copy again
+  server_->forgetHandedOver(id);  // pulls for this id wait for the new copy again
   counters_.remoteGets++;
   startPull(sender, obj);
   serveParkedPulls(obj);  // later receivers that reached us first
@@ -531,13 +529,7 @@ bool Node::handOver(uint64_t token, const std::shared_ptr<LocalObject>& obj, int
   }
   counters_.copiesHandedOver++;  // before the caller can look
   finishGet(token, Status(), obj->buffer());
-  if (handedOver_.insert(obj->id()).second) {
-    handedOverOrder_.push_back(obj->id());
-    if (handedOverOrder_.size() > kHandedOverRemembered) {
-      handedOver_.erase(handedOverOrder_.front());
-      handedOverOrder_.pop_front();
-    }
-  }
+  server_->noteHandedOver(obj->id());
   // One message drops this node from the holders and frees its sender.
   send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kRemoved, sender});
   return true;

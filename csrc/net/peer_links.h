@@ -1,6 +1,6 @@
-// What the mailbox needs from the part of the node that keeps the peers'
-// connections (node/peers): to reach a peer, and to know whether it failed.
-// Loop thread only.
+// What the node's parts (the mailbox, the transfer server) need from the
+// part that keeps the peers' connections: to reach a peer, and to know
+// whether it failed. The node implements it. Loop thread only.
 #pragma once
 
 #include <cstdint>
