@@ -4,7 +4,8 @@ CPU build by default on a CPU torch. A CUDA build (adding the kernels in cuda/)
 happens when torch has CUDA and nvcc is found; HOPLITE_BUILD_CUDA=0/1 forces either.
 GPU architectures: TORCH_CUDA_ARCH_LIST, else the visible GPUs', else (no GPU)
 those torch was built for (see default_cuda_archs).
-Compile flags: -O2 -g0 (HOPLITE_DEBUG_BUILD=1 gives -O0 -g).
+Compile flags: -O2 -g0 (HOPLITE_DEBUG_BUILD=1 gives -O0 -g and the checks that
+loop-owned state is touched on its loop thread only).
 """
 import glob
 import os
@@ -62,6 +63,8 @@ def sources(pattern: str) -> list[str]:
 
 debug = os.environ.get("HOPLITE_DEBUG_BUILD") == "1"
 cxx_flags = ["-std=c++20", "-O0" if debug else "-O2", "-g" if debug else "-g0", "-Wall", "-Wno-sign-compare"]
+if debug:
+    cxx_flags.append("-DHOPLITE_DEBUG")  # loop-owned state checks its thread (HOPLITE_ASSERT_ON_LOOP)
 core = sources("csrc/**/*.cpp")
 include_dirs = [os.path.join(ROOT, "csrc")]
 

@@ -304,6 +304,7 @@ uint64_t Mailbox::receive(int rank, uint64_t context, uint64_t tag, const std::s
 }
 
 void Mailbox::matchReceive(PostedReceive receive, MessageKey key) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   const std::string what = describeMessage(key.first, key.second);
   auto fail = [&](Code code, const std::string& why) { receive.done(Status(code, what + ": " + why), receive.rank); };
   if (receive.rank >= config_.worldSize || receive.rank == config_.rank || receive.rank < -1) {
@@ -366,6 +367,7 @@ void Mailbox::cancelReceiveNow(uint64_t handle, const Status& why) {
 }
 
 void Mailbox::onMessage(Connection& conn, const wire::Message& msg) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   if (msg.size > config_.maxMessageBytes || inbound_.count({conn.id(), msg.request})) {
     conn.close(Status(Code::kProtocol, msg.size > config_.maxMessageBytes ? "message larger than the store capacity"
                                                                          : "message request reused"));
@@ -406,6 +408,7 @@ void Mailbox::onMessage(Connection& conn, const wire::Message& msg) {
 
 uint8_t* Mailbox::dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
                                   std::shared_ptr<const void>* keepalive) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   auto it = inbound_.find({conn.id(), request});
   if (it == inbound_.end()) return nullptr;
   Inbound& inbound = *it->second;
@@ -440,6 +443,7 @@ uint8_t* Mailbox::dataDestination(Connection& conn, uint64_t request, uint64_t o
 }
 
 void Mailbox::onDataReceived(Connection& conn, uint64_t request, uint64_t end) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   auto it = inbound_.find({conn.id(), request});
   if (it == inbound_.end() || end != it->second->size) return;
   auto inbound = it->second;
@@ -459,6 +463,7 @@ void Mailbox::completeInbound(const std::shared_ptr<Inbound>& inbound) {
 }
 
 void Mailbox::failFrom(int rank, uint64_t connectionId, const Status& why) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   auto from = [&](int source) { return rank < 0 || source == rank; };
   std::vector<PostedReceive> failed;
   for (auto it = inbound_.begin(); it != inbound_.end();) {
@@ -544,6 +549,7 @@ void Mailbox::answer(const Inbound& inbound, wire::MessageAnswer answer, const s
 }
 
 void Mailbox::onReply(Connection& conn, const wire::MessageReply& msg) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   auto it = outbound_.find(msg.request);
   if (it == outbound_.end()) return;  // its sender gave up, or the peer failed, meanwhile
   std::shared_ptr<Outbound> out = it->second;
@@ -564,6 +570,7 @@ void Mailbox::onReply(Connection& conn, const wire::MessageReply& msg) {
 }
 
 void Mailbox::onCredit(Connection& conn, const wire::MessageCredit& msg) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   auto it = eagerBytes_.find(conn.peerRank());
   // The window was reset when the peer failed: nothing is owed any more.
   if (it != eagerBytes_.end()) it->second -= std::min(it->second, msg.bytes);
@@ -614,6 +621,7 @@ bool Mailbox::dropOutbound(uint64_t request, const Status& why) {
 }
 
 void Mailbox::onWithdrawn(Connection& conn, const wire::MessageWithdrawn& msg) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   auto it = inbound_.find({conn.id(), msg.request});
   if (it == inbound_.end()) return;  // refused meanwhile
   std::shared_ptr<Inbound> inbound = it->second;

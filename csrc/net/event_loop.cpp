@@ -1,5 +1,8 @@
 #include "net/event_loop.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -28,6 +31,11 @@ EventLoop::~EventLoop() {
   stop();
   ::close(wakeFd_);
   ::close(epollFd_);
+}
+
+void abortOffLoop(const char* file, int line, const char* function) {
+  std::fprintf(stderr, "hoplite: %s (%s:%d) ran off the event loop thread\n", function, file, line);
+  std::abort();
 }
 
 void EventLoop::start() {
@@ -148,6 +156,7 @@ int EventLoop::runDueTimers() {
 }
 
 void EventLoop::run() {
+  loopThread_ = std::this_thread::get_id();
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
   while (true) {

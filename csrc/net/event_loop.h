@@ -17,6 +17,16 @@
 
 namespace hoplite {
 
+// Loop-owned state checks its thread in debug builds (HOPLITE_DEBUG_BUILD=1):
+// a call from another thread aborts naming the place.
+[[noreturn]] void abortOffLoop(const char* file, int line, const char* function);
+#ifdef HOPLITE_DEBUG
+#define HOPLITE_ASSERT_ON_LOOP(loop) \
+  ((loop).onLoopThread() ? (void)0 : ::hoplite::abortOffLoop(__FILE__, __LINE__, __func__))
+#else
+#define HOPLITE_ASSERT_ON_LOOP(loop) ((void)0)
+#endif
+
 class EventHandler {
  public:
   virtual ~EventHandler() = default;
@@ -34,6 +44,8 @@ class EventLoop {
   EventLoop& operator=(const EventLoop&) = delete;
 
   void start();
+  // Whether the caller runs on the loop thread (for HOPLITE_ASSERT_ON_LOOP).
+  bool onLoopThread() const { return std::this_thread::get_id() == loopThread_.load(); }
   // Runs what was already posted, then stops the thread and joins it.
   void stop();
   // False once stop() began: the task will never run.
@@ -60,6 +72,7 @@ class EventLoop {
   int epollFd_ = -1;
   int wakeFd_ = -1;
   std::thread thread_;
+  std::atomic<std::thread::id> loopThread_{};  // set by the loop thread itself, first
   std::atomic<bool> running_{false};
 
   std::mutex mutex_;

@@ -169,6 +169,7 @@ void Node::sendTo(int rank, wire::MsgType type, std::string payload) {
 }
 
 void Node::whenConnected(int rank, std::function<void(Connection&)> write) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   if (shuttingDown_) return;
   if (rank == config_.rank) {
     write(*self_);
@@ -226,6 +227,7 @@ void Node::connectPeer(int rank) {
 }
 
 void Node::failPeer(int rank, const Status& why, bool gone) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   if (rank < 0 || rank >= config_.worldSize) return;
   if (gone) {
     moveShardFrom(rank);  // first: requests failed below are retried at the new shard
@@ -259,6 +261,7 @@ std::shared_ptr<Connection> Node::sharedConnection(Connection& conn) {
 }
 
 void Node::onClosed(Connection& conn, const Status& why) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   if (shuttingDown_) noteEnded();
   handshakes_.erase(conn.id());
   if (incoming_.erase(conn.id())) {
@@ -449,6 +452,7 @@ void Node::checkHeartbeats() {
 }
 
 void Node::onFrame(Connection& conn, wire::MsgType type, const uint8_t* payload, size_t size) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   heardFrom(conn);
   wire::Reader reader(payload, size);
   try {

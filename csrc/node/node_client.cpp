@@ -288,6 +288,7 @@ bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t
 }
 
 void Node::startGet(uint64_t token) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   GetOp& op = gets_.at(token);
   op.stage.clear();  // at the directory
   op.lookups++;
@@ -313,6 +314,7 @@ void Node::startGet(uint64_t token) {
 }
 
 void Node::fetch(const std::string& id, double timeoutSeconds, FetchCallback done, int preferred) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   if (auto obj = store_->find(id); obj && !shuttingDown_) {
     keepCopy(*obj);
     counters_.localGets++;
@@ -587,6 +589,7 @@ void Node::startPull(int holder, const std::shared_ptr<LocalObject>& obj, int re
 
 uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
                                std::shared_ptr<const void>* keepalive) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   heardFrom(conn);
   if (!authenticated(conn)) {
     conn.close(Status(Code::kProtocol, "data before the handshake completed"));
@@ -609,6 +612,7 @@ uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offs
 }
 
 void Node::onDataReceived(Connection& conn, uint64_t request, uint64_t end) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   if (Mailbox::carriesMessage(request)) {
     mailbox_->onDataReceived(conn, request, end);
     return;

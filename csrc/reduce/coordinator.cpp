@@ -13,6 +13,7 @@ ReduceCoordinator::ReduceCoordinator(EventLoop& loop, ReduceServices& node, Coor
     : loop_(loop), node_(node), config_(config), link_(link) {}
 
 void ReduceCoordinator::shutDown(const Status& why) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   std::vector<uint64_t> keys;
   for (const auto& entry : reduces_) keys.push_back(entry.first);
   for (uint64_t key : keys) endReduce(key, why);
@@ -95,6 +96,7 @@ Status ReduceCoordinator::reduceOutcome(const std::string& resultId, double time
 }
 
 void ReduceCoordinator::startReduce(uint64_t key) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   ReduceCoordination& c = *reduces_.at(key);
   counters_.coordinated++;
   if (node_.shuttingDown()) {
@@ -432,6 +434,7 @@ void ReduceCoordinator::maybeReturn(uint64_t key) {
 // readers fail at once; an id this reduce never registered (e.g. one that was
 // taken) is someone else's and stays.
 void ReduceCoordinator::endReduce(uint64_t key, const Status& outcome) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   auto it = reduces_.find(key);
   if (it == reduces_.end()) return;
   auto c = std::move(it->second);

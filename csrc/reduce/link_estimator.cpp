@@ -18,6 +18,7 @@ LinkEstimator::LinkEstimator(EventLoop& loop, ReduceServices& node, int rank, in
     : loop_(loop), node_(node), rank_(rank), worldSize_(worldSize) {}
 
 void LinkEstimator::withEstimate(std::function<void()> then) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   const bool fresh = measuredAt_ >= 0 && node_.now() - measuredAt_ < kLinkMaxAge;
   if (worldSize_ <= 1 || fresh) {
     if (measuredAt_ < 0) link_ = kDefaultLink;

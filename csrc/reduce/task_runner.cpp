@@ -46,12 +46,14 @@ void ReduceTaskRunner::registerHandlers(MessageRouter& router) {
 }
 
 void ReduceTaskRunner::shutDown(const Status& why) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   std::vector<uint64_t> ids;
   for (const auto& entry : tasks_) ids.push_back(entry.first);
   for (uint64_t id : ids) failTask(id, why);
 }
 
 void ReduceTaskRunner::handleTask(Connection& conn, const wire::ReduceTask& msg) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   const uint64_t taskId = nextTask_++;
   auto t = std::make_shared<ReduceTaskState>();
   t->msg = msg;
@@ -158,6 +160,7 @@ void ReduceTaskRunner::watchTaskObject(uint64_t taskId, const std::shared_ptr<Lo
 }
 
 void ReduceTaskRunner::progressTask(uint64_t taskId) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   auto it = tasks_.find(taskId);
   if (it == tasks_.end()) return;
   ReduceTaskState& task = *it->second;
@@ -255,6 +258,7 @@ void ReduceTaskRunner::finishTask(uint64_t taskId) {
 
 // A coordinator that failed frees none of its partial results: their holders do.
 void ReduceTaskRunner::dropPartialResultsOf(int rank) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   const std::string prefix = kPartialResultPrefix + std::to_string(rank) + ".";
   for (const auto& obj : store_.snapshot()) {
     if (obj->id().rfind(prefix, 0) != 0) continue;

@@ -34,6 +34,7 @@ void TransferServer::noteHandedOver(const std::string& id) {
 }
 
 void TransferServer::onConnectionClosed(uint64_t connectionId) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   std::vector<StreamKey> ended;
   for (const auto& [key, stream] : streams_) {
     if (key.first == connectionId) ended.push_back(key);
@@ -51,6 +52,7 @@ void TransferServer::handleCancel(Connection& conn, const wire::Cancel& msg) {
 }
 
 void TransferServer::handlePull(Connection& conn, const wire::Pull& msg) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   auto shared = peers_.sharedConnection(conn);
   if (auto obj = store_.find(msg.id)) {
     start(shared, msg, obj);
@@ -86,6 +88,7 @@ void TransferServer::handlePull(Connection& conn, const wire::Pull& msg) {
 }
 
 void TransferServer::serveParkedPulls(const std::shared_ptr<LocalObject>& obj) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   auto it = parked_.find(obj->id());
   if (it == parked_.end()) return;
   auto list = std::move(it->second);
@@ -126,6 +129,7 @@ void TransferServer::start(const std::shared_ptr<Connection>& conn, const wire::
 }
 
 void TransferServer::pump(const StreamKey& key) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
   auto it = streams_.find(key);
   if (it == streams_.end()) return;
   Stream& stream = it->second;
