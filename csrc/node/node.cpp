@@ -60,6 +60,9 @@ Node::Node(NodeConfig config)
   server_ = std::make_unique<TransferServer>(
       loop_, static_cast<PeerLinks&>(*this), *store_,
       TransferServerConfig{config_.rank, !hostIdentity_.empty(), config_.chunkBytes});
+  subscriptions_ = std::make_unique<LocationSubscriptions>(
+      loop_, config_.rank, [this](const std::string& id) { return shardOf(id); },
+      [this](int rank, const wire::Subscribe& msg) { send(rank, msg); });
   mailbox_ = std::make_unique<Mailbox>(
       loop_, static_cast<PeerLinks&>(*this),
       MailboxConfig{config_.rank, config_.worldSize, config_.mailboxBytes, config_.capacityBytes, config_.chunkBytes});
@@ -117,7 +120,7 @@ void Node::moveShardFrom(int rank) {
     if (!obj->failed() && shardOf(obj->id()) == rank) moved.push_back(std::move(obj));
   }
   deadShards_.insert(rank);
-  resubscribeFrom(rank);
+  subscriptions_->shardFailed(rank);
   HLOG(kInfo, "%s is gone (failed or left): its directory shard moves on; re-registering %zu local copies",
        peerName(rank).c_str(), moved.size());
   // Everyone must agree where ids go: tell the others (who pass it on once).
@@ -504,7 +507,9 @@ void Node::registerHandlers() {
   handle(Route::kOnEither, &Node::handleLookup);
   handle(Route::kOnEither, &Node::handleDelete);
   handle(Route::kOnEither, &Node::handleSubscribe);
-  handle(Route::kOnEither, &Node::onLocations);
+  router_.on<wire::Locations>(Route::kOnEither, [this](Connection& c, const wire::Locations& m) {
+    subscriptions_->onLocations(c, m);
+  });
   // Answers to this node's requests.
   handle(Route::kOnEither, &Node::onStatusReply);
   handle(Route::kOnEither, &Node::onLookupReply);
@@ -611,11 +616,6 @@ Status Node::announce(double timeoutSeconds) {
 }
 
 std::map<std::string, uint64_t> Node::stats() {
-  uint64_t subscriptions;
-  {
-    std::lock_guard<std::mutex> lock(subscriptionMutex_);
-    subscriptions = subscriptions_.size();
-  }
   const Mailbox::Counters& messages = mailbox_->counters();
   return {
       {"bytes_sent", server_->counters().bytesSent.load() + messages.bytesSent.load()},
@@ -645,7 +645,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"remote_gets", counters_.remoteGets.load()},
       {"copies_handed_over", counters_.copiesHandedOver.load()},
       {"evictions", counters_.evictions.load()},
-      {"subscriptions", subscriptions},
+      {"subscriptions", subscriptions_->count()},
       {"store_used_bytes", store_->usedBytes()},
       {"store_capacity_bytes", store_->capacityBytes()},
       {"store_objects", store_->count()},
@@ -665,6 +665,7 @@ void Node::noteEnded() {
 
 void Node::shutdown() {
   if (stopped_.exchange(true)) return;
+  subscriptions_->stop();  // waiters return now
   std::promise<void> done;
   const bool loopRunning = loop_.post([this, &done] {
     // Set however the task ends: a step that throws must not leave shutdown
@@ -714,8 +715,6 @@ void Node::shutdown() {
     closed_ = true;
   }
   completionCv_.notify_all();
-  { std::lock_guard<std::mutex> lock(subscriptionMutex_); }  // a waiter between its check and its wait sees stopped()
-  subscriptionCv_.notify_all();
 }
 
 }  // namespace hoplite

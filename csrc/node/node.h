@@ -26,6 +26,7 @@
 #include "common/worker_pool.h"
 #include "coll/device_reducer.h"
 #include "directory/directory_shard.h"
+#include "directory/subscriptions.h"
 #include "messenger/mailbox.h"
 #include "net/peer_links.h"
 #include "net/event_loop.h"
@@ -147,16 +148,8 @@ class Node : public ConnectionObserver, private PeerLinks, private ReduceService
   Status reduceOutcome(const std::string& resultId, double timeoutSeconds, ReducePlan* plan) {
     return coordinator_->reduceOutcome(resultId, timeoutSeconds, plan);
   }
-  // Subscribes to where an object is (node_subscribe.cpp): its directory shard
-  // sends the locations at once (whether the object exists yet or not) and
-  // after every change; a shard that fails hands the subscription on with its
-  // share of the directory. Returns a handle for nextLocations/unsubscribe.
-  uint64_t subscribe(const std::string& id);
-  // Waits up to the timeout for locations newer than version `seen` (0: the
-  // first), and gives the latest (changes close together arrive merged).
-  Status nextLocations(uint64_t handle, uint64_t seen, double timeoutSeconds, wire::Locations* out,
-                       uint64_t* version);
-  void unsubscribe(uint64_t handle);
+  // Subscriptions to where objects are (directory/subscriptions.h).
+  LocationSubscriptions& subscriptions() { return *subscriptions_; }
   // Tagged messages between ranks, what the c10d backend is built on.
   TaggedMessenger& messenger() { return *mailbox_; }
   // Waits up to `timeoutSeconds` for completions; false once shut down and drained.
@@ -364,17 +357,13 @@ class Node : public ConnectionObserver, private PeerLinks, private ReduceService
   RequestTracker& requests() override { return requests_; }
   bool shuttingDown() const override { return shuttingDown_; }
 
-  // --- subscriptions to locations (node_subscribe.cpp) ---
-  void handleSubscribe(Connection& conn, const wire::Subscribe& msg);
-  void onLocations(Connection& conn, const wire::Locations& msg);
-  // The shard on `rank` failed: its subscriptions go to the successor.
-  void resubscribeFrom(int rank);
 
   // --- its directory shard's requests, and its copies (node_server.cpp) ---
   void handleRegister(Connection& conn, const wire::Register& msg);
   void handleLookup(Connection& conn, const wire::Lookup& msg);
   void handleDelete(Connection& conn, const wire::Delete& msg);
   void handleDropCopy(Connection& conn, const wire::DropCopy& msg);
+  void handleSubscribe(Connection& conn, const wire::Subscribe& msg);
   void serveParkedPulls(const std::shared_ptr<LocalObject>& obj) override { server_->serveParkedPulls(obj); }
   void dropLocalCopy(const std::string& id, const Status& why) override;
 
@@ -389,6 +378,7 @@ class Node : public ConnectionObserver, private PeerLinks, private ReduceService
   std::unique_ptr<DirectoryShard> directory_;
   std::unique_ptr<Mailbox> mailbox_;
   std::unique_ptr<TransferServer> server_;  // pulls from this node's copies
+  std::unique_ptr<LocationSubscriptions> subscriptions_;
   // The streaming reduce (reduce/): the reduces this node coordinates, the
   // tree positions it computes, and the link estimate that sizes the trees.
   std::unique_ptr<LinkEstimator> linkEstimator_;
@@ -423,16 +413,6 @@ class Node : public ConnectionObserver, private PeerLinks, private ReduceService
   uint64_t incarnation_ = 0;
   double lastHeartbeatCheck_ = 0;
 
-  struct Subscription {
-    std::string id;
-    int shard = -1;          // the rank it was sent to, whose news count
-    uint64_t version = 0;    // news received so far
-    wire::Locations latest;
-  };
-  std::mutex subscriptionMutex_;  // subscriptions are read by callers, written by the loop
-  std::condition_variable subscriptionCv_;
-  std::unordered_map<uint64_t, Subscription> subscriptions_;
-  uint64_t nextSubscription_ = 1;
 
   std::mutex completionMutex_;
   std::condition_variable completionCv_;

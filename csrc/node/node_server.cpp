@@ -66,6 +66,14 @@ void Node::handleDropCopy(Connection& conn, const wire::DropCopy& msg) {
   conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, Status()}));
 }
 
+void Node::handleSubscribe(Connection& conn, const wire::Subscribe& msg) {
+  if (msg.cancel) {
+    directory_->unsubscribe(msg.id, conn.peerRank(), msg.request);
+  } else {
+    directory_->subscribe(msg.id, conn.peerRank(), msg.request);
+  }
+}
+
 void Node::dropLocalCopy(const std::string& id, const Status& why) {
   auto obj = store_->remove(id);
   if (!obj) return;

@@ -103,7 +103,7 @@ py::tuple nextLocations(NodeHandle& h, uint64_t handle, uint64_t seen, double ti
   Status s;
   {
     py::gil_scoped_release release;
-    s = h.node().nextLocations(handle, seen, timeout, &loc, &version);
+    s = h.node().subscriptions().next(handle, seen, timeout, &loc, &version);
   }
   return py::make_tuple(static_cast<int>(s.code), s.message, version, static_cast<int>(loc.state), loc.complete,
                         loc.partial, loc.inlined, loc.lastHolder);
@@ -163,10 +163,10 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("timeout"))
       .def(
-          "subscribe", [](NodeHandle& h, const py::bytes& id) { return h.node().subscribe(id); }, py::arg("id"))
+          "subscribe", [](NodeHandle& h, const py::bytes& id) { return h.node().subscriptions().subscribe(id); }, py::arg("id"))
       .def("next_locations", &nextLocations, py::arg("handle"), py::arg("seen"), py::arg("timeout"))
       .def(
-          "unsubscribe", [](NodeHandle& h, uint64_t handle) { h.node().unsubscribe(handle); }, py::arg("handle"))
+          "unsubscribe", [](NodeHandle& h, uint64_t handle) { h.node().subscriptions().unsubscribe(handle); }, py::arg("handle"))
       .def("stats", [](NodeHandle& h) { return h.node().stats(); })
       .def("empty", &NodeHandle::empty, py::arg("numel"), py::arg("dtype"))
       .def("shutdown", &NodeHandle::shutdown);
