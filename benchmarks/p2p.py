@@ -33,6 +33,7 @@ import datetime
 import os
 import statistics
 import time
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -61,18 +62,17 @@ class Hoplite:
         self.prefix = "zc" if zero_copy else "cp"
         self.i = 0
 
-    def round_trip(self, rank: int, x: torch.Tensor, buf: torch.Tensor) -> None:
+    def round_trip(self, rank: int, x: torch.Tensor, buf: torch.Tensor) -> Optional[torch.Tensor]:
         import torch_hoplite as hop
 
         self.i += 1
         ping, pong = f"{self.prefix}-ping-{self.i}", f"{self.prefix}-pong-{self.i}"
         if rank == 0:
             hop.put(x, ping, copy=self.copy)
-            y = hop.get(pong, copy=self.copy).wait()
-            assert y.numel() == x.numel()
-        else:
-            y = hop.get(ping, copy=self.copy).wait()
-            hop.put(y, pong, copy=self.copy)
+            return hop.get(pong, copy=self.copy).wait()
+        y = hop.get(ping, copy=self.copy).wait()
+        hop.put(y, pong, copy=self.copy)
+        return None
 
     def cleanup(self, rank: int) -> None:
         import torch_hoplite as hop
@@ -81,23 +81,22 @@ class Hoplite:
 
 
 class Gloo:
-    def round_trip(self, rank: int, x: torch.Tensor, buf: torch.Tensor) -> None:
+    def round_trip(self, rank: int, x: torch.Tensor, buf: torch.Tensor) -> Optional[torch.Tensor]:
         if rank == 0:
             dist.send(x, 1)
             dist.recv(buf, 1)
-        else:
-            dist.recv(buf, 0)
-            dist.send(buf, 0)
+            return buf
+        dist.recv(buf, 0)
+        dist.send(buf, 0)
+        return None
 
     def cleanup(self, rank: int) -> None:
         pass
 
 
 class TorchRpc:
-    def round_trip(self, rank: int, x: torch.Tensor, buf: torch.Tensor) -> None:
-        if rank == 0:
-            y = rpc.rpc_sync("w1", _echo, args=(x,))
-            assert y.numel() == x.numel()
+    def round_trip(self, rank: int, x: torch.Tensor, buf: torch.Tensor) -> Optional[torch.Tensor]:
+        return rpc.rpc_sync("w1", _echo, args=(x,)) if rank == 0 else None
 
     def cleanup(self, rank: int) -> None:
         pass
@@ -128,19 +127,23 @@ def worker(rank, port, systems, sizes, warmup, minimum, queue):
     }
     results = {}
     for size in sizes:
-        x = torch.ones(size // 4, dtype=torch.float32)
+        x = torch.arange(size // 4, dtype=torch.float32)  # a pattern: misplaced bytes show
         buf = torch.empty_like(x)
         for trial in range(warmup + trials_for(size, minimum)):
             order = systems[trial % len(systems):] + systems[: trial % len(systems)]
             for system in order:
                 counted = system.startswith("hoplite")
                 s0 = hop.stats() if counted else None
+                buf.fill_(-1.0)  # what a receive that wrote nothing leaves
                 dist.barrier()
                 c0, t0 = time.process_time(), time.perf_counter()
-                impls[system].round_trip(rank, x, buf)
+                got = impls[system].round_trip(rank, x, buf)
                 t1 = time.perf_counter()
                 dist.barrier()
                 c1, t2 = time.process_time(), time.perf_counter()
+                if got is not None and not torch.equal(got, x):  # every trial, outside the timed region
+                    raise AssertionError(f"{system}: the {size}-byte round trip came back different")
+                del got
                 impls[system].cleanup(rank)
                 if trial >= warmup:
                     times, cores, moved = results.setdefault((system, size), ([], [], [0, 0]))

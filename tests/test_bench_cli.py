@@ -93,13 +93,14 @@ def test_emulated_point_checks_the_link_first(tmp_path):
 def test_mpi_peer_on_loopback(tmp_path):
     out = tmp_path / "mpi.json"
     cmd = [sys.executable, "-m", "torch_hoplite.bench", "--nodes", "3", "--sizes", "256KB", "--ops",
-           "broadcast,reduce,allreduce,gather", "--systems", "gloo,mpi", "--trials", "2", "--warmup", "1",
+           "broadcast,reduce,allreduce,gather", "--systems", "gloo,mpi,mpi-yield", "--trials", "2", "--warmup", "1",
            "--settle", "0.3", "--json", str(out), "--plot", str(tmp_path / "mpi.png")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = json.loads(out.read_text())["records"]
-    mpi = {r["op"] for r in records if r["system"] == "mpi"}
-    assert mpi == {"broadcast", "reduce", "allreduce"}  # MPI has no gather here; its results were checked
+    for system in ("mpi", "mpi-yield"):  # busy-polling, and yielding when idle
+        ops = {r["op"] for r in records if r["system"] == system}
+        assert ops == {"broadcast", "reduce", "allreduce"}, system  # no gather here; its results were checked
     assert all(0 < r["median_s"] < 0.15 and r["nodes"] == 3 for r in records)  # the settling is not timed
 
 
@@ -144,3 +145,15 @@ def test_rpc_benchmark_on_loopback(tmp_path):
         assert r["nodes"] == 3 and r["median_s"] > 0 and r["time_vs_rpc"] > 0
         assert r["trials"] == {"small": 10 * 190, "rl": 2}.get(r["case"], 1)
     assert (tmp_path / "rpc.png").stat().st_size > 10_000
+
+
+def test_p2p_benchmark_checks_every_round_trip(tmp_path):
+    """benchmarks/p2p.py at a small size: each trial's echo is compared with
+    what was sent (a patterned tensor) inside the run; every system has a record."""
+    out = tmp_path / "p2p"
+    cmd = [sys.executable, "benchmarks/p2p.py", "--sizes", "1MB", "--systems", "hoplite,gloo,torch-rpc", "--trials",
+           "2", "--warmup", "1", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = json.loads((tmp_path / "p2p.json").read_text())["records"]
+    assert {r["system"] for r in records} == {"hoplite", "gloo", "torch-rpc"}

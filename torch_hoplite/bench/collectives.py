@@ -18,7 +18,9 @@ What each system runs per op (every rank holds an integer-valued tensor):
 "hoplite-c10d" is the torch.distributed backend "hoplite" (a process group over
 the same node, static algorithms): the same dist.* call as gloo's. "mpi" is
 Open MPI's MPI_Bcast / MPI_Reduce / MPI_Allreduce (mpi_peer.c, compiled with
-mpicc), run after the torch systems of each node count (it busy-polls).
+mpicc), run after the torch systems of each node count: it busy-polls, each
+waiting rank taking a core, so with more ranks than cores it is CPU-starved;
+"mpi-yield" is the same with mpi_yield_when_idle=1.
 "hoplite-zero-copy" puts and gets with copy=False (broadcast, reduce, gather);
 "hoplite" allreduce cuts tensors of N MiB or more into N pieces (N reduces of
 1/N each, one rooted at every rank, every rank gets every piece, all around a
@@ -35,8 +37,9 @@ the busiest link carries, as size is one rank's tensor; else 1), CPU cores
 used by all processes, the median spread of the ranks' starts (start_skew_s)
 and time from the last start to the slowest end (after_last_start_s), and,
 with --rate, the ratio to the ideal time (broadcast
-and reduce S/B, allreduce 2(N-1)/N S/B, gather and allgather (N-1) S/B). The first warm-up
-trial checks every result exactly. On loopback the CPU, not a link, is the
+and reduce S/B, allreduce 2(N-1)/N S/B, gather and allgather (N-1) S/B). Every trial's
+result is checked exactly, outside the timed region, against memory reset to a
+value no result has. On loopback the CPU, not a link, is the
 bottleneck: --rate runs on the emulated cluster (emulated_cluster.py), after
 checking the rate a single TCP flow gets through it; without root or network
 namespaces it says so and measures on loopback instead.
@@ -55,7 +58,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -64,7 +67,7 @@ from torch_hoplite.bench import common, mpi_peer
 
 OPS = ["broadcast", "reduce", "allreduce", "gather", "allgather"]
 SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-one-piece", "hoplite-d1", "hoplite-d2", "hoplite-dn",
-           "hoplite-c10d", "gloo", "mpi"]
+           "hoplite-c10d", "gloo", *mpi_peer.SYSTEMS]
 DEFAULT_SYSTEMS = "hoplite,gloo"
 ONLY_FOR = {
     "hoplite-zero-copy": {"broadcast", "reduce", "gather"},
@@ -73,6 +76,7 @@ ONLY_FOR = {
     "hoplite-d2": {"reduce"},
     "hoplite-dn": {"reduce"},
     "mpi": {"broadcast", "reduce", "allreduce"},
+    "mpi-yield": {"broadcast", "reduce", "allreduce"},
 }
 
 
@@ -83,8 +87,11 @@ def expected(op: str, world: int, x: torch.Tensor) -> torch.Tensor:
     return torch.ones_like(x)
 
 
-def run_op(op: str, system: str, rank: int, world: int, x: torch.Tensor, buf: torch.Tensor, tag: str, groups: dict):
-    """One collective; returns what this rank received (None where nothing)."""
+def run_op(op: str, system: str, rank: int, world: int, x: torch.Tensor, buf: torch.Tensor, outs: list,
+           tag: str, groups: dict):
+    """One collective; returns what this rank received (None where nothing).
+    A process group's gather/allgather write into `outs`, allocated (and
+    faulted in) before the timed region, as our results come from a warm pool."""
     import torch_hoplite as hop
 
     if system in groups:  # a torch.distributed process group
@@ -99,12 +106,10 @@ def run_op(op: str, system: str, rank: int, world: int, x: torch.Tensor, buf: to
             dist.all_reduce(buf, group=group)
             return buf
         if op == "allgather":
-            outs = [torch.empty_like(x) for _ in range(world)]
             dist.all_gather(outs, x, group=group)
             return outs
-        outs = [torch.empty_like(x) for _ in range(world)] if rank == 0 else None
-        dist.gather(x, outs, dst=0, group=group)
-        return outs
+        dist.gather(x, outs if rank == 0 else None, dst=0, group=group)
+        return outs if rank == 0 else None
     copy = system != "hoplite-zero-copy"
     if op == "broadcast":
         if rank == 0:
@@ -140,6 +145,23 @@ def cleanup(op: str, system: str, rank: int, tag: str) -> None:
         hop.delete(tag)
 
 
+def reset(op: str, rank: int, x: torch.Tensor, buf: torch.Tensor) -> None:
+    """Before each trial: the in-place ops' input, and a value no result has
+    where a broadcast lands (so a call that wrote nothing fails its check)."""
+    if op == "broadcast" and rank != 0:
+        buf.fill_(-1.0)
+    else:
+        buf.copy_(x)
+
+
+def gather_outputs(op: str, system: str, rank: int, world: int, x: torch.Tensor, groups: dict) -> list:
+    """A process group's gather/allgather outputs, made (filled with a value no
+    result has, so faulted in) before the timed region; [] for the others."""
+    if system not in groups or not (op == "allgather" or (op == "gather" and rank == 0)):
+        return []
+    return [torch.full_like(x, -1.0) for _ in range(world)]
+
+
 def check(op: str, rank: int, world: int, x: torch.Tensor, got) -> None:
     if got is None:
         return
@@ -154,13 +176,13 @@ def check(op: str, rank: int, world: int, x: torch.Tensor, got) -> None:
 
 
 def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival=0.0) -> dict:
-    """Every torch system (all but mpi, which runs on its own after them).
+    """Every torch system (not MPI's, which run on their own after them).
     arrival > 0: rank r becomes ready (calls its part) r * arrival seconds after the others' start.
     Every rank waits --settle seconds between the barrier and its call."""
     settle = common.settle_seconds()
     import torch_hoplite as hop
 
-    systems = [s for s in systems if s != "mpi"]
+    systems = [s for s in systems if s not in mpi_peer.SYSTEMS]
     # N ranks share the host's cores: intra-op threads would spin-wait (OpenMP)
     # after the untimed buffer resets, taking CPU from the timed calls.
     torch.set_num_threads(1)
@@ -182,18 +204,18 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival
                 for system in runs if trial % 2 == 0 else runs[::-1]:
                     tag = f"{op}-{system}-{size}-{trial}"
                     before = hop.stats() if system.startswith("hoplite") else None
-                    buf.copy_(x)
+                    reset(op, rank, x, buf)
+                    outs = gather_outputs(op, system, rank, world, x, groups)
                     dist.barrier()
                     if settle or arrival:
                         time.sleep(settle + rank * arrival)
                     c0, t0 = time.process_time(), time.monotonic()
-                    got = run_op(op, system, rank, world, x, buf, tag, groups)
+                    got = run_op(op, system, rank, world, x, buf, outs, tag, groups)
                     t1 = time.monotonic()
                     dist.barrier()
                     c1, t2 = time.process_time(), time.monotonic()
-                    if trial == 0:
-                        check(op, rank, world, x, got)
-                    del got
+                    check(op, rank, world, x, got)  # every trial, outside the timed region
+                    del got, outs
                     cleanup(op, system, rank, tag)
                     if trial >= warmup:
                         moved = common.bytes_moved(before, hop.stats()) if before else (0, 0)
@@ -234,8 +256,8 @@ def run_loopback(world: int, ops: list[str], sizes: list[int], trials: int, warm
                  arrival: float = 0.0) -> dict:
     per_rank = common.run_ranks(_queue_worker, world,
                                 (world, common.free_port(), ops, sizes, trials, warmup, systems, arrival))
-    if _runs_mpi(systems, ops):
-        _merge(per_rank, mpi_peer.run_loopback(world, ops, sizes, trials, warmup, arrival))
+    for mpi in _mpi_systems(systems, ops):
+        _merge(per_rank, mpi_peer.run_loopback(world, ops, sizes, trials, warmup, arrival, system=mpi))
     return per_rank
 
 
@@ -286,13 +308,14 @@ def run_emulated(world: int, ops: list[str], sizes: list[int], trials: int, warm
                 for key, runs in json.load(f).items():
                     op, system, size = key.split("/")
                     per_rank[r][(op, system, int(size))] = runs
-        if _runs_mpi(systems, ops):
-            _merge(per_rank, mpi_peer.run_emulated(cluster, world, ops, sizes, trials, warmup, arrival, env=env))
+        for mpi in _mpi_systems(systems, ops):
+            _merge(per_rank, mpi_peer.run_emulated(cluster, world, ops, sizes, trials, warmup, arrival, env=env,
+                                                   system=mpi))
         return per_rank
 
 
-def _runs_mpi(systems: list[str], ops: list[str]) -> bool:
-    return "mpi" in systems and bool(mpi_peer.OPS & set(ops))
+def _mpi_systems(systems: list[str], ops: list[str]) -> list[str]:
+    return [s for s in systems if s in mpi_peer.SYSTEMS] if mpi_peer.OPS & set(ops) else []
 
 
 def _merge(per_rank: dict, more: dict) -> None:
@@ -405,14 +428,61 @@ def _rate_bps(rate: str) -> float:
     raise ValueError(f"rate {rate!r}: use e.g. 1gbit or 500mbit")
 
 
+def _colors(records: list[dict]) -> dict[str, Any]:
+    """One colour per system, the same in every panel."""
+    import matplotlib.pyplot as plt
+
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    systems = [s for s in SYSTEMS if any(r["system"] == s for r in records)]
+    return {s: cycle[i % len(cycle)] for i, s in enumerate(systems)}
+
+
+def _plot_bars(records: list[dict], path: str) -> None:
+    """One size and node count: a bar per system and op (time over the ideal,
+    or the median time without one)."""
+    import matplotlib.pyplot as plt
+
+    colors = _colors(records)
+    ops = [op for op in OPS if any(r["op"] == op for r in records)]
+    ideal = all(r["ratio_to_ideal"] for r in records)
+    key, label = ("ratio_to_ideal", "time / ideal (median)") if ideal else ("median_s", "median time (s)")
+    width = 0.8 / len(colors)
+    labeled: set[str] = set()
+    fig, ax = plt.subplots(figsize=(1.6 + 1.9 * len(ops), 4.2))
+    for i, (system, color) in enumerate(colors.items()):
+        for j, op in enumerate(ops):
+            r = next((r for r in records if r["system"] == system and r["op"] == op), None)
+            if r is None:
+                continue
+            x = j + (i - (len(colors) - 1) / 2) * width
+            ax.bar(x, r[key], width, color=color, label=None if system in labeled else system)
+            labeled.add(system)
+            ax.text(x, r[key], f"{r[key]:.2f}", ha="center", va="bottom", fontsize=7, rotation=90)
+    if ideal:
+        ax.axhline(1.0, color="0.4", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(ops)))
+    ax.set_xticklabels(ops)
+    ax.set_ylabel(label)
+    r0 = records[0]
+    ax.set_title(f"{r0['nodes']} processes, {r0['size_bytes'] / 2**20:.0f} MiB, {r0.get('path', '')}", fontsize=9)
+    ax.legend(fontsize=8, ncol=2)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def plot(records: list[dict], path: str) -> None:
     """One panel per op and node count: median time vs size, and below it (when
-    there is a link to be ideal against) the time over the ideal."""
+    there is a link to be ideal against) the time over the ideal; bars when
+    there is one size and one node count."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if len({r["size_bytes"] for r in records}) == 1 and len({r["nodes"] for r in records}) == 1:
+        return _plot_bars(records, path)
+    colors = _colors(records)
     nodes = sorted({r["nodes"] for r in records})
     ops = [op for op in OPS if any(r["op"] == op for r in records)]
     after = "after the last arrival" if any(r.get("arrival_interval_s") for r in records) else "to slowest"
@@ -427,7 +497,8 @@ def plot(records: list[dict], path: str) -> None:
             for system in dict.fromkeys(r["system"] for r in records):
                 rs = [r for r in records if r["nodes"] == n and r["system"] == system and r["op"] == op]
                 if rs:
-                    ax.plot([r["size_bytes"] for r in rs], [r[key] * scale for r in rs], marker="o", label=system)
+                    ax.plot([r["size_bytes"] for r in rs], [r[key] * scale for r in rs], marker="o", label=system,
+                            color=colors[system])
             ax.set_xscale("log", base=2)
             if key == "median_s":
                 ax.set_yscale("log")
@@ -521,7 +592,7 @@ def main() -> None:
     for r in records:
         twin = gloo[(r["op"], r["nodes"], r["size_bytes"])]
         r["time_vs_gloo"] = r["median_s"] / twin["median_s"]
-        if r["system"] not in ("gloo", "mpi"):
+        if r["system"] != "gloo" and r["system"] not in mpi_peer.SYSTEMS:
             r["paired_vs_gloo"] = paired(r["times_s"], twin["times_s"])
         r["median_ms"] = r["median_s"] * 1e3
         r["start_skew_ms"] = r["start_skew_s"] * 1e3

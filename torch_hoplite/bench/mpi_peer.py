@@ -1,7 +1,9 @@
-"""Open MPI as a peer system ("mpi"): MPI_Bcast, MPI_Reduce and MPI_Allreduce
-timed by a small C program (mpi_peer.c) that the harness compiles with mpicc.
-It runs after the torch systems of the same point, in the same cluster: Open
-MPI busy-polls and would distort anything running beside it.
+"""Open MPI as a peer system: MPI_Bcast, MPI_Reduce and MPI_Allreduce timed by
+a small C program (mpi_peer.c) that the harness compiles with mpicc. It runs
+after the torch systems of the same point, in the same cluster: by default
+("mpi") Open MPI busy-polls, every rank taking a core while it waits, which on
+a machine with fewer cores than ranks starves the ranks that have work;
+"mpi-yield" runs it with mpi_yield_when_idle=1 (a waiting rank yields the core).
 
 Needs Open MPI (Debian: openmpi-bin libopenmpi-dev; `make bench` installs it).
 Across network namespaces mpirun runs in node 0's namespace and starts its
@@ -21,6 +23,8 @@ from typing import Optional
 from torch_hoplite.bench import common
 
 OPS = {"broadcast", "reduce", "allreduce"}
+# System name -> whether waiting ranks yield their core.
+SYSTEMS = {"mpi": False, "mpi-yield": True}
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_peer.c")
 _LAUNCH_ATTEMPTS = 3
 
@@ -39,8 +43,8 @@ def build() -> str:
     return binary
 
 
-def _parse(stdout: str, world: int) -> dict:
-    """{rank: {(op, "mpi", size): [(t0, t1, cores), ...]}} from rank 0's JSON lines."""
+def _parse(stdout: str, world: int, system: str) -> dict:
+    """{rank: {(op, system, size): [(t0, t1, cores), ...]}} from rank 0's JSON lines."""
     per_rank: dict = {r: {} for r in range(world)}
     for line in stdout.splitlines():
         if not line.startswith("{"):
@@ -48,7 +52,7 @@ def _parse(stdout: str, world: int) -> dict:
         point = json.loads(line)
         for trial in point["runs"]:
             for r, (t0, t1, cores) in enumerate(trial):
-                per_rank[r].setdefault((point["op"], "mpi", point["size"]), []).append((t0, t1, cores))
+                per_rank[r].setdefault((point["op"], system, point["size"]), []).append((t0, t1, cores))
     return per_rank
 
 
@@ -63,25 +67,30 @@ def _launch(cmd: list[str], popen, what: str) -> str:
     raise RuntimeError(f"mpirun failed {_LAUNCH_ATTEMPTS} times {what}:\n{last}")
 
 
+def _yielding(system: str) -> list[str]:
+    return ["--mca", "mpi_yield_when_idle", "1"] if SYSTEMS[system] else []
+
+
 def _args(binary: str, ops: list[str], sizes: list[int], warmup: int, trials: int, arrival: float) -> list[str]:
     return [binary, ",".join(op for op in ops if op in OPS), ",".join(map(str, sizes)), str(warmup), str(trials),
             str(arrival), str(common.settle_seconds())]
 
 
-def run_loopback(world: int, ops: list[str], sizes: list[int], trials: int, warmup: int, arrival: float = 0.0) -> dict:
+def run_loopback(world: int, ops: list[str], sizes: list[int], trials: int, warmup: int, arrival: float = 0.0,
+                 system: str = "mpi") -> dict:
     binary = build()
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world), "--bind-to", "none",
-           "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo",
+           "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo", *_yielding(system),
            *_args(binary, ops, sizes, warmup, trials, arrival)]
 
     def popen(c: list[str]) -> subprocess.Popen:
         return subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    return _parse(_launch(cmd, popen, "on loopback"), world)
+    return _parse(_launch(cmd, popen, "on loopback"), world, system)
 
 
 def run_emulated(cluster, world: int, ops: list[str], sizes: list[int], trials: int, warmup: int,
-                 arrival: float = 0.0, env: Optional[dict] = None) -> dict:
+                 arrival: float = 0.0, env: Optional[dict] = None, system: str = "mpi") -> dict:
     binary = build()
     with tempfile.TemporaryDirectory() as tmp:
         hostfile = os.path.join(tmp, "hosts")
@@ -98,8 +107,9 @@ def run_emulated(cluster, world: int, ops: list[str], sizes: list[int], trials: 
         cmd = ["mpirun", "--allow-run-as-root", "-np", str(world), "--hostfile", hostfile, "--map-by", "node",
                "--bind-to", "none", "--mca", "plm_rsh_agent", agent, "--mca", "pml", "ob1",
                "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0",
-               "--mca", "oob_tcp_if_include", "eth0", *_args(binary, ops, sizes, warmup, trials, arrival)]
+               "--mca", "oob_tcp_if_include", "eth0", *_yielding(system),
+               *_args(binary, ops, sizes, warmup, trials, arrival)]
         def popen(c: list[str]) -> subprocess.Popen:
             return cluster.popen(0, c, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-        return _parse(_launch(cmd, popen, "on the emulated cluster"), world)
+        return _parse(_launch(cmd, popen, "on the emulated cluster"), world, system)
