@@ -19,6 +19,7 @@ SOURCES := $(shell find csrc cuda -name '*.cpp' -o -name '*.h' -o -name '*.inc' 
 .stamp-bench-deps: .stamp-deps
 	$(PIP) install -q matplotlib tqdm gymnasium
 	command -v mpicc >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev)
+	command -v clang++ >/dev/null || command -v clang++-14 >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang-14)
 	touch $@
 
 setup: .stamp-build
@@ -56,7 +57,8 @@ bench-recovery: setup .stamp-bench-deps
 bench-gpu: setup .stamp-bench-deps
 	$(PYTHON) benchmarks/gpu.py
 
-# libFuzzer on the wire decoder under ASan + UBSan for FUZZ_SECONDS (installs clang if needed).
+# libFuzzer on the wire decoder under ASan + UBSan for FUZZ_SECONDS (installs clang if needed),
+# from and into the corpus kept in tests/fuzz/corpus/ (make test runs it for 15 s).
 FUZZ_SECONDS ?= 60
 fuzz:
 	tests/fuzz/run.sh $(FUZZ_SECONDS)

@@ -29,7 +29,10 @@ def test_gets_puts_and_deletes_go_on_after_a_shard_host_dies():
         c.call(DEAD, workers.put, torch.ones(1 << 18), orphan)  # only the dying rank holds it
         assert torch.equal(c.call(3, workers.get, big, 30), big_data)  # rank 3 holds a copy too
         waiting = hop.get(later, timeout=60)  # parked at the shard that is about to die
-        time.sleep(0.2)
+        deadline = time.monotonic() + 10
+        while c.call(DEAD, workers.stats)["lookups_waiting"] < 1:
+            assert time.monotonic() < deadline, f"the get of {later} never reached rank {DEAD}'s shard"
+            time.sleep(0.01)
         c.kill(DEAD)
         # Every holder registers its copies at the next shard; lookups follow.
         assert torch.equal(hop.get(big, timeout=30).wait(), big_data)

@@ -160,8 +160,10 @@ def test_delete_during_same_host_reads_gives_exact_bytes_or_a_clear_error():
     try:
         n = (128 << 20) // 4
         # From before the first read to after the last (the reads of 128 MiB took
-        # ~0.1-0.35 s after the get was sent, measured here).
-        for attempt, delay in enumerate((0.0, 0.1, 0.2, 0.3, 0.45)):
+        # ~0.1-0.35 s after the get was sent, measured here): both outcomes must
+        # occur, or the deletes never met a read and the test proved nothing.
+        seen = []
+        for attempt, delay in enumerate((0.0, 0.1, 0.2, 0.3, 0.45, 1.0)):
             obj = f"same-host-deleted-{attempt}"
             c.call(1, workers.put, workers.pattern(n, attempt), obj)
             pendings = {r: c.submit(r, workers.get_outcome, obj, n, attempt, 60) for r in (2, 3)}
@@ -170,6 +172,8 @@ def test_delete_during_same_host_reads_gives_exact_bytes_or_a_clear_error():
             outcomes = [p.result() for p in pendings.values()]
             for outcome in outcomes:
                 assert outcome in ("exact", "ObjectDeletedError"), outcome
+            seen += outcomes
+        assert {"exact", "ObjectDeletedError"} <= set(seen), seen
         deadline = time.monotonic() + 10
         while any(c.call(r, workers.stats)["pulls_lent"] for r in range(4)):
             assert time.monotonic() < deadline, "memory still lent after every pull ended"

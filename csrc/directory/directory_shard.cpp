@@ -48,6 +48,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
   if (it != waiters_.end()) {
     std::vector<Waiter> list = std::move(it->second);
     waiters_.erase(it);
+    waiting_ -= list.size();
     for (auto& w : list) {
       loop_.cancelTimer(w.timer);
       int sender = answerFor(entry, w.asker, w.locate, w.preferred);
@@ -189,12 +190,14 @@ void DirectoryShard::lookup(const std::string& id, int asker, bool locate, doubl
       if (w->token != token) continue;
       LookupCallback cb = std::move(w->reply);
       list.erase(w);
+      waiting_--;
       if (list.empty()) waiters_.erase(wit);
       cb(Status(Code::kTimeout, "object " + printableId(id) + " does not exist"), nullptr, -1);
       return;
     }
   });
   waiters_[id].push_back(Waiter{token, asker, locate, preferred, std::move(reply), timer});
+  waiting_++;
 }
 
 void DirectoryShard::forgetHolder(int rank) {

@@ -4,6 +4,7 @@
 // to its locations. Loop thread only.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -80,6 +81,8 @@ class DirectoryShard {
   // (gets of it fail at once); a retracted one is not (gets of it wait for it
   // to be registered again).
   Status remove(const std::string& id, bool retract, std::vector<int>* holders);
+  // Lookups parked here until their object is registered (any thread, for stats).
+  uint64_t waitingLookups() const { return waiting_.load(); }
 
  private:
   struct Waiter {
@@ -124,6 +127,7 @@ class DirectoryShard {
   };
   std::unordered_map<std::string, Watch> watches_;
   std::unordered_map<std::string, std::vector<Waiter>> waiters_;
+  std::atomic<uint64_t> waiting_{0};  // entries of waiters_
   uint64_t nextWaiter_ = 1;
   struct Gone {
     Code code;  // kDeleted, or kPeerFailed for a lost object

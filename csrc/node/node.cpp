@@ -649,6 +649,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"store_used_bytes", store_->usedBytes()},
       {"store_capacity_bytes", store_->capacityBytes()},
       {"store_objects", store_->count()},
+      {"lookups_waiting", directory_->waitingLookups()},
       {"pool_cached_bytes", pool_->cachedBytes()},
       {"pool_mapped_bytes", pool_->mappedBytes()},
   };
