@@ -1,9 +1,10 @@
-// Tagged messages between ranks: what the c10d backend is built on. A message
-// is matched with the receive posted at its destination for the same
-// (context, tag) and source, in send order; one that arrives before its
-// receive waits in a mailbox. Both ends name the `kind` of exchange they take
-// part in: a match of different kinds fails the receive, so ranks that are in
-// different exchanges get an error, not each other's bytes.
+// Tagged messages between ranks, for layers built on the node (collectives,
+// point-to-point). A message is matched with the receive posted at its
+// destination for the same (context, tag) and source, in send order; one that
+// arrives before its receive waits in a mailbox. Both ends name the `kind` of
+// exchange they take part in: a match of different kinds fails the receive,
+// so ranks that are in different exchanges get an error, not each other's
+// bytes.
 #pragma once
 
 #include <cstdint>

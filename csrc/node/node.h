@@ -150,7 +150,7 @@ class Node : public ConnectionObserver, private PeerLinks, private ReduceService
   }
   // Subscriptions to where objects are (directory/subscriptions.h).
   LocationSubscriptions& subscriptions() { return *subscriptions_; }
-  // Tagged messages between ranks, what the c10d backend is built on.
+  // Tagged messages between ranks (messenger/tagged_messenger.h).
   TaggedMessenger& messenger() { return *mailbox_; }
   // Waits up to `timeoutSeconds` for completions; false once shut down and drained.
   bool waitCompletions(std::vector<Completion>* out, double timeoutSeconds);

@@ -292,21 +292,21 @@ struct Probe {
   static Probe decode(Reader& r, uint64_t maxPadding);
 };
 
-// Announces a tagged message (the c10d backend's point-to-point unit); its
-// bytes follow as data frames for `request`, a number the sender chose with
-// kMessageRequestBit set so it never collides with the receiver's own pulls:
-// at once when `eager`, else once the receiver answers kSend.
+// Announces a tagged message (messenger/); its bytes follow as data frames
+// for `request`, a number the sender chose with kMessageRequestBit set so it
+// never collides with the receiver's own pulls: at once when `eager`, else
+// once the receiver answers kSend.
 constexpr uint64_t kMessageRequestBit = 1ull << 63;
 constexpr size_t kMaxMessageKind = 64;
 constexpr size_t kMaxMessageReason = 1024;
 struct Message {
   static constexpr MsgType kType = MsgType::kMessage;
   uint64_t request = 0;
-  uint64_t context = 0;  // the process group
+  uint64_t context = 0;  // the sender's tag space (a process group, say)
   uint64_t tag = 0;
   uint64_t size = 0;
-  // What the sender is doing (e.g. "allreduce"); a receive of another kind
-  // refuses the message: the ranks called different collectives.
+  // The exchange the sender takes part in; a receive of another kind refuses
+  // the message.
   std::string kind;
   bool eager = true;
   void encode(Writer& w) const;
