@@ -376,6 +376,11 @@ class Node : public ConnectionObserver, private PeerLinks, private ReduceService
   std::shared_ptr<BufferPool> pool_;
   std::unique_ptr<ObjectStore> store_;
   std::unique_ptr<DirectoryShard> directory_;
+  std::unique_ptr<WorkerPool> workers_;
+  // Copies of puts into the store, at a lower priority than the transfers
+  // they feed (a put's copy on every rank at once otherwise starves them).
+  std::unique_ptr<WorkerPool> putCopies_;
+  // The parts, declared after what they refer to (destroyed before it).
   std::unique_ptr<Mailbox> mailbox_;
   std::unique_ptr<TransferServer> server_;  // pulls from this node's copies
   std::unique_ptr<LocationSubscriptions> subscriptions_;
@@ -384,10 +389,6 @@ class Node : public ConnectionObserver, private PeerLinks, private ReduceService
   std::unique_ptr<LinkEstimator> linkEstimator_;
   std::unique_ptr<ReduceCoordinator> coordinator_;
   std::unique_ptr<ReduceTaskRunner> reduceTasks_;
-  std::unique_ptr<WorkerPool> workers_;
-  // Copies of puts into the store, at a lower priority than the transfers
-  // they feed (a put's copy on every rank at once otherwise starves them).
-  std::unique_ptr<WorkerPool> putCopies_;
 
   // Loop-thread state.
   std::shared_ptr<LocalConnection> self_;
