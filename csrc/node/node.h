@@ -15,7 +15,6 @@
 #include <set>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -97,7 +96,10 @@ struct Completion {
   ObjectMeta meta;
 };
 
-class Node : public ConnectionObserver, private PeerLinks, private ReduceServices {
+// Composes the parts (mailbox, transfer server, subscriptions, reduce) and
+// implements what they need of it: ReduceServices, which includes the
+// PeerLinks that the mailbox and the transfer server use.
+class Node : public ConnectionObserver, private ReduceServices {
  public:
   explicit Node(NodeConfig config);
   ~Node() override;
@@ -189,9 +191,9 @@ class Node : public ConnectionObserver, private PeerLinks, private ReduceService
   // A rank failed: its share of the directory moves on, and this node
   // registers the copies it holds of the objects that were listed there.
   void moveShardFrom(int rank);
-  // PeerLinks (for the mailbox).
+  // PeerLinks (the mailbox, the transfer server, the reduce).
   std::string peerName(int rank) const override;
-  bool hasFailed(int rank) override { return peers_[rank].lost; }  // (and ReduceServices)
+  bool hasFailed(int rank) override { return peers_[rank].lost; }
   uint64_t latestIncoming(int rank) override { return peers_[rank].incoming; }
   void sendTo(int rank, wire::MsgType type, std::string payload) override;
   // Runs `write` with the peer's connection once its handshake is done; a

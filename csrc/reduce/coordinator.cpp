@@ -1,12 +1,19 @@
 // Streaming reduce, the coordinator's side (see coordinator.h).
-#include <algorithm>
-
 #include "reduce/coordinator.h"
+
+#include <algorithm>
 
 #include "common/logging.h"
 #include "net/loop_call.h"
 
 namespace hoplite {
+
+namespace {
+// Ended reduces remembered for reduceOutcome.
+constexpr size_t kReduceHistory = 1024;
+// Before locating again an input whose only holder is dead (for a copy put again).
+constexpr double kRelocateDelay = 0.1;
+}  // namespace
 
 ReduceCoordinator::ReduceCoordinator(EventLoop& loop, ReduceServices& node, CoordinatorConfig config,
                                      LinkEstimator& link)
@@ -18,13 +25,6 @@ void ReduceCoordinator::shutDown(const Status& why) {
   for (const auto& entry : reduces_) keys.push_back(entry.first);
   for (uint64_t key : keys) endReduce(key, why);
 }
-
-namespace {
-// Ended reduces remembered for reduceOutcome.
-constexpr size_t kReduceHistory = 1024;
-// Before locating again an input whose only holder is dead (for a copy put again).
-constexpr double kRelocateDelay = 0.1;
-}  // namespace
 
 Status ReduceCoordinator::reduce(const ReduceRequest& request, ReducePlan* plan) {
   Status s = validateId(request.resultId);
@@ -108,9 +108,9 @@ void ReduceCoordinator::startReduce(uint64_t key) {
   const std::vector<std::string> ids = c.request.inputIds;
   for (size_t i = 0; i < ids.size(); ++i) {
     uint64_t request = node_.requestLookup(ids[i], timeout, /*locate=*/true, /*failedHolder=*/-1,
-                                     [this, key, i](const Status& s, const wire::LookupReply* reply) {
-                                       onInput(key, static_cast<int>(i), s, reply);
-                                     });
+                                           [this, key, i](const Status& s, const wire::LookupReply* reply) {
+                                             onInput(key, static_cast<int>(i), s, reply);
+                                           });
     // A send to a failed peer may end the reduce at once: look it up again each time.
     auto it = reduces_.find(key);
     if (it == reduces_.end()) return;
@@ -210,9 +210,9 @@ void ReduceCoordinator::relocateInput(uint64_t key, int index, int deadHolder, d
     if (it == reduces_.end()) return;
     const ReduceCoordination& c = *it->second;
     uint64_t request = node_.requestLookup(c.request.inputIds[index], c.request.timeoutSeconds, /*locate=*/true, deadHolder,
-                                     [this, key, index](const Status& s, const wire::LookupReply* reply) {
-                                       onInput(key, index, s, reply);
-                                     });
+                                           [this, key, index](const Status& s, const wire::LookupReply* reply) {
+                                             onInput(key, index, s, reply);
+                                           });
     it = reduces_.find(key);
     if (it != reduces_.end()) it->second->lookups.push_back(request);
   };
@@ -374,7 +374,9 @@ bool ReduceCoordinator::sendTask(uint64_t key, int position) {
     });
   }
   node_.requestStatus(p.holder, wire::MsgType::kReduceTask, std::move(payload), task.request,
-                [this, key, position, generation](const Status& s) { onTaskRegistered(key, position, generation, s); });
+                      [this, key, position, generation](const Status& s) {
+                        onTaskRegistered(key, position, generation, s);
+                      });
   return reduces_.count(key) > 0;  // a send to a failed peer may end the reduce at once
 }
 

@@ -125,7 +125,7 @@ void ReduceCoordinator::recover(uint64_t key, const std::set<int>& dead) {
     };
     if (!registered) return relaunch(Status());  // the id may be someone else's: leave it
     node_.requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
-                 relaunch);
+                       relaunch);
   };
   if (!oldRootEnd || !node_.requests().replaceCallback(oldRootEnd, [retract](const Status&) { retract(); })) retract();
 }

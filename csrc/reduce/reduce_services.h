@@ -1,6 +1,6 @@
 // What the reduce's parts (coordinator.h, task_runner.h) need from the node
-// they run in: its requests and messages, the directory's shards, the
-// liveness of peers, and local copies of objects. The node implements it.
+// they run in: its peers (PeerLinks), its requests and messages, the
+// directory's shards, and local copies of objects. The node implements it.
 // Loop thread only.
 #pragma once
 
@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "net/peer_links.h"
 #include "net/transport.h"
 #include "node/request_tracker.h"
 #include "store/local_object.h"
@@ -18,20 +19,16 @@
 
 namespace hoplite {
 
-class ReduceServices {
+class ReduceServices : public PeerLinks {
  public:
   using StatusCallback = RequestTracker::StatusCallback;
   using LookupCallback = RequestTracker::LookupCallback;
   // A local copy of an object (complete or still arriving), and the rank it is pulled from (-1: none).
   using FetchCallback = std::function<void(const Status&, std::shared_ptr<LocalObject>, int sender)>;
 
-  virtual ~ReduceServices() = default;
-
   // Peers and the directory.
   virtual int shardOf(const std::string& id) const = 0;
   virtual int shardHost(int homeRank) const = 0;
-  virtual bool hasFailed(int rank) = 0;
-  virtual std::string peerName(int rank) const = 0;
   virtual bool shuttingDown() const = 0;
   virtual bool stopped() const = 0;  // shutdown() was called (any thread)
   virtual double now() const = 0;
@@ -42,8 +39,6 @@ class ReduceServices {
 
   // Messages and requests.
   virtual uint64_t newRequest() = 0;
-  // The owning pointer of a connection a handler was given.
-  virtual std::shared_ptr<Connection> sharedConnection(Connection& conn) = 0;
   virtual void sendTo(int rank, wire::MsgType type, std::string payload) = 0;
   template <typename M>
   void send(int rank, const M& msg) {

@@ -1,8 +1,8 @@
 // Tree positions of streaming reduces computed on this node (see task_runner.h).
+#include "reduce/task_runner.h"
+
 #include <algorithm>
 #include <optional>
-
-#include "reduce/task_runner.h"
 
 #include "common/logging.h"
 
@@ -67,11 +67,11 @@ void ReduceTaskRunner::handleTask(Connection& conn, const wire::ReduceTask& msg)
   if (s.ok()) s = reduceKernel(static_cast<ReduceOp>(msg.op), msg.meta.dtype, &task.kernel);
   if (!s.ok()) return failTask(taskId, s);
   node_.fetch(msg.inputId, static_cast<double>(msg.timeoutMs) / 1000.0,
-        [this, taskId](const Status& s, std::shared_ptr<LocalObject> input, int) {
-          if (!tasks_.count(taskId)) return;
-          if (!s.ok()) return failTask(taskId, s);
-          startTask(taskId, std::move(input));
-        });
+              [this, taskId](const Status& s, std::shared_ptr<LocalObject> input, int) {
+                if (!tasks_.count(taskId)) return;
+                if (!s.ok()) return failTask(taskId, s);
+                startTask(taskId, std::move(input));
+              });
 }
 
 void ReduceTaskRunner::startTask(uint64_t taskId, std::shared_ptr<LocalObject> input) {
@@ -89,7 +89,7 @@ void ReduceTaskRunner::startTask(uint64_t taskId, std::shared_ptr<LocalObject> i
     task.onDevice = deviceReducer_->kernel(static_cast<ReduceOp>(msg.op), msg.meta.dtype, input->meta().device);
   }
   Status s = store_.create(msg.outputId, msg.meta, /*primary=*/true, &task.output,
-                            task.alias ? input->buffer() : nullptr, /*sharedWithStored=*/task.alias);
+                                   task.alias ? input->buffer() : nullptr, /*sharedWithStored=*/task.alias);
   if (!s.ok()) return failTask(taskId, s);
   task.output->recomputable = msg.root;  // its coordinator computes the result again if a participant dies
   node_.serveParkedPulls(task.output);
@@ -103,20 +103,20 @@ void ReduceTaskRunner::startTask(uint64_t taskId, std::shared_ptr<LocalObject> i
   reg.recomputable = msg.root;
   task.registering = true;
   node_.requestShard(msg.outputId, wire::MsgType::kRegister, wire::encode(reg), reg.request,
-               [this, taskId, state = tasks_.at(taskId)](const Status& s) {
-                 state->registering = false;
-                 auto it = tasks_.find(taskId);
-                 if (it == tasks_.end()) {  // failed meanwhile
-                   state->registered = s.ok();
-                   if (state->closing) return closeRoot(state);
-                   if (s.ok()) node_.deleteEverywhere(state->msg.outputId);  // free the id
-                   return;
-                 }
-                 if (!s.ok()) return failTask(taskId, s);
-                 it->second->registered = true;
-                 answerTask(*it->second, Status());
-                 startTaskInputs(taskId);
-               });
+                     [this, taskId, state = tasks_.at(taskId)](const Status& s) {
+                       state->registering = false;
+                       auto it = tasks_.find(taskId);
+                       if (it == tasks_.end()) {  // failed meanwhile
+                         state->registered = s.ok();
+                         if (state->closing) return closeRoot(state);
+                         if (s.ok()) node_.deleteEverywhere(state->msg.outputId);  // free the id
+                         return;
+                       }
+                       if (!s.ok()) return failTask(taskId, s);
+                       it->second->registered = true;
+                       answerTask(*it->second, Status());
+                       startTaskInputs(taskId);
+                     });
 }
 
 // Watches the input and fetches the children; any of these may end the task
@@ -308,7 +308,7 @@ void ReduceTaskRunner::closeRoot(const std::shared_ptr<ReduceTaskState>& task) {
   const std::string& id = task->msg.outputId;
   uint64_t request = node_.newRequest();
   node_.requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
-               [this, task](const Status&) { reportTaskEnd(*task, task->endStatus); });
+                     [this, task](const Status&) { reportTaskEnd(*task, task->endStatus); });
 }
 
 void ReduceTaskRunner::handleAbort(Connection&, const wire::ReduceAbort& msg) {

@@ -19,8 +19,7 @@ What each system runs per op (every rank holds an integer-valued tensor):
 the same node, static algorithms): the same dist.* call as gloo's. "mpi" is
 Open MPI's MPI_Bcast / MPI_Reduce / MPI_Allreduce (mpi_peer.c, compiled with
 mpicc), run after the torch systems of each node count: it busy-polls, each
-waiting rank taking a core, so with more ranks than cores it is CPU-starved;
-"mpi-yield" is the same with mpi_yield_when_idle=1.
+waiting rank taking a core; "mpi-yield" is the same with mpi_yield_when_idle=1.
 "hoplite-zero-copy" puts and gets with copy=False (broadcast, reduce, gather);
 "hoplite" allreduce cuts tensors of N MiB or more into N pieces (N reduces of
 1/N each, one rooted at every rank, every rank gets every piece, all around a
@@ -75,8 +74,7 @@ ONLY_FOR = {
     "hoplite-d1": {"reduce"},
     "hoplite-d2": {"reduce"},
     "hoplite-dn": {"reduce"},
-    "mpi": {"broadcast", "reduce", "allreduce"},
-    "mpi-yield": {"broadcast", "reduce", "allreduce"},
+    **{mpi: set(mpi_peer.OPS) for mpi in mpi_peer.SYSTEMS},
 }
 
 

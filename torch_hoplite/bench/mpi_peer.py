@@ -1,9 +1,9 @@
 """Open MPI as a peer system: MPI_Bcast, MPI_Reduce and MPI_Allreduce timed by
 a small C program (mpi_peer.c) that the harness compiles with mpicc. It runs
 after the torch systems of the same point, in the same cluster: by default
-("mpi") Open MPI busy-polls, every rank taking a core while it waits, which on
-a machine with fewer cores than ranks starves the ranks that have work;
-"mpi-yield" runs it with mpi_yield_when_idle=1 (a waiting rank yields the core).
+("mpi") Open MPI busy-polls, every rank taking a core while it waits, and
+would distort anything running beside it; "mpi-yield" runs it with
+mpi_yield_when_idle=1 (a waiting rank yields the core between polls).
 
 Needs Open MPI (Debian: openmpi-bin libopenmpi-dev; `make bench` installs it).
 Across network namespaces mpirun runs in node 0's namespace and starts its

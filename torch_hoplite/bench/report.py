@@ -81,8 +81,8 @@ def emulated_table() -> list[str]:
             cells.append("—" if r is None else f"{r['ratio_to_ideal']:.2f}× ({r['cpu_cores']:.2f})")
         if any(c != "—" for c in cells):
             lines.append(f"| {op} | " + " | ".join(cells) + " |")
-    lines += ["", "Open MPI busy-polls by default: 8 ranks on this machine's 2 cores use all of both while "
-              "they wait, which starves the ranks with work; the yielding run sets `mpi_yield_when_idle`."]
+    lines += ["", "Open MPI busy-polls by default: its 8 ranks use both of this machine's 2 cores while they "
+              "wait; the yielding run sets `mpi_yield_when_idle` (see benchmarks/README.md for what that changed)."]
     return lines
 
 
