@@ -1,14 +1,16 @@
-// What the node's parts (the mailbox, the transfer server) need from the
-// part that keeps the peers' connections: to reach a peer, and to know
-// whether it failed. The node implements it. Loop thread only.
+// What the node's parts (the mailbox, the transfer server, the reduce) need
+// from the part that keeps the peers' connections (peers/peers.h): to reach a
+// peer, and to know whether it failed. Loop thread only.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "net/transport.h"
+#include "wire/messages.h"
 
 namespace hoplite {
 
@@ -26,6 +28,16 @@ class PeerLinks {
   // its close speaks for the peer (an older one is a previous process's).
   virtual uint64_t latestIncoming(int rank) = 0;
   virtual std::string peerName(int rank) const = 0;
+
+  void sendTo(int rank, wire::MsgType type, std::string payload) {
+    whenConnected(rank, [type, payload = std::move(payload)](Connection& c) mutable {
+      c.sendControl(type, std::move(payload));
+    });
+  }
+  template <typename M>
+  void send(int rank, const M& msg) {
+    sendTo(rank, M::kType, wire::encode(msg));
+  }
 };
 
 }  // namespace hoplite

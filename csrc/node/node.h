@@ -3,7 +3,6 @@
 // from any thread; everything else runs on the node's single event loop thread.
 #pragma once
 
-#include <array>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -18,7 +17,6 @@
 #include <utility>
 #include <vector>
 
-#include "common/hmac.h"
 #include "common/object_meta.h"
 #include "common/status.h"
 #include "common/timeouts.h"
@@ -27,9 +25,7 @@
 #include "directory/directory_shard.h"
 #include "directory/subscriptions.h"
 #include "messenger/mailbox.h"
-#include "net/peer_links.h"
 #include "net/event_loop.h"
-#include "net/local_connection.h"
 #include "net/loop_call.h"
 #include "net/message_router.h"
 #include "net/same_host/memory_reader.h"
@@ -40,6 +36,7 @@
 #include "reduce/reduce_types.h"
 #include "reduce/task_runner.h"
 #include "node/request_tracker.h"
+#include "peers/peers.h"
 #include "store/buffer_pool.h"
 #include "store/device_memory.h"
 #include "store/object_store.h"
@@ -96,19 +93,18 @@ struct Completion {
   ObjectMeta meta;
 };
 
-// Composes the parts (mailbox, transfer server, subscriptions, reduce) and
-// implements what they need of it: ReduceServices, which includes the
-// PeerLinks that the mailbox and the transfer server use.
-class Node : public ConnectionObserver, private ReduceServices {
+// Composes the parts (peers, mailbox, transfer server, subscriptions,
+// reduce) and implements what they need of it: PeerEvents and ReduceServices.
+class Node : private PeerEvents, private ReduceServices {
  public:
   explicit Node(NodeConfig config);
   ~Node() override;
 
   const std::string& host() const { return config_.host; }
-  int port() const;
+  int port() const { return peers_->port(); }
   int rank() const { return config_.rank; }
 
-  void addPeer(int rank, const std::string& host, int port);
+  void addPeer(int rank, const std::string& host, int port) { peers_->addPeer(rank, host, port); }
   // Introduces this node to every peer and waits (up to the timeout) for their
   // answers: a restarted rank rejoining the cluster. They learn its new address
   // from the handshake, it learns from them where directory shards moved.
@@ -159,31 +155,9 @@ class Node : public ConnectionObserver, private ReduceServices {
   std::map<std::string, uint64_t> stats();
   void shutdown();
 
-  // ConnectionObserver (loop thread).
-  void onFrame(Connection& conn, wire::MsgType type, const uint8_t* payload, size_t size) override;
-  uint8_t* dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
-                           std::shared_ptr<const void>* keepalive) override;
-  void onDataReceived(Connection& conn, uint64_t request, uint64_t end) override;
-  void onClosed(Connection& conn, const Status& why) override;
 
  private:
-  // --- peers and connections (node.cpp) ---
-  struct Peer {
-    std::string host;
-    int port = 0;
-    std::shared_ptr<Connection> conn;
-    bool ready = false;  // handshake done
-    std::vector<std::function<void(Connection&)>> queued;  // sends waiting for the handshake
-    double connectDeadline = 0;
-    double backoff = 0.05;
-    bool lost = false;  // was reachable once and failed since: no retrying
-    double lastHeard = 0;  // any frame on the connection, for heartbeats
-    std::string helloNonce;  // ours, until the peer's challenge is verified
-    bool verified = false;   // the peer proved it knows the secret
-    uint64_t incoming = 0;   // id of the latest connection it opened to us
-    uint64_t incarnation = 0;  // of its process, from its hello (0: not heard yet)
-    std::shared_ptr<same_host::PeerMemory> memory;  // on this host and readable (net/same_host/)
-  };
+  // --- peers and the directory's shards (node.cpp) ---
   // The rank hosting an id's directory entry: its hash's rank, or, once that
   // one failed, the next live rank after it (for good). Loop thread.
   int shardOf(const std::string& id) const override;
@@ -191,55 +165,30 @@ class Node : public ConnectionObserver, private ReduceServices {
   // A rank failed: its share of the directory moves on, and this node
   // registers the copies it holds of the objects that were listed there.
   void moveShardFrom(int rank);
-  // PeerLinks (the mailbox, the transfer server, the reduce).
-  std::string peerName(int rank) const override;
-  bool hasFailed(int rank) override { return peers_[rank].lost; }
-  uint64_t latestIncoming(int rank) override { return peers_[rank].incoming; }
-  void sendTo(int rank, wire::MsgType type, std::string payload) override;
-  // Runs `write` with the peer's connection once its handshake is done; a
-  // failed peer drops it unrun.
-  void whenConnected(int rank, std::function<void(Connection&)> write) override;
+  PeerLinks& peers() override { return *peers_; }
   template <typename M>
   void send(int rank, const M& msg) {
-    sendTo(rank, M::kType, wire::encode(msg));
+    peers_->send(rank, msg);
   }
-  void connectPeer(int rank);
-  // `gone`: it died (not merely refused us), so its directory shard moves on.
-  void failPeer(int rank, const Status& why, bool gone = true);
-  // Runs every heartbeat interval: pings quiet peers, fails silent ones.
-  void checkHeartbeats();
-  void heardFrom(Connection& conn);
-  std::shared_ptr<Connection> sharedConnection(Connection& conn) override;
-  // The handshake (see wire::Hello): a server answers a hello with a
-  // challenge and trusts the connection once the client's proof checks out.
-  struct Handshake {
-    int rank = -1;
-    std::string clientNonce, serverNonce;
-    std::string host;  // where the client says it listens
-    int port = 0;
-    uint64_t incarnation = 0;
-  };
-  void adoptPeer(int rank, const Handshake& hello, uint64_t connectionId);
-  Digest handshakeProof(const char* role, const std::string& clientNonce, const std::string& serverNonce,
-                        int clientRank, int serverRank) const;
-  void handleHello(Connection& conn, const wire::Hello& msg);
-  void handleChallenge(Connection& conn, const wire::Challenge& msg);
-  void handleAuth(Connection& conn, const wire::Auth& msg);
-  // Whether `conn` finished the handshake: only then may it carry anything but the handshake.
-  bool authenticated(Connection& conn) const;
-  // The handshake's frames, in order, until it completes; then router_.
-  void dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader);
+  // PeerEvents.
+  void onPeerFailed(int rank, const Status& failure, bool gone) override;
+  void onAcceptedClosed(Connection& conn, int rank, bool left, const Status& why) override;
+  bool departed(int rank) const override { return deadShards_.count(rank) > 0; }
+  void fillHelloAck(wire::HelloAck* ack) override;
+  void onPeerReady(int rank, const wire::HelloAck& ack) override;
+  void ping(int rank) override;
+  uint8_t* dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
+                           std::shared_ptr<const void>* keepalive) override;
+  void onDataReceived(Connection& conn, uint64_t request, uint64_t end) override;
   // Who handles which message: every part's handlers, once, at construction.
   void registerHandlers();
   template <typename M>
   void handle(Route route, void (Node::*method)(Connection&, const M&));
-  void handleHelloAck(Connection& conn, const wire::HelloAck& ack);
   void handleShardMoved(Connection& conn, const wire::ShardMoved& msg);
-  void handleProbe(Connection& conn, const wire::Probe& msg);
   void handleHolderUpdate(Connection& conn, const wire::HolderUpdate& msg);
   void onStatusReply(Connection& conn, const wire::StatusReply& msg);
   void onLookupReply(Connection& conn, const wire::LookupReply& msg);
-  double now() const override;
+  double now() const override { return steadySeconds(); }
 
   // --- requests this node makes (node_client.cpp) ---
   using StatusCallback = RequestTracker::StatusCallback;
@@ -328,10 +277,6 @@ class Node : public ConnectionObserver, private ReduceServices {
   void finishPull(uint64_t request);
   void failPull(uint64_t request, const Status& why);
   // --- same-host pulls (node_same_host.cpp) ---
-  // What a server's hello ack offers for same-host reads, and whether this
-  // node can take it up (null: it cannot).
-  void offerSameHost(wire::HelloAck* ack) const;
-  std::shared_ptr<same_host::PeerMemory> acceptSameHost(int rank, const wire::HelloAck& ack) const;
   void handleDataAt(Connection& conn, const wire::DataAt& msg);
   void readNextRange(uint64_t request);
   // The next read: up to `most` bytes, merging ranges announced back to back
@@ -373,8 +318,10 @@ class Node : public ConnectionObserver, private ReduceServices {
   wire::FrameLimits limits_;
   MessageRouter router_;
   EventLoop loop_;
-  std::unique_ptr<Transport> transport_;
-  std::unique_ptr<Listener> listener_;
+  // Random per process: told in every hello, and part of this node's
+  // partial-result ids (unique across restarts).
+  const uint64_t incarnation_;
+  std::unique_ptr<Peers> peers_;
   std::shared_ptr<BufferPool> pool_;
   std::unique_ptr<ObjectStore> store_;
   std::unique_ptr<DirectoryShard> directory_;
@@ -393,29 +340,12 @@ class Node : public ConnectionObserver, private ReduceServices {
   std::unique_ptr<ReduceTaskRunner> reduceTasks_;
 
   // Loop-thread state.
-  std::shared_ptr<LocalConnection> self_;
-  std::unordered_map<int, Peer> peers_;
   std::set<int> deadShards_;  // ranks whose share of the directory moved on
-  std::unordered_map<uint64_t, std::shared_ptr<Connection>> incoming_;
-  std::unordered_map<uint64_t, Handshake> handshakes_;  // incoming connections between hello and auth
   uint64_t nextRequest_ = 1;
   RequestTracker requests_;  // answers awaited
   std::unordered_map<uint64_t, PullState> pulls_;
   std::unordered_map<uint64_t, GetOp> gets_;
-  const std::string hostIdentity_;  // empty when the same-host path is off
-  std::array<uint8_t, 16> memoryProbe_{};  // random; peers read it to test same-host reads
   bool shuttingDown_ = false;
-  // At shutdown: the connections ending gracefully, and the promise kept once
-  // none of them is open (noteEnded).
-  std::vector<std::shared_ptr<Connection>> ending_;
-  std::promise<void> allEnded_;
-  bool allEndedKept_ = false;
-  void noteEnded();
-  // Random per process: told in every hello, and part of this node's
-  // partial-result ids (unique across restarts).
-  uint64_t incarnation_ = 0;
-  double lastHeartbeatCheck_ = 0;
-
 
   std::mutex completionMutex_;
   std::condition_variable completionCv_;
@@ -431,7 +361,6 @@ class Node : public ConnectionObserver, private ReduceServices {
     std::atomic<uint64_t> inlineGets{0}, localGets{0}, remoteGets{0}, evictions{0};
     std::atomic<uint64_t> copiesHandedOver{0};  // remote gets that took their pulled copy (handOver)
     std::atomic<uint64_t> pullResumes{0};  // transfers continued from another holder after a failure
-    std::atomic<uint64_t> handshakesRefused{0};  // peers that could not prove they know the secret
   } counters_;
 };
 

@@ -41,7 +41,7 @@ void Node::requestStatus(int rank, wire::MsgType type, std::string payload, uint
     return;
   }
   requests_.expectStatus(request, rank, std::move(cb));
-  sendTo(rank, type, std::move(payload));
+  peers_->sendTo(rank, type, std::move(payload));
 }
 
 void Node::requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request,
@@ -274,7 +274,7 @@ bool Node::get(const std::string& id, double timeoutSeconds, bool copy, uint64_t
       const GetOp& op = it->second;
       // Named now: the shard may have moved since the lookup was sent.
       const std::string stage =
-          op.stage.empty() ? "waiting for the object to be put; directory shard on " + peerName(shardOf(op.id)) : op.stage;
+          op.stage.empty() ? "waiting for the object to be put; directory shard on " + peers_->peerName(shardOf(op.id)) : op.stage;
       finishGet(token, Status(Code::kTimeout, "get of object " + printableId(op.id) + " timed out after " +
                                                   printableSeconds(op.timeoutSeconds) + " (" + stage + ")"));
     });
@@ -308,7 +308,7 @@ void Node::startGet(uint64_t token) {
       finishGet(token, s);
       return;
     }
-    if (sender >= 0) op.stage = "transfer from " + peerName(sender);
+    if (sender >= 0) op.stage = "transfer from " + peers_->peerName(sender);
     waitForLocal(token, std::move(obj), sender);
   }, preferred);
 }
@@ -392,8 +392,8 @@ void Node::waitForLocal(uint64_t token, std::shared_ptr<LocalObject> obj, int se
   op.meta = obj->meta();
   // Only a pull from a holder whose memory this node reads. That is known once
   // connected: until then the get hopes, and startPull ends the hope if not.
-  auto peer = sender >= 0 ? peers_.find(sender) : peers_.end();
-  const bool readable = peer != peers_.end() && !hostIdentity_.empty() && (peer->second.memory || !peer->second.ready);
+  const bool readable = sender >= 0 && peers_->sameHostEnabled() &&
+                        (peers_->memoryOf(sender) || !peers_->isReady(sender));
   const bool mayTakeOver = readable && op.copy && !op.target.buffer && !op.target.device && obj->size() > 0 &&
                            obj->handOverTo == 0;
   if (mayTakeOver) {
@@ -575,11 +575,10 @@ void Node::startPull(int holder, const std::shared_ptr<LocalObject>& obj, int re
   const uint64_t offset = obj->watermark();  // 0, or where a failed sender stopped
   pulls_[request] = PullState{holder, obj, offset, resumes};
   // Whether the holder's memory can be read is known once it is connected.
-  whenConnected(holder, [this, request, holder, id = obj->id(), offset](Connection& conn) {
+  peers_->whenConnected(holder, [this, request, holder, id = obj->id(), offset](Connection& conn) {
     auto it = pulls_.find(request);
     if (it == pulls_.end()) return;
-    auto peer = peers_.find(holder);
-    if (peer != peers_.end()) it->second.holderMemory = peer->second.memory;
+    it->second.holderMemory = peers_->memoryOf(holder);
     const bool sameHost = it->second.holderMemory != nullptr;
     const uint64_t get = it->second.object->handOverTo;
     conn.sendControl(wire::MsgType::kPull, wire::encode(wire::Pull{request, id, offset, sameHost}));
@@ -589,12 +588,6 @@ void Node::startPull(int holder, const std::shared_ptr<LocalObject>& obj, int re
 
 uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
                                std::shared_ptr<const void>* keepalive) {
-  HOPLITE_ASSERT_ON_LOOP(loop_);
-  heardFrom(conn);
-  if (!authenticated(conn)) {
-    conn.close(Status(Code::kProtocol, "data before the handshake completed"));
-    return nullptr;
-  }
   if (Mailbox::carriesMessage(request)) return mailbox_->dataDestination(conn, request, offset, size, keepalive);
   auto it = pulls_.find(request);
   if (it == pulls_.end()) return nullptr;  // cancelled or failed: discard
@@ -682,12 +675,12 @@ void Node::resumePull(std::shared_ptr<LocalObject> obj, int deadRank, int resume
                   }
                   if (why.code == Code::kMoved) {
                     HLOG(kDebug, "pull of %s goes to %s instead: %s", printableId(obj->id()).c_str(),
-                         peerName(reply->sender).c_str(), why.message.c_str());
+                         peers_->peerName(reply->sender).c_str(), why.message.c_str());
                   } else {
                     counters_.pullResumes++;
                     HLOG(kInfo, "resuming %s from %s at byte %llu after %s failed", printableId(obj->id()).c_str(),
-                         peerName(reply->sender).c_str(), static_cast<unsigned long long>(obj->watermark()),
-                         peerName(deadRank).c_str());
+                         peers_->peerName(reply->sender).c_str(), static_cast<unsigned long long>(obj->watermark()),
+                         peers_->peerName(deadRank).c_str());
                   }
                   startPull(reply->sender, obj, resumes);
                 });
@@ -698,7 +691,7 @@ void Node::dropFailedCopy(const std::shared_ptr<LocalObject>& obj, int rank, con
   send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kRemoved, rank});
   std::string where = why.code == Code::kPeerFailed || rank < 0
                           ? why.message
-                          : "transfer from " + peerName(rank) + " failed: " + why.message;
+                          : "transfer from " + peers_->peerName(rank) + " failed: " + why.message;
   // No copy left to resume from, but its reduce recomputes it: its readers wait.
   const bool recomputed = obj->recomputable && why.code == Code::kPeerFailed;
   obj->fail(Status(recomputed ? Code::kRetry : why.code, where));

@@ -4,8 +4,6 @@
 // holder keeps that memory until the receiver cancels the pull, which it does
 // only once no read of it is in flight, so a read never sees memory the holder
 // reused, whatever happened to the object meanwhile.
-#include <unistd.h>
-
 #include "common/logging.h"
 #include "node/node.h"
 
@@ -16,32 +14,6 @@ constexpr uint64_t kLoopReadBytes = 256u << 10;
 // Bytes one loop turn reads before it lets other events in.
 constexpr uint64_t kLoopReadBudget = 1u << 20;
 }  // namespace
-
-void Node::offerSameHost(wire::HelloAck* ack) const {
-  if (hostIdentity_.empty()) return;
-  ack->host = hostIdentity_;
-  ack->pid = static_cast<uint32_t>(::getpid());
-  ack->probeAddress = reinterpret_cast<uintptr_t>(memoryProbe_.data());
-  ack->probe.assign(memoryProbe_.begin(), memoryProbe_.end());
-}
-
-std::shared_ptr<same_host::PeerMemory> Node::acceptSameHost(int rank, const wire::HelloAck& c) const {
-  if (hostIdentity_.empty() || c.host != hostIdentity_ || c.pid == 0 || c.probe.size() != memoryProbe_.size()) {
-    return nullptr;
-  }
-  // Same kernel and namespaces; whether the kernel lets us read the peer
-  // (ptrace restrictions, seccomp) shows only by trying.
-  auto memory = same_host::PeerMemory::open(static_cast<int>(c.pid));
-  std::string seen(c.probe.size(), '\0');
-  Status s = memory ? memory->read(c.probeAddress, reinterpret_cast<uint8_t*>(seen.data()), seen.size())
-                    : Status(Code::kPeerFailed, "no pidfd for process " + std::to_string(c.pid));
-  if (!s.ok() || seen != c.probe) {
-    HLOG(kInfo, "%s runs on this host but its memory cannot be read (%s): pulls from it use TCP",
-         peerName(rank).c_str(), s.ok() ? "other bytes there" : s.message.c_str());
-    return nullptr;
-  }
-  return memory;
-}
 
 void Node::handleDataAt(Connection& conn, const wire::DataAt& msg) {
   auto it = pulls_.find(msg.request);
@@ -122,7 +94,7 @@ bool Node::onRangeRead(uint64_t request, uint64_t end, const Status& status) {
   if (pull.failure || !status.ok()) {
     const Status why = pull.failure ? *pull.failure
                                     : Status(Code::kPeerFailed, "pull of object " + printableId(pull.object->id()) +
-                                                                    " from " + peerName(pull.rank) + ": " +
+                                                                    " from " + peers_->peerName(pull.rank) + ": " +
                                                                     status.message);
     failPull(request, why);
     return false;
@@ -140,8 +112,7 @@ bool Node::onRangeRead(uint64_t request, uint64_t end, const Status& status) {
 }
 
 void Node::releaseHolder(uint64_t request, int rank) {
-  auto peer = peers_.find(rank);
-  if (peer != peers_.end() && peer->second.conn) send(rank, wire::Cancel{request});
+  if (peers_->hasConnection(rank)) send(rank, wire::Cancel{request});
 }
 
 }  // namespace hoplite

@@ -10,7 +10,7 @@ void Node::handleRegister(Connection& conn, const wire::Register& msg) {
 }
 
 void Node::handleLookup(Connection& conn, const wire::Lookup& msg) {
-  std::weak_ptr<Connection> weak = sharedConnection(conn);
+  std::weak_ptr<Connection> weak = peers_->sharedConnection(conn);
   uint64_t request = msg.request;
   // The asker's timeout, within bounds: a peer must not park requests forever.
   double timeout = std::min(static_cast<double>(msg.timeoutMs) / 1000.0, kMaxTimeoutSeconds);
@@ -37,7 +37,7 @@ void Node::handleDelete(Connection& conn, const wire::Delete& msg) {
   std::vector<int> holders;
   Status s = directory_->remove(msg.id, msg.retract, &holders);
   if (msg.retract && s.code == Code::kNotFound) s = Status();  // nothing to take back
-  auto c = sharedConnection(conn);
+  auto c = peers_->sharedConnection(conn);
   uint64_t request = msg.request;
   if (!s.ok() || holders.empty()) {
     conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{request, s}));

@@ -85,7 +85,7 @@ Status ReduceCoordinator::reduceOutcome(const std::string& resultId, double time
     auto it = history_.find(resultId);
     if (it == history_.end()) {
       return done(Status(Code::kNotFound, "no reduce into " + printableId(resultId) + " was coordinated on " +
-                                              node_.peerName(config_.rank) + " (or it ended too long ago)"));
+                                              node_.peers().peerName(config_.rank) + " (or it ended too long ago)"));
     }
     *result = it->second.second;
     done(it->second.first);
@@ -140,7 +140,7 @@ void ReduceCoordinator::armInputTimer(uint64_t key) {
       // Every position has an input, but not every task registered in time.
       std::string waiting;
       for (const auto& p : c.positions) {
-        if (!p.registered) waiting += (waiting.empty() ? "" : ", ") + node_.peerName(p.holder);
+        if (!p.registered) waiting += (waiting.empty() ? "" : ", ") + node_.peers().peerName(p.holder);
       }
       return endReduce(key, Status(Code::kTimeout, "reduce into " + printableId(c.request.resultId) + " timed out after " +
                                                         printableSeconds(c.request.timeoutSeconds) +
@@ -192,7 +192,7 @@ void ReduceCoordinator::onInput(uint64_t key, int index, const Status& status, c
   ReduceInput input{index, *reply};
   if (input.reply.sender < 0 && input.reply.hasInline) input.reply.sender = config_.rank;  // bytes in the directory: any node can compute it
   const int holder = input.reply.sender;
-  const bool dead = holder != config_.rank && (holder < 0 || node_.hasFailed(holder));
+  const bool dead = holder != config_.rank && (holder < 0 || node_.peers().hasFailed(holder));
   if (dead) {
     // No copy left, or the directory has not heard of its holder's death yet: ask again shortly.
     return relocateInput(key, index, holder, kRelocateDelay);
@@ -447,7 +447,7 @@ void ReduceCoordinator::endReduce(uint64_t key, const Status& outcome) {
   for (size_t p = 0; p < c->positions.size(); ++p) {
     const ReducePosition& pos = c->positions[p];
     node_.requests().forget(pos.endRequest);
-    if (!outcome.ok() && pos.state == State::kRunning) node_.send(pos.holder, wire::ReduceAbort{0, pos.output, false});
+    if (!outcome.ok() && pos.state == State::kRunning) node_.peers().send(pos.holder, wire::ReduceAbort{0, pos.output, false});
     // Partial results, consumed or not (tasks leave them to a live coordinator);
     // inputs located but not used stay where they are.
     if (static_cast<int>(p) != c->plan->tree.root && (pos.state != State::kVacant || pos.generation > 0)) {

@@ -21,7 +21,7 @@ void ReduceCoordinator::startRollCall(uint64_t key, const Status& why) {
   for (const auto& r : c.ready) ranks.insert(r.reply.sender);
   for (int r : ranks) {
     if (r == config_.rank) continue;
-    (node_.hasFailed(r) ? dead : waiting).insert(r);
+    (node_.peers().hasFailed(r) ? dead : waiting).insert(r);
   }
   // Who has not answered when the heartbeat timeout passes counts as dead.
   node_.probeRanks(waiting, config_.heartbeatTimeoutSeconds, [this, key, dead](std::set<int> silent) mutable {
@@ -40,7 +40,7 @@ void ReduceCoordinator::recover(uint64_t key, const std::set<int>& dead) {
   c.plan->recoveries++;
   counters_.recoveries++;
   std::string names;
-  for (int r : dead) names += (names.empty() ? "" : ", ") + node_.peerName(r);
+  for (int r : dead) names += (names.empty() ? "" : ", ") + node_.peers().peerName(r);
   HLOG(kInfo, "reduce into %s: %s failed; redoing what depended on it", printableId(c.request.resultId).c_str(),
        names.c_str());
 
@@ -76,7 +76,7 @@ void ReduceCoordinator::recover(uint64_t key, const std::set<int>& dead) {
     const bool holderDead = pos.state != State::kVacant && dead.count(pos.holder);
     if (pos.state == State::kRunning) {
       // Also to the "dead": one that only missed the roll call must stop too.
-      node_.send(pos.holder, wire::ReduceAbort{0, pos.output, /*retract=*/true});
+      node_.peers().send(pos.holder, wire::ReduceAbort{0, pos.output, /*retract=*/true});
       if (p == tree.root && !holderDead) oldRootEnd = pos.endRequest;  // it reports once it took the result back
     }
     if (p != tree.root && pos.state != State::kVacant) node_.deleteEverywhere(pos.output);

@@ -1,6 +1,6 @@
 // What the reduce's parts (coordinator.h, task_runner.h) need from the node
-// they run in: its peers (PeerLinks), its requests and messages, the
-// directory's shards, and local copies of objects. The node implements it.
+// they run in: its peers, its requests, the directory's shards, and local
+// copies of objects. The node implements it.
 // Loop thread only.
 #pragma once
 
@@ -19,14 +19,17 @@
 
 namespace hoplite {
 
-class ReduceServices : public PeerLinks {
+class ReduceServices {
  public:
   using StatusCallback = RequestTracker::StatusCallback;
   using LookupCallback = RequestTracker::LookupCallback;
   // A local copy of an object (complete or still arriving), and the rank it is pulled from (-1: none).
   using FetchCallback = std::function<void(const Status&, std::shared_ptr<LocalObject>, int sender)>;
 
+  virtual ~ReduceServices() = default;
+
   // Peers and the directory.
+  virtual PeerLinks& peers() = 0;
   virtual int shardOf(const std::string& id) const = 0;
   virtual int shardHost(int homeRank) const = 0;
   virtual bool shuttingDown() const = 0;
@@ -39,11 +42,6 @@ class ReduceServices : public PeerLinks {
 
   // Messages and requests.
   virtual uint64_t newRequest() = 0;
-  virtual void sendTo(int rank, wire::MsgType type, std::string payload) = 0;
-  template <typename M>
-  void send(int rank, const M& msg) {
-    sendTo(rank, M::kType, wire::encode(msg));
-  }
   virtual RequestTracker& requests() = 0;
   virtual void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request,
                              StatusCallback cb) = 0;

@@ -57,7 +57,7 @@ void ReduceTaskRunner::handleTask(Connection& conn, const wire::ReduceTask& msg)
   const uint64_t taskId = nextTask_++;
   auto t = std::make_shared<ReduceTaskState>();
   t->msg = msg;
-  t->coordinator = node_.sharedConnection(conn);
+  t->coordinator = node_.peers().sharedConnection(conn);
   t->started = node_.now();
   ReduceTaskState& task = *t;
   tasks_[taskId] = std::move(t);
@@ -247,7 +247,7 @@ void ReduceTaskRunner::finishTask(uint64_t taskId) {
   const std::string& out = task->msg.outputId;
   HLOG(kDebug, "reduce task for %s (%zu children) ran %.3f to %.3f s (steady clock)", printableId(out).c_str(),
        task->msg.childIds.size(), task->started, node_.now());
-  node_.send(node_.shardOf(out), wire::HolderUpdate{out, rank_, wire::HolderState::kComplete, -1});
+  node_.peers().send(node_.shardOf(out), wire::HolderUpdate{out, rank_, wire::HolderState::kComplete, -1});
   reportTaskEnd(*task, Status());
   // The children's outputs stay until the coordinator frees them with the
   // result complete: if this node dies first, only this position is redone.
@@ -262,7 +262,7 @@ void ReduceTaskRunner::dropPartialResultsOf(int rank) {
   const std::string prefix = kPartialResultPrefix + std::to_string(rank) + ".";
   for (const auto& obj : store_.snapshot()) {
     if (obj->id().rfind(prefix, 0) != 0) continue;
-    node_.dropLocalCopy(obj->id(), Status(Code::kPeerFailed, "its reduce's coordinator, " + node_.peerName(rank) + ", failed"));
+    node_.dropLocalCopy(obj->id(), Status(Code::kPeerFailed, "its reduce's coordinator, " + node_.peers().peerName(rank) + ", failed"));
   }
 }
 
@@ -273,7 +273,7 @@ void ReduceTaskRunner::failTask(uint64_t taskId, const Status& why) {
   tasks_.erase(it);
   for (auto& [obj, listener] : task->listeners) obj->removeListener(listener);
   const wire::ReduceTask& msg = task->msg;
-  Status status(why.code, "reduce into " + printableId(msg.reduceId) + " failed on " + node_.peerName(rank_) + ": " +
+  Status status(why.code, "reduce into " + printableId(msg.reduceId) + " failed on " + node_.peers().peerName(rank_) + ": " +
                               why.message);
   if (why.message.rfind("reduce into ", 0) == 0) status.message = why.message;  // already says so
   answerTask(*task, status);

@@ -1,0 +1,178 @@
+// The handshake (see wire::Hello): the dialing node says who it is, the
+// server answers with a challenge that proves it knows the cluster secret,
+// the client proves it too, and the server's hello ack ends it. Only then
+// does either side accept anything else. The ack also offers same-host reads
+// (net/same_host/), which the client takes up if it can read the server's memory.
+#include <unistd.h>
+
+#include "common/logging.h"
+#include "common/timeouts.h"
+#include "peers/peers.h"
+
+namespace hoplite {
+namespace {
+std::string bytesOf(const Digest& d) { return std::string(d.begin(), d.end()); }
+}  // namespace
+
+void Peers::sendHello(Peer& peer) {
+  peer.helloNonce = randomBytes(wire::kNonceSize);
+  peer.verified = false;
+  wire::Hello hello;
+  hello.rank = config_.rank;
+  hello.cluster = config_.clusterId;
+  hello.nonce = peer.helloNonce;
+  hello.host = config_.host;
+  hello.port = static_cast<uint32_t>(port());
+  hello.incarnation = config_.incarnation;
+  peer.conn->sendControl(wire::MsgType::kHello, wire::encode(hello));
+}
+
+Digest Peers::handshakeProof(const char* role, const std::string& clientNonce, const std::string& serverNonce,
+                             int clientRank, int serverRank) const {
+  return hmacSha256(config_.secret, std::string(role) + '\0' + config_.clusterId + '\0' + clientNonce + serverNonce +
+                                        std::to_string(clientRank) + ':' + std::to_string(serverRank));
+}
+
+void Peers::handleHello(Connection& conn, const wire::Hello& msg) {
+  if (msg.protocol != wire::kVersion) {
+    conn.close(Status(Code::kProtocol, "peer speaks protocol " + std::to_string(msg.protocol)));
+    return;
+  }
+  if (msg.cluster != config_.clusterId) {
+    HLOG(kWarn, "refused connection from %s: it belongs to another cluster", conn.describe().c_str());
+    conn.close(Status(Code::kProtocol, "cluster id mismatch"));
+    return;
+  }
+  if (msg.rank < 0 || msg.rank >= config_.worldSize) {
+    conn.close(Status(Code::kProtocol, "peer rank out of range"));
+    return;
+  }
+  Handshake hs{msg.rank, msg.nonce, randomBytes(wire::kNonceSize), msg.host, static_cast<int>(msg.port),
+               msg.incarnation};
+  wire::Challenge challenge{hs.serverNonce,
+                            bytesOf(handshakeProof("server", hs.clientNonce, hs.serverNonce, hs.rank, config_.rank))};
+  handshakes_[conn.id()] = std::move(hs);
+  conn.sendControl(wire::MsgType::kChallenge, wire::encode(challenge));
+}
+
+void Peers::handleChallenge(Connection& conn, const wire::Challenge& msg) {
+  auto it = peers_.find(conn.peerRank());
+  if (it == peers_.end() || it->second.conn.get() != &conn || it->second.verified || it->second.helloNonce.empty()) {
+    conn.close(Status(Code::kProtocol, "unexpected challenge"));
+    return;
+  }
+  Peer& peer = it->second;
+  if (!equalDigests(handshakeProof("server", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank()), msg.proof)) {
+    counters_.handshakesRefused++;
+    HLOG(kWarn, "%s does not know the cluster secret: refusing it", peerName(conn.peerRank()).c_str());
+    conn.close(Status(Code::kProtocol, "it failed authentication (a different HOPLITE_SECRET?)"));
+    return;
+  }
+  peer.verified = true;
+  conn.markTrusted();  // data frames from it are accepted from now on
+  wire::Auth auth{bytesOf(handshakeProof("client", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank()))};
+  peer.helloNonce.clear();
+  conn.sendControl(wire::MsgType::kAuth, wire::encode(auth));
+}
+
+void Peers::handleAuth(Connection& conn, const wire::Auth& msg) {
+  Handshake hs = std::move(handshakes_[conn.id()]);
+  handshakes_.erase(conn.id());
+  if (!equalDigests(handshakeProof("client", hs.clientNonce, hs.serverNonce, hs.rank, config_.rank), msg.proof)) {
+    counters_.handshakesRefused++;
+    HLOG(kWarn, "refused connection from %s claiming rank %d: it does not know the cluster secret (HOPLITE_SECRET)",
+         conn.describe().c_str(), hs.rank);
+    conn.close(Status(Code::kProtocol, "authentication failed"));
+    return;
+  }
+  conn.setPeerRank(hs.rank);
+  conn.markTrusted();
+  adoptPeer(hs.rank, hs, conn.id());
+  wire::HelloAck ack{config_.rank, {}};
+  events_.fillHelloAck(&ack);
+  offerSameHost(&ack);
+  conn.sendControl(wire::MsgType::kHelloAck, wire::encode(ack));
+}
+
+// A peer proved who it is: its address is where it listens now. A new process
+// (another incarnation, or a new address), or a peer we had given up on, is a
+// restarted process (a rank that rejoins): what we knew of the old one is
+// dropped, and we reach the new one from now on.
+void Peers::adoptPeer(int rank, const Handshake& hello, uint64_t connectionId) {
+  const std::string& host = hello.host;
+  const int port = hello.port;
+  Peer& peer = peers_[rank];
+  const bool moved = peer.port != 0 && (peer.host != host || peer.port != port);
+  const bool reborn = peer.incarnation != 0 && hello.incarnation != 0 && peer.incarnation != hello.incarnation;
+  peer.incoming = connectionId;
+  if (!moved && !reborn && !peer.lost) {
+    peer.host = host;
+    peer.port = port;
+    if (hello.incarnation != 0) peer.incarnation = hello.incarnation;
+    return;
+  }
+  // What was on its way to the old process fails (and is asked again where that retries).
+  if (peer.conn || !peer.queued.empty()) failPeer(rank, Status(Code::kPeerFailed, peerName(rank) + " restarted"));
+  HLOG(kInfo, "rank %d rejoined from %s:%d", rank, host.c_str(), port);
+  Peer fresh;
+  fresh.host = host;
+  fresh.port = port;
+  fresh.incoming = connectionId;
+  fresh.incarnation = hello.incarnation;
+  peers_[rank] = std::move(fresh);
+}
+
+void Peers::handleHelloAck(Connection& conn, const wire::HelloAck& ack) {
+  auto it = peers_.find(conn.peerRank());
+  if (it == peers_.end() || it->second.conn.get() != &conn || ack.rank != conn.peerRank() || !it->second.verified) {
+    conn.close(Status(Code::kProtocol, "unexpected hello ack"));
+    return;
+  }
+  Peer& peer = it->second;
+  peer.ready = true;
+  peer.lastHeard = steadySeconds();
+  peer.memory = acceptSameHost(conn.peerRank(), ack);  // before the queued pulls go out
+  events_.onPeerReady(conn.peerRank(), ack);
+  auto queued = std::move(peer.queued);
+  peer.queued.clear();
+  // A failed send closes the connection and fails the peer's requests.
+  auto c = peer.conn;
+  for (auto& write : queued) {
+    if (!c || !c->isOpen()) break;
+    write(*c);
+  }
+}
+
+void Peers::handleProbe(Connection& conn, const wire::Probe& msg) {
+  conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, Status()}));
+}
+
+// ---------------------------------------------------------------- same-host reads
+
+void Peers::offerSameHost(wire::HelloAck* ack) const {
+  if (hostIdentity_.empty()) return;
+  ack->host = hostIdentity_;
+  ack->pid = static_cast<uint32_t>(::getpid());
+  ack->probeAddress = reinterpret_cast<uintptr_t>(memoryProbe_.data());
+  ack->probe.assign(memoryProbe_.begin(), memoryProbe_.end());
+}
+
+std::shared_ptr<same_host::PeerMemory> Peers::acceptSameHost(int rank, const wire::HelloAck& c) const {
+  if (hostIdentity_.empty() || c.host != hostIdentity_ || c.pid == 0 || c.probe.size() != memoryProbe_.size()) {
+    return nullptr;
+  }
+  // Same kernel and namespaces; whether the kernel lets us read the peer
+  // (ptrace restrictions, seccomp) shows only by trying.
+  auto memory = same_host::PeerMemory::open(static_cast<int>(c.pid));
+  std::string seen(c.probe.size(), '\0');
+  Status s = memory ? memory->read(c.probeAddress, reinterpret_cast<uint8_t*>(seen.data()), seen.size())
+                    : Status(Code::kPeerFailed, "no pidfd for process " + std::to_string(c.pid));
+  if (!s.ok() || seen != c.probe) {
+    HLOG(kInfo, "%s runs on this host but its memory cannot be read (%s): pulls from it use TCP",
+         peerName(rank).c_str(), s.ok() ? "other bytes there" : s.message.c_str());
+    return nullptr;
+  }
+  return memory;
+}
+
+}  // namespace hoplite

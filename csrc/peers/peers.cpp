@@ -1,0 +1,339 @@
+// Connections to peers: dialing, failure, heartbeats, and what a frame must
+// pass before the router sees it. The handshake is in handshake.cpp.
+#include "peers/peers.h"
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+
+#include "common/logging.h"
+#include "common/timeouts.h"
+
+namespace hoplite {
+Peers::Peers(EventLoop& loop, std::unique_ptr<Transport> transport, MessageRouter& router, PeerEvents& events,
+             PeersConfig config)
+    : loop_(loop),
+      transport_(std::move(transport)),
+      router_(router),
+      events_(events),
+      config_(std::move(config)),
+      hostIdentity_(config_.sameHost ? same_host::hostIdentity() : "") {
+  const std::string probe = randomBytes(memoryProbe_.size());
+  std::copy(probe.begin(), probe.end(), memoryProbe_.begin());
+  router_.on<wire::Challenge>(Route::kOnDialed, [this](Connection& c, const wire::Challenge& m) { handleChallenge(c, m); });
+  router_.on<wire::HelloAck>(Route::kOnDialed, [this](Connection& c, const wire::HelloAck& m) { handleHelloAck(c, m); });
+  router_.on<wire::Probe>(Route::kOnEither, [this](Connection& c, const wire::Probe& m) { handleProbe(c, m); });
+}
+
+Peers::~Peers() = default;
+
+void Peers::start() {
+  self_ = std::make_shared<LocalConnection>(loop_, this, config_.rank);
+  listener_ = transport_->listen(config_.host, config_.port, this, [this](std::shared_ptr<Connection> conn) {
+    // A connection that does not complete the handshake in time is dropped, so
+    // silent strangers cannot pile up descriptors.
+    std::weak_ptr<Connection> weak = conn;
+    loop_.addTimer(config_.connectTimeoutSeconds, [weak] {
+      auto c = weak.lock();
+      if (c && c->isOpen() && c->peerRank() < 0) c->close(Status(Code::kProtocol, "no hello in time"));
+    });
+    incoming_[conn->id()] = std::move(conn);
+  });
+  loop_.post([this] { checkHeartbeats(); });
+}
+
+int Peers::port() const { return listener_ ? listener_->port() : 0; }
+
+void Peers::addPeer(int rank, const std::string& host, int port) {
+  loop_.post([this, rank, host, port] {
+    Peer& peer = peers_[rank];
+    if (peer.host == host && peer.port == port) return;
+    peer.host = host;
+    peer.port = port;
+    if (peer.conn) peer.conn->close(Status(Code::kPeerFailed, "peer address changed"));
+  });
+}
+
+void Peers::stopRetrying(int rank) {
+  auto peer = peers_.find(rank);
+  if (peer != peers_.end()) peer->second.connectDeadline = 0;
+}
+
+bool Peers::isReady(int rank) const {
+  auto peer = peers_.find(rank);
+  return peer != peers_.end() && peer->second.ready;
+}
+
+bool Peers::hasConnection(int rank) const {
+  auto peer = peers_.find(rank);
+  return peer != peers_.end() && peer->second.conn != nullptr;
+}
+
+std::shared_ptr<same_host::PeerMemory> Peers::memoryOf(int rank) const {
+  auto peer = peers_.find(rank);
+  return peer != peers_.end() ? peer->second.memory : nullptr;
+}
+
+bool Peers::hasFailed(int rank) { return peers_[rank].lost; }
+
+uint64_t Peers::latestIncoming(int rank) { return peers_[rank].incoming; }
+
+std::string Peers::peerName(int rank) const {
+  auto it = peers_.find(rank);
+  if (rank == config_.rank) return "rank " + std::to_string(rank) + " (self)";
+  if (it == peers_.end()) return "rank " + std::to_string(rank);
+  return "rank " + std::to_string(rank) + " at " + it->second.host + ":" + std::to_string(it->second.port);
+}
+
+// ---------------------------------------------------------------- connections
+
+void Peers::whenConnected(int rank, std::function<void(Connection&)> write) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
+  if (closing_) return;
+  if (rank == config_.rank) {
+    write(*self_);
+    return;
+  }
+  Peer& peer = peers_[rank];
+  if (peer.ready && peer.conn && peer.conn->isOpen()) {
+    write(*peer.conn);
+    return;
+  }
+  peer.queued.push_back(std::move(write));
+  if (!peer.conn) {
+    // Retry refused connects only while a peer may still be starting up (not
+    // one known to have failed: a restarted one is listening by the time we learn of it).
+    peer.connectDeadline = peer.lost || events_.departed(rank) ? 0 : steadySeconds() + config_.connectTimeoutSeconds;
+    peer.backoff = 0.05;
+    connectPeer(rank);
+  }
+}
+
+void Peers::connectPeer(int rank) {
+  Peer& peer = peers_[rank];
+  if (peer.port == 0) {
+    failPeer(rank, Status(Code::kPeerFailed, "no address known for rank " + std::to_string(rank)));
+    return;
+  }
+  peer.ready = false;
+  try {
+    peer.conn = transport_->connect(peer.host, peer.port, this);
+  } catch (const std::exception& e) {
+    failPeer(rank, Status(Code::kPeerFailed, e.what()));
+    return;
+  }
+  peer.conn->setPeerRank(rank);
+  sendHello(peer);
+  // A peer that accepts but never answers (stopped, or not a node) would
+  // otherwise hold what is queued for it forever.
+  std::weak_ptr<Connection> weak = peer.conn;
+  loop_.addTimer(config_.connectTimeoutSeconds, [this, rank, weak] {
+    auto conn = weak.lock();
+    auto it = peers_.find(rank);
+    if (!conn || !conn->isOpen() || it == peers_.end() || it->second.conn != conn || it->second.ready) return;
+    conn->close(Status(Code::kTimeout, "no handshake with " + peerName(rank) + " within " +
+                                           printableSeconds(config_.connectTimeoutSeconds)));
+  });
+}
+
+void Peers::failPeer(int rank, const Status& why, bool gone) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
+  if (rank < 0 || rank >= config_.worldSize) return;
+  Peer& peer = peers_[rank];
+  peer.lost = true;
+  peer.conn.reset();
+  peer.ready = false;
+  peer.queued.clear();
+  events_.onPeerFailed(rank, Status(Code::kPeerFailed, peerName(rank) + " failed: " + why.message), gone);
+}
+
+std::shared_ptr<Connection> Peers::sharedConnection(Connection& conn) {
+  if (&conn == self_.get()) return self_;
+  auto it = incoming_.find(conn.id());
+  if (it != incoming_.end()) return it->second;
+  for (auto& [rank, peer] : peers_) {
+    if (peer.conn.get() == &conn) return peer.conn;
+  }
+  return nullptr;
+}
+
+void Peers::onClosed(Connection& conn, const Status& why) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
+  if (closing_) noteEnded();
+  handshakes_.erase(conn.id());
+  if (!incoming_.erase(conn.id())) return onDialedClosed(conn, why);
+  // A sender that went away sends nothing more (a peer never redials after
+  // its connection failed): who waits for it, now or later, fails.
+  // Only the connection it opened last speaks for it: an older one closing
+  // late (its previous process's) says nothing about a rank that rejoined.
+  const int from = conn.peerRank();
+  const bool left = from >= 0 && !closing_ && peers_[from].incoming == conn.id();
+  if (left) peers_[from].lost = true;
+  events_.onAcceptedClosed(conn, from, left, why);
+}
+
+void Peers::onDialedClosed(Connection& conn, const Status& why) {
+  int rank = conn.peerRank();
+  auto it = peers_.find(rank);
+  if (it == peers_.end() || it->second.conn.get() != &conn) return;  // a replaced connection
+  Peer& peer = it->second;
+  // Retry only connects that never completed: the peer may not be listening
+  // yet (fresh namespaces take a moment). One that accepted and then closed
+  // (e.g. died before its hello ack) has failed.
+  bool neverConnected = !peer.ready && !conn.wasEstablished();
+  if (!closing_ && neverConnected && steadySeconds() < peer.connectDeadline) {
+    HLOG(kDebug, "connect to %s failed (%s); retrying", peerName(rank).c_str(), why.message.c_str());
+    peer.conn.reset();
+    double delay = peer.backoff;
+    peer.backoff = std::min(peer.backoff * 2, 1.0);
+    loop_.addTimer(delay, [this, rank] {
+      if (!closing_ && !peers_[rank].conn) connectPeer(rank);
+    });
+    return;
+  }
+  // One that accepted and then closed during the handshake is alive but
+  // refused us (most likely another secret): its directory shard stays.
+  failPeer(rank, why, /*gone=*/peer.ready || !conn.wasEstablished());
+}
+
+// ---------------------------------------------------------------- heartbeats
+
+void Peers::heardFrom(Connection& conn) {
+  auto it = peers_.find(conn.peerRank());
+  if (it != peers_.end() && it->second.conn.get() == &conn) it->second.lastHeard = steadySeconds();
+}
+
+void Peers::checkHeartbeats() {
+  if (closing_) return;
+  const double t = steadySeconds();
+  // After this process itself stalled (stopped, starved), answers may be
+  // waiting unread: start counting again instead of failing everyone.
+  const bool late = lastHeartbeatCheck_ > 0 && t - lastHeartbeatCheck_ > 2 * config_.heartbeatIntervalSeconds + 1;
+  lastHeartbeatCheck_ = t;
+  if (late) {
+    for (auto& [rank, peer] : peers_) peer.lastHeard = t;
+  }
+  std::vector<int> silent, quiet;
+  for (const auto& [rank, peer] : peers_) {
+    if (!peer.ready || !peer.conn || !peer.conn->isOpen()) continue;
+    if (t - peer.lastHeard > config_.heartbeatTimeoutSeconds) {
+      silent.push_back(rank);
+    } else if (t - peer.lastHeard >= config_.heartbeatIntervalSeconds) {
+      quiet.push_back(rank);
+    }
+  }
+  // Acting may send to other peers (and so add entries): not while iterating.
+  for (int rank : silent) {
+    auto it = peers_.find(rank);
+    if (it == peers_.end() || !it->second.conn) continue;
+    auto conn = it->second.conn;
+    conn->close(Status(Code::kPeerFailed, "it answered nothing for " + printableSeconds(config_.heartbeatTimeoutSeconds) +
+                                              " (HOPLITE_HEARTBEAT_TIMEOUT)"));  // fails everything waiting on it
+  }
+  for (int rank : quiet) events_.ping(rank);
+  loop_.addTimer(config_.heartbeatIntervalSeconds, [this] { checkHeartbeats(); });
+}
+
+// ---------------------------------------------------------------- frames
+
+void Peers::onFrame(Connection& conn, wire::MsgType type, const uint8_t* payload, size_t size) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
+  heardFrom(conn);
+  wire::Reader reader(payload, size);
+  try {
+    dispatch(conn, type, reader);
+  } catch (const wire::DecodeError& e) {
+    HLOG(kWarn, "malformed message from %s: %s", conn.describe().c_str(), e.what());
+    conn.close(Status(Code::kProtocol, std::string("malformed message: ") + e.what()));
+  }
+}
+
+bool Peers::authenticated(Connection& conn) const {
+  if (&conn == self_.get()) return true;
+  if (incoming_.count(conn.id())) return conn.peerRank() >= 0;  // set once the client's proof checked out
+  auto it = peers_.find(conn.peerRank());
+  return it != peers_.end() && it->second.conn.get() == &conn && it->second.ready;
+}
+
+void Peers::dispatch(Connection& conn, wire::MsgType type, wire::Reader& reader) {
+  bool isIncoming = incoming_.count(conn.id()) > 0;
+  if (isIncoming && conn.peerRank() < 0) {
+    // Nothing but the handshake, in order, before it completes.
+    const bool challenged = handshakes_.count(conn.id()) > 0;
+    if (type == wire::MsgType::kHello && !challenged) {
+      handleHello(conn, wire::Hello::decode(reader));
+    } else if (type == wire::MsgType::kAuth && challenged) {
+      handleAuth(conn, wire::Auth::decode(reader));
+    } else {
+      conn.close(Status(Code::kProtocol, "message out of handshake order"));
+    }
+    return;
+  }
+  if (!isIncoming && !authenticated(conn) && type != wire::MsgType::kChallenge && type != wire::MsgType::kHelloAck) {
+    // A server that has not proved it knows the secret gets no say.
+    conn.close(Status(Code::kProtocol, "message before the server authenticated"));
+    return;
+  }
+  if (!router_.route(conn, isIncoming, type, reader)) {
+    conn.close(Status(Code::kProtocol, "unexpected message type " + std::to_string(static_cast<int>(type)) +
+                                           (isIncoming ? " on a connection the peer dialed" : " on a dialed connection")));
+  }
+}
+
+uint8_t* Peers::dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
+                                std::shared_ptr<const void>* keepalive) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
+  heardFrom(conn);
+  if (!authenticated(conn)) {
+    conn.close(Status(Code::kProtocol, "data before the handshake completed"));
+    return nullptr;
+  }
+  return events_.dataDestination(conn, request, offset, size, keepalive);
+}
+
+void Peers::onDataReceived(Connection& conn, uint64_t request, uint64_t end) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
+  events_.onDataReceived(conn, request, end);
+}
+
+// ---------------------------------------------------------------- shutdown
+
+void Peers::closeAll(const Status& why) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
+  closing_ = true;
+  listener_->close();
+  // What this node sent before it shut down still reaches its peers (e.g.
+  // the last pieces of a collective that completed here): see closeGracefully.
+  for (auto& [rank, peer] : peers_) {
+    if (peer.conn) ending_.push_back(peer.conn);
+    peer.queued.clear();  // also of peers waiting to redial: their sends fail now
+  }
+  for (auto& [id, conn] : incoming_) ending_.push_back(conn);
+  for (auto& conn : std::vector(ending_)) conn->closeGracefully(why);
+  noteEnded();
+  self_->close(why);
+}
+
+void Peers::noteEnded() {
+  if (allEndedKept_) return;
+  for (const auto& conn : ending_) {
+    if (conn->isOpen()) return;
+  }
+  allEndedKept_ = true;
+  allEnded_.set_value();
+}
+
+void Peers::awaitEnded(double lingerSeconds) {
+  // Bounded: a hung peer that never ends its side does not hold shutdown.
+  if (allEnded_.get_future().wait_for(std::chrono::duration<double>(lingerSeconds)) != std::future_status::ready) {
+    std::promise<void> forced;
+    const bool posted = loop_.post([this, &forced] {
+      for (auto& conn : ending_) conn->close(Status(Code::kShutdown, "node shut down before its peer ended the connection"));
+      forced.set_value();
+    });
+    if (posted) forced.get_future().wait();
+  }
+  ending_.clear();
+}
+
+}  // namespace hoplite
