@@ -59,13 +59,19 @@ Node::Node(NodeConfig config)
                   incarnation_, config_.sameHost});
   pool_ = std::make_shared<BufferPool>(config_.poolCacheBytes);
   store_ = std::make_unique<ObjectStore>(pool_, config_.capacityBytes, [this](const std::string& id) {
-    counters_.evictions++;
+    evictions_++;
     loop_.post([this, id] {
       send(shardOf(id), wire::HolderUpdate{id, config_.rank, wire::HolderState::kRemoved, -1});
     });
   });
+  workers_ = std::make_unique<WorkerPool>("hoplite-copy", config_.copyThreads);
+  putCopies_ = std::make_unique<WorkerPool>("hoplite-putcopy", 1, kPutCopyNice);
   server_ = std::make_unique<TransferServer>(
       loop_, *peers_, *store_, TransferServerConfig{config_.rank, peers_->sameHostEnabled(), config_.chunkBytes});
+  client_ = std::make_unique<TransferClient>(
+      loop_, *peers_, static_cast<DirectoryAccess&>(*this), *store_, *pool_, *workers_, *server_,
+      TransferClientConfig{config_.rank, config_.worldSize, config_.chunkBytes, config_.connectTimeoutSeconds},
+      [this](Completion c) { pushCompletion(std::move(c)); });
   subscriptions_ = std::make_unique<LocationSubscriptions>(
       loop_, config_.rank, [this](const std::string& id) { return shardOf(id); },
       [this](int rank, const wire::Subscribe& msg) { send(rank, msg); });
@@ -73,8 +79,6 @@ Node::Node(NodeConfig config)
       loop_, *peers_,
       MailboxConfig{config_.rank, config_.worldSize, config_.mailboxBytes, config_.capacityBytes, config_.chunkBytes});
   directory_ = std::make_unique<DirectoryShard>(loop_, [this](int rank, const wire::Locations& msg) { send(rank, msg); });
-  workers_ = std::make_unique<WorkerPool>("hoplite-copy", config_.copyThreads);
-  putCopies_ = std::make_unique<WorkerPool>("hoplite-putcopy", 1, kPutCopyNice);
   ReduceServices& services = *this;
   linkEstimator_ = std::make_unique<LinkEstimator>(loop_, services, config_.rank, config_.worldSize);
   coordinator_ = std::make_unique<ReduceCoordinator>(
@@ -147,11 +151,7 @@ void Node::onPeerFailed(int rank, const Status& failure, bool gone) {
   // This node will not talk to it again: its copies leave this shard's lists.
   directory_->forgetHolder(rank);
   requests_.failRank(rank, failure);
-  std::vector<uint64_t> pulls;
-  for (const auto& [request, pull] : pulls_) {
-    if (pull.rank == rank) pulls.push_back(request);
-  }
-  for (uint64_t request : pulls) failPull(request, failure);
+  client_->failPullsFrom(rank, failure);
   mailbox_->failFrom(rank, 0, failure);
 }
 
@@ -175,6 +175,17 @@ void Node::onPeerReady(int, const wire::HelloAck& ack) {
   for (int32_t rank : ack.deadShards) {
     if (rank >= 0 && rank < config_.worldSize) moveShardFrom(rank);
   }
+}
+
+uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
+                               std::shared_ptr<const void>* keepalive) {
+  if (Mailbox::carriesMessage(request)) return mailbox_->dataDestination(conn, request, offset, size, keepalive);
+  return client_->dataDestination(conn, request, offset, size, keepalive);
+}
+
+void Node::onDataReceived(Connection& conn, uint64_t request, uint64_t end) {
+  if (Mailbox::carriesMessage(request)) return mailbox_->onDataReceived(conn, request, end);
+  client_->onDataReceived(conn, request, end);
 }
 
 void Node::ping(int rank) {
@@ -205,8 +216,8 @@ void Node::registerHandlers() {
   handle(Route::kOnEither, &Node::onLookupReply);
   // Transfers: served, and pulled.
   handle(Route::kOnEither, &Node::handleDropCopy);
-  handle(Route::kOnEither, &Node::handleDataAt);
   server_->registerHandlers(router_);
+  client_->registerHandlers(router_);
   reduceTasks_->registerHandlers(router_);
   mailbox_->registerHandlers(router_);
 }
@@ -232,10 +243,7 @@ void Node::handleHolderUpdate(Connection& conn, const wire::HolderUpdate& msg) {
 }
 
 void Node::onStatusReply(Connection&, const wire::StatusReply& msg) {
-  if (pulls_.count(msg.request)) {
-    failPull(msg.request, msg.status);
-    return;
-  }
+  if (client_->onStatusReply(msg)) return;  // a holder refused or ended a pull
   requests_.answer(msg.request, msg.status);  // (false: answered already, or its asker gave up)
 }
 
@@ -281,12 +289,12 @@ std::map<std::string, uint64_t> Node::stats() {
   const Mailbox::Counters& messages = mailbox_->counters();
   return {
       {"bytes_sent", server_->counters().bytesSent.load() + messages.bytesSent.load()},
-      {"bytes_received", counters_.bytesReceived.load() + messages.bytesReceived.load()},
+      {"bytes_received", client_->counters().bytesReceived.load() + messages.bytesReceived.load()},
       {"bytes_sent_same_host", server_->counters().bytesSentSameHost.load()},
-      {"bytes_received_same_host", counters_.bytesReceivedSameHost.load()},
+      {"bytes_received_same_host", client_->counters().bytesReceivedSameHost.load()},
       {"pulls_lent", server_->counters().lent.load()},
       {"pulls_served", server_->counters().pullsServed.load()},
-      {"pulls_completed", counters_.pullsCompleted.load()},
+      {"pulls_completed", client_->counters().pullsCompleted.load()},
       {"relays_served", server_->counters().relaysServed.load()},
       {"reduces_coordinated", coordinator_->counters().coordinated.load()},
       {"reduce_tasks", reduceTasks_->counters().tasks.load()},
@@ -294,7 +302,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"reduce_bytes", reduceTasks_->counters().bytes.load()},
       {"reduce_bytes_on_device", reduceTasks_->counters().bytesOnDevice.load()},
       {"link_probes", linkEstimator_->probesSent()},
-      {"pull_resumes", counters_.pullResumes.load()},
+      {"pull_resumes", client_->counters().pullResumes.load()},
       {"messages_sent", messages.sent.load()},
       {"messages_received", messages.received.load()},
       {"messages_unexpected", messages.unexpected.load()},
@@ -302,11 +310,11 @@ std::map<std::string, uint64_t> Node::stats() {
       {"messages_withdrawn", messages.withdrawn.load()},
       {"mailbox_bytes", messages.waitingBytes.load()},
       {"handshakes_refused", peers_->counters().handshakesRefused.load()},
-      {"inline_gets", counters_.inlineGets.load()},
-      {"local_gets", counters_.localGets.load()},
-      {"remote_gets", counters_.remoteGets.load()},
-      {"copies_handed_over", counters_.copiesHandedOver.load()},
-      {"evictions", counters_.evictions.load()},
+      {"inline_gets", client_->counters().inlineGets.load()},
+      {"local_gets", client_->counters().localGets.load()},
+      {"remote_gets", client_->counters().remoteGets.load()},
+      {"copies_handed_over", client_->counters().copiesHandedOver.load()},
+      {"evictions", evictions_.load()},
       {"subscriptions", subscriptions_->count()},
       {"store_used_bytes", store_->usedBytes()},
       {"store_capacity_bytes", store_->capacityBytes()},
@@ -330,9 +338,7 @@ void Node::shutdown() {
     } setOnExit{done};
     shuttingDown_ = true;
     Status why(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " shut down");
-    std::vector<uint64_t> gets;
-    for (const auto& entry : gets_) gets.push_back(entry.first);
-    for (uint64_t token : gets) finishGet(token, why);
+    client_->shutDown(why);
     peers_->closeAll(why);
     requests_.failRank(-1, why);
     coordinator_->shutDown(why);

@@ -35,11 +35,12 @@
 #include "reduce/reduce_services.h"
 #include "reduce/reduce_types.h"
 #include "reduce/task_runner.h"
-#include "node/request_tracker.h"
+#include "net/request_tracker.h"
 #include "peers/peers.h"
 #include "store/buffer_pool.h"
 #include "store/device_memory.h"
 #include "store/object_store.h"
+#include "transfer/client.h"
 #include "transfer/server.h"
 #include "wire/messages.h"
 
@@ -72,25 +73,6 @@ struct NodeConfig {
   // Pull objects from peers on this host by reading their memory
   // (net/same_host/) where the kernel allows it; false: always over TCP.
   bool sameHost = true;
-};
-
-// Delivered to the caller through waitCompletions().
-// Where a get's copy goes instead of a buffer from the pool: the caller's own
-// memory (get(out=...)), which must match the object's dtype and byte size, or
-// a device (which checks the object itself).
-struct GetTarget {
-  std::shared_ptr<Buffer> buffer;
-  std::string dtype;
-  std::shared_ptr<DeviceTarget> device;
-};
-
-struct Completion {
-  enum class Kind : uint8_t { kGet = 0, kPutCopied = 1 };
-  uint64_t token = 0;
-  Kind kind = Kind::kGet;
-  Status status;
-  std::shared_ptr<Buffer> buffer;  // a get's bytes
-  ObjectMeta meta;
 };
 
 // Composes the parts (peers, mailbox, transfer server, subscriptions,
@@ -190,110 +172,26 @@ class Node : private PeerEvents, private ReduceServices {
   void onLookupReply(Connection& conn, const wire::LookupReply& msg);
   double now() const override { return steadySeconds(); }
 
-  // --- requests this node makes (node_client.cpp) ---
+  // --- requests this node makes, and puts (node_client.cpp) ---
   using StatusCallback = RequestTracker::StatusCallback;
   using LookupCallback = RequestTracker::LookupCallback;
-  struct SameHostRange {
-    uint64_t offset, length, address;
-  };
-  struct PullState {
-    int rank;
-    std::shared_ptr<LocalObject> object;
-    uint64_t expected = 0;  // next offset the holder will send
-    int resumes = 0;        // senders lost so far
-    // Same-host pulls: read from the holder's memory, one range at a time,
-    // in the order the holder announced them, on the loop or a copy thread.
-    std::shared_ptr<same_host::PeerMemory> holderMemory;
-    std::deque<SameHostRange> toRead;
-    bool reading = false;  // on a copy thread: the pull ends only once it returns
-    std::optional<Status> failure;  // it failed meanwhile: acted on then (a resume must not race the read)
-    bool dropped = false;           // its copy was dropped meanwhile: it just ends then
-  };
-  struct GetOp {
-    std::string id;
-    bool copy = true;
-    double timeoutSeconds = 0;
-    EventLoop::TimerId timer = 0;
-    ObjectMeta meta;                      // once known
-    std::shared_ptr<LocalObject> object;  // once a local copy exists
-    uint64_t listener = 0;
-    std::string stage;                    // for timeout messages; empty: waiting at the directory
-    // copy=true: the caller's own buffer, filled behind the object's watermark.
-    std::shared_ptr<Buffer> result;
-    GetTarget target;  // where `result` must be, when the caller chose it
-    // How the get ended while a worker still wrote into the caller's target:
-    // delivered once that copy is over, so no write follows the completion.
-    std::optional<Status> ending;
-    uint64_t copied = 0;
-    bool copyInFlight = false;
-    // copy=true, the copy pulled for this get by reading a holder on this
-    // host: nothing is copied yet, in the hope of taking the copy's buffer
-    // when the pull ends (handOver); given up once another reader uses it.
-    bool takeOver = false;
-    int lookups = 0;  // a holder may have evicted its copy since the lookup: ask again
-    int source = -1;  // the sender the caller prefers, until the first lookup asks for it
-    int retries = 0;  // times the object was being recomputed (kRetry) and looked up again
-  };
   uint64_t newRequest() override { return nextRequest_++; }
   void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb) override;
   // A request to the id's directory shard, sent again to its successor if
   // that shard fails before answering.
   void requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request,
                     StatusCallback cb) override;
-  // Sends a Lookup to the id's shard; `cb` runs once. Returns the request id.
   uint64_t requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
                          LookupCallback cb, int preferred = -1) override;
   void sendLookup(const wire::Lookup& msg, LookupCallback cb);
-  void startGet(uint64_t token);
-  // Obtains a local copy of an object: this node's own (complete or still
-  // arriving), a copy pulled from the sender the directory assigns (`sender`,
-  // else -1), or a standalone one for an inline object. Runs `done` once.
-  // `preferred`: the sender to ask the directory for (see DirectoryShard::lookup).
-  void fetch(const std::string& id, double timeoutSeconds, FetchCallback done, int preferred = -1) override;
-  void onFetchLookup(const std::string& id, const Status& status, const wire::LookupReply* reply,
-                     const FetchCallback& done);
-  // `sender`: the holder the fetch started a pull from for this get (-1: none).
-  void waitForLocal(uint64_t token, std::shared_ptr<LocalObject> object, int sender);
-  void progressGet(uint64_t token);
-  // Whether nothing but the store and its own get uses a copy: no other
-  // listener (gets, streams, reduce tasks) and no other owner of its memory
-  // (lent to a reader, a send in flight, a zero-copy get's tensor).
-  static bool onlyItsGetUses(const LocalObject& object);
-  // The get gives up taking its copy's buffer and copies it like any other.
-  void stopTakeOver(uint64_t token);
-  // A buffer of the pool for the get's own copy; false (the get failed) if none.
-  bool allocateResult(uint64_t token);
-  // Something else starts using a local copy: no get may take it.
-  void keepCopy(LocalObject& object);
-  // A same-host pull for a get ended: the get takes the copy's buffer as its
-  // result and the copy leaves the store and the directory (the holder read
-  // is as close to every reader on this host, and one copy less is made).
-  // False (nothing done) when something else uses the copy.
-  bool handOver(uint64_t token, const std::shared_ptr<LocalObject>& object, int sender);
-  void finishGet(uint64_t token, const Status& status, std::shared_ptr<Buffer> result = nullptr);
-  void startPull(int holder, const std::shared_ptr<LocalObject>& object, int resumes = 0);
-  void resumePull(std::shared_ptr<LocalObject> object, int deadRank, int resumes, Status why);
-  void dropFailedCopy(const std::shared_ptr<LocalObject>& object, int rank, const Status& why);
-  void finishPull(uint64_t request);
-  void failPull(uint64_t request, const Status& why);
-  // --- same-host pulls (node_same_host.cpp) ---
-  void handleDataAt(Connection& conn, const wire::DataAt& msg);
-  void readNextRange(uint64_t request);
-  // The next read: up to `most` bytes, merging ranges announced back to back
-  // (few hand-offs, while the watermark moves often enough for relays and copies).
-  static SameHostRange takeRead(std::deque<SameHostRange>& queue, uint64_t most);
-  // Applies a finished read; true when the pull goes on.
-  bool onRangeRead(uint64_t request, uint64_t end, const Status& status);
-  // A pull that ended (no read of it in flight) tells its holder to stop, and
-  // a same-host one that the memory it lent may be reused.
-  void releaseHolder(uint64_t request, int rank);
+  void fetch(const std::string& id, double timeoutSeconds, FetchCallback done, int preferred = -1) override {
+    client_->fetch(id, timeoutSeconds, std::move(done), preferred);
+  }
   // Copies a put's bytes into its store copy, in chunks, from `src` or `device`.
   void copyIn(std::shared_ptr<LocalObject> object, const uint8_t* src, std::shared_ptr<DeviceSource> device,
               uint64_t token);
   // Copies bytes [from, from + n) of a put's source into its store copy.
   Status fillFrom(LocalObject& object, const uint8_t* src, DeviceSource* device, uint64_t from, uint64_t n);
-  // Copies bytes [from, from + n) of a local copy to a get's device target (copy threads).
-  Status writeToDevice(DeviceTarget& device, const LocalObject& object, uint64_t from, uint64_t n);
   uint64_t chunkFor(uint64_t size) const override;
   void pushCompletion(Completion c);
 
@@ -332,6 +230,7 @@ class Node : private PeerEvents, private ReduceServices {
   // The parts, declared after what they refer to (destroyed before it).
   std::unique_ptr<Mailbox> mailbox_;
   std::unique_ptr<TransferServer> server_;  // pulls from this node's copies
+  std::unique_ptr<TransferClient> client_;  // gets, and the pulls that feed them
   std::unique_ptr<LocationSubscriptions> subscriptions_;
   // The streaming reduce (reduce/): the reduces this node coordinates, the
   // tree positions it computes, and the link estimate that sizes the trees.
@@ -343,8 +242,6 @@ class Node : private PeerEvents, private ReduceServices {
   std::set<int> deadShards_;  // ranks whose share of the directory moved on
   uint64_t nextRequest_ = 1;
   RequestTracker requests_;  // answers awaited
-  std::unordered_map<uint64_t, PullState> pulls_;
-  std::unordered_map<uint64_t, GetOp> gets_;
   bool shuttingDown_ = false;
 
   std::mutex completionMutex_;
@@ -355,13 +252,7 @@ class Node : private PeerEvents, private ReduceServices {
   std::atomic<bool> stopped_{false};
   bool stopped() const override { return stopped_.load(); }
 
-  struct Counters {
-    std::atomic<uint64_t> bytesReceived{0}, pullsCompleted{0};
-    std::atomic<uint64_t> bytesReceivedSameHost{0};  // of bytesReceived, read from a peer's memory
-    std::atomic<uint64_t> inlineGets{0}, localGets{0}, remoteGets{0}, evictions{0};
-    std::atomic<uint64_t> copiesHandedOver{0};  // remote gets that took their pulled copy (handOver)
-    std::atomic<uint64_t> pullResumes{0};  // transfers continued from another holder after a failure
-  } counters_;
+  std::atomic<uint64_t> evictions_{0};
 };
 
 }  // namespace hoplite

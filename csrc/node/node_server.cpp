@@ -78,21 +78,7 @@ void Node::dropLocalCopy(const std::string& id, const Status& why) {
   auto obj = store_->remove(id);
   if (!obj) return;
   obj->abandoned = true;  // stops a put still copying in
-  std::vector<uint64_t> pulls;
-  for (const auto& [request, pull] : pulls_) {
-    if (pull.object == obj) pulls.push_back(request);
-  }
-  for (uint64_t request : pulls) {
-    auto it = pulls_.find(request);
-    if (it == pulls_.end()) continue;
-    if (it->second.reading) {  // it ends when the read returns
-      it->second.dropped = true;
-      continue;
-    }
-    const int rank = it->second.rank;
-    pulls_.erase(it);
-    releaseHolder(request, rank);
-  }
+  client_->endPullsOf(obj);
   obj->fail(why);  // wakes gets waiting on it and streams serving from it
 }
 

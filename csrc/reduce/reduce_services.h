@@ -1,6 +1,6 @@
 // What the reduce's parts (coordinator.h, task_runner.h) need from the node
-// they run in: its peers, its requests, the directory's shards, and local
-// copies of objects. The node implements it.
+// they run in: its peers, its requests, the directory (DirectoryAccess and
+// its shards' placement), and local copies of objects. The node implements it.
 // Loop thread only.
 #pragma once
 
@@ -11,26 +11,23 @@
 #include <string>
 
 #include "common/status.h"
+#include "directory/directory_access.h"
 #include "net/peer_links.h"
 #include "net/transport.h"
-#include "node/request_tracker.h"
+#include "net/request_tracker.h"
 #include "store/local_object.h"
 #include "wire/messages.h"
 
 namespace hoplite {
 
-class ReduceServices {
+class ReduceServices : public DirectoryAccess {
  public:
   using StatusCallback = RequestTracker::StatusCallback;
-  using LookupCallback = RequestTracker::LookupCallback;
   // A local copy of an object (complete or still arriving), and the rank it is pulled from (-1: none).
   using FetchCallback = std::function<void(const Status&, std::shared_ptr<LocalObject>, int sender)>;
 
-  virtual ~ReduceServices() = default;
-
-  // Peers and the directory.
+  // Peers and the directory (also DirectoryAccess's shardOf, newRequest, requestLookup).
   virtual PeerLinks& peers() = 0;
-  virtual int shardOf(const std::string& id) const = 0;
   virtual int shardHost(int homeRank) const = 0;
   virtual bool shuttingDown() const = 0;
   virtual bool stopped() const = 0;  // shutdown() was called (any thread)
@@ -40,16 +37,13 @@ class ReduceServices {
   virtual void probeRanks(const std::set<int>& ranks, double timeoutSeconds,
                           std::function<void(std::set<int> silent)> done) = 0;
 
-  // Messages and requests.
-  virtual uint64_t newRequest() = 0;
+  // Requests.
   virtual RequestTracker& requests() = 0;
   virtual void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request,
                              StatusCallback cb) = 0;
   // To the id's directory shard, sent again to its successor if it fails first.
   virtual void requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request,
                             StatusCallback cb) = 0;
-  virtual uint64_t requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
-                                 LookupCallback cb, int preferred = -1) = 0;
 
   // Objects.
   virtual void fetch(const std::string& id, double timeoutSeconds, FetchCallback done, int preferred = -1) = 0;

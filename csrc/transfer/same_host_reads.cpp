@@ -4,8 +4,10 @@
 // holder keeps that memory until the receiver cancels the pull, which it does
 // only once no read of it is in flight, so a read never sees memory the holder
 // reused, whatever happened to the object meanwhile.
+#include <utility>
+
 #include "common/logging.h"
-#include "node/node.h"
+#include "transfer/client.h"
 
 namespace hoplite {
 namespace {
@@ -15,14 +17,14 @@ constexpr uint64_t kLoopReadBytes = 256u << 10;
 constexpr uint64_t kLoopReadBudget = 1u << 20;
 }  // namespace
 
-void Node::handleDataAt(Connection& conn, const wire::DataAt& msg) {
+void TransferClient::handleDataAt(Connection& conn, const wire::DataAt& msg) {
   auto it = pulls_.find(msg.request);
   if (it == pulls_.end()) {
     // Ended meanwhile (or served late from a parked pull): the memory is not wanted.
     conn.sendControl(wire::MsgType::kCancel, wire::encode(wire::Cancel{msg.request}));
     return;
   }
-  PullState& pull = it->second;
+  PullOp& pull = it->second;
   if (conn.peerRank() != pull.rank || !pull.holderMemory || msg.offset != pull.expected ||
       msg.length > pull.object->size() - msg.offset) {
     HLOG(kWarn, "out-of-order data for %s from %s", printableId(pull.object->id()).c_str(), conn.describe().c_str());
@@ -34,7 +36,7 @@ void Node::handleDataAt(Connection& conn, const wire::DataAt& msg) {
   readNextRange(msg.request);
 }
 
-Node::SameHostRange Node::takeRead(std::deque<SameHostRange>& queue, uint64_t most) {
+TransferClient::SameHostRange TransferClient::takeRead(std::deque<SameHostRange>& queue, uint64_t most) {
   SameHostRange range = queue.front();
   queue.pop_front();
   while (!queue.empty() && range.length < most && queue.front().address == range.address + range.length) {
@@ -48,18 +50,18 @@ Node::SameHostRange Node::takeRead(std::deque<SameHostRange>& queue, uint64_t mo
   return range;
 }
 
-void Node::readNextRange(uint64_t request) {
+void TransferClient::readNextRange(uint64_t request) {
   uint64_t budget = kLoopReadBudget;
   for (;;) {
     auto it = pulls_.find(request);
     if (it == pulls_.end()) return;
-    PullState& pull = it->second;
-    if (pull.reading || pull.failure || pull.toRead.empty()) return;
+    PullOp& pull = it->second;
+    if (pull.state != PullState::kActive || pull.toRead.empty()) return;
     const SameHostRange range = takeRead(pull.toRead, chunkFor(pull.object->size()));
     const uint64_t end = range.offset + range.length;
     if (range.length > kLoopReadBytes) {
-      pull.reading = true;
-      workers_->submit([this, request, end, range, memory = pull.holderMemory, obj = pull.object] {
+      pull.state = PullState::kReading;
+      copies_.submit([this, request, end, range, memory = pull.holderMemory, obj = pull.object] {
         Status s = memory->read(range.address, obj->data() + range.offset, range.length);
         loop_.post([this, request, end, s] {
           if (onRangeRead(request, end, s)) readNextRange(request);
@@ -80,21 +82,21 @@ void Node::readNextRange(uint64_t request) {
   }
 }
 
-bool Node::onRangeRead(uint64_t request, uint64_t end, const Status& status) {
+bool TransferClient::onRangeRead(uint64_t request, uint64_t end, const Status& status) {
   auto it = pulls_.find(request);
   if (it == pulls_.end()) return false;
-  PullState& pull = it->second;
-  pull.reading = false;
-  if (pull.dropped) {
+  PullOp& pull = it->second;
+  const PullState meanwhile = std::exchange(pull.state, PullState::kActive);
+  if (meanwhile == PullState::kReadDropped) {
     const int rank = pull.rank;
     pulls_.erase(it);
     releaseHolder(request, rank);
     return false;
   }
-  if (pull.failure || !status.ok()) {
-    const Status why = pull.failure ? *pull.failure
+  if (meanwhile == PullState::kReadFailed || !status.ok()) {
+    const Status why = meanwhile == PullState::kReadFailed ? pull.failure
                                     : Status(Code::kPeerFailed, "pull of object " + printableId(pull.object->id()) +
-                                                                    " from " + peers_->peerName(pull.rank) + ": " +
+                                                                    " from " + peers_.peerName(pull.rank) + ": " +
                                                                     status.message);
     failPull(request, why);
     return false;
@@ -109,10 +111,6 @@ bool Node::onRangeRead(uint64_t request, uint64_t end, const Status& status) {
     return false;
   }
   return true;
-}
-
-void Node::releaseHolder(uint64_t request, int rank) {
-  if (peers_->hasConnection(rank)) send(rank, wire::Cancel{request});
 }
 
 }  // namespace hoplite
