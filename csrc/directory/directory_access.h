@@ -1,5 +1,5 @@
-// What parts of the node need of the directory as its clients: where an id's
-// entry lives, and lookups of where an object is. The node implements it.
+// What the transfer client needs of the directory: where an id's entry
+// lives, and lookups of where an object is. DirectoryClient implements it.
 // Loop thread only.
 #pragma once
 

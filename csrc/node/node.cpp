@@ -1,4 +1,5 @@
-// Node lifecycle, peer connections and message dispatch.
+// Node lifecycle, what happens when peers fail, which part gets which frame,
+// stats and shutdown.
 #include "node/node.h"
 
 #include <chrono>
@@ -61,24 +62,27 @@ Node::Node(NodeConfig config)
   store_ = std::make_unique<ObjectStore>(pool_, config_.capacityBytes, [this](const std::string& id) {
     evictions_++;
     loop_.post([this, id] {
-      send(shardOf(id), wire::HolderUpdate{id, config_.rank, wire::HolderState::kRemoved, -1});
+      send(directory_->shardOf(id), wire::HolderUpdate{id, config_.rank, wire::HolderState::kRemoved, -1});
     });
   });
+  directory_ = std::make_unique<DirectoryClient>(
+      loop_, *peers_, *store_, DirectoryClientConfig{config_.rank, config_.worldSize, config_.inlineThresholdBytes},
+      [this](int rank) { subscriptions_->shardFailed(rank); });
   workers_ = std::make_unique<WorkerPool>("hoplite-copy", config_.copyThreads);
   putCopies_ = std::make_unique<WorkerPool>("hoplite-putcopy", 1, kPutCopyNice);
   server_ = std::make_unique<TransferServer>(
       loop_, *peers_, *store_, TransferServerConfig{config_.rank, peers_->sameHostEnabled(), config_.chunkBytes});
   client_ = std::make_unique<TransferClient>(
-      loop_, *peers_, static_cast<DirectoryAccess&>(*this), *store_, *pool_, *workers_, *server_,
+      loop_, *peers_, *directory_, *store_, *pool_, *workers_, *server_,
       TransferClientConfig{config_.rank, config_.worldSize, config_.chunkBytes, config_.connectTimeoutSeconds},
       [this](Completion c) { pushCompletion(std::move(c)); });
   subscriptions_ = std::make_unique<LocationSubscriptions>(
-      loop_, config_.rank, [this](const std::string& id) { return shardOf(id); },
+      loop_, config_.rank, [this](const std::string& id) { return directory_->shardOf(id); },
       [this](int rank, const wire::Subscribe& msg) { send(rank, msg); });
   mailbox_ = std::make_unique<Mailbox>(
       loop_, *peers_,
       MailboxConfig{config_.rank, config_.worldSize, config_.mailboxBytes, config_.capacityBytes, config_.chunkBytes});
-  directory_ = std::make_unique<DirectoryShard>(loop_, [this](int rank, const wire::Locations& msg) { send(rank, msg); });
+  shard_ = std::make_unique<DirectoryShard>(loop_, [this](int rank, const wire::Locations& msg) { send(rank, msg); });
   ReduceServices& services = *this;
   linkEstimator_ = std::make_unique<LinkEstimator>(loop_, services, config_.rank, config_.worldSize);
   coordinator_ = std::make_unique<ReduceCoordinator>(
@@ -94,63 +98,17 @@ Node::Node(NodeConfig config)
 
 Node::~Node() { shutdown(); }
 
-int Node::shardOf(const std::string& id) const {
-  return shardHost(static_cast<int>(fnv1a(id) % static_cast<uint64_t>(config_.worldSize)));
-}
-
-int Node::shardHost(int rank) const {
-  while (deadShards_.count(rank)) rank = (rank + 1) % config_.worldSize;  // one always stays (moveShardFrom)
-  return rank;
-}
-
-void Node::moveShardFrom(int rank) {
-  // One shard always stays (a member could claim every rank failed).
-  if (rank < 0 || rank >= config_.worldSize || deadShards_.count(rank) || deadShards_.size() + 1 >= static_cast<size_t>(config_.worldSize) || shuttingDown_) {
-    return;
-  }
-  std::vector<std::shared_ptr<LocalObject>> moved;
-  for (auto& obj : store_->snapshot()) {
-    if (!obj->failed() && shardOf(obj->id()) == rank) moved.push_back(std::move(obj));
-  }
-  deadShards_.insert(rank);
-  subscriptions_->shardFailed(rank);
-  HLOG(kInfo, "%s is gone (failed or left): its directory shard moves on; re-registering %zu local copies",
-       peers_->peerName(rank).c_str(), moved.size());
-  // Everyone must agree where ids go: tell the others (who pass it on once).
-  for (int r = 0; r < config_.worldSize; ++r) {
-    if (r != config_.rank && r != rank && !deadShards_.count(r) && !peers_->hasFailed(r)) send(r, wire::ShardMoved{rank});
-  }
-  for (const auto& obj : moved) {
-    wire::Register reg;
-    reg.request = newRequest();
-    reg.id = obj->id();
-    reg.meta = obj->meta();
-    reg.holder = config_.rank;
-    reg.complete = obj->complete();
-    reg.recomputable = obj->recomputable;
-    reg.reannounce = true;
-    reg.primary = obj->primary();
-    if (reg.complete && obj->size() <= config_.inlineThresholdBytes) {
-      reg.hasInline = true;
-      reg.inlineData.assign(reinterpret_cast<const char*>(obj->data()), obj->size());
-    }
-    std::string id = reg.id;
-    requestShard(id, wire::MsgType::kRegister, wire::encode(reg), reg.request, [this, id](const Status& s) {
-      if (!s.ok()) HLOG(kDebug, "re-registering %s: %s", printableId(id).c_str(), s.message.c_str());
-    });
-  }
-}
-
 // ---------------------------------------------------------------- peers' events
 
-void Node::onPeerFailed(int rank, const Status& failure, bool gone) {
-  if (gone) {
-    moveShardFrom(rank);  // first: requests failed below are retried at the new shard
-    reduceTasks_->dropPartialResultsOf(rank);
-  }
+void Node::onPeerGone(int rank) {
+  directory_->moveShardFrom(rank);  // first: requests failed next are retried at the new shard
+  reduceTasks_->dropPartialResultsOf(rank);
+}
+
+void Node::onPeerFailed(int rank, const Status& failure) {
   // This node will not talk to it again: its copies leave this shard's lists.
-  directory_->forgetHolder(rank);
-  requests_.failRank(rank, failure);
+  shard_->forgetHolder(rank);
+  directory_->requests().failRank(rank, failure);
   client_->failPullsFrom(rank, failure);
   mailbox_->failFrom(rank, 0, failure);
 }
@@ -159,7 +117,7 @@ void Node::onAcceptedClosed(Connection& conn, int rank, bool left, const Status&
   if (left) {
     // It registered its objects over this connection: they leave this shard's
     // lists too (a peer closes its connections only when it leaves or dies).
-    directory_->forgetHolder(rank);
+    shard_->forgetHolder(rank);
     reduceTasks_->dropPartialResultsOf(rank);
   }
   if (rank >= 0 && !shuttingDown_) {
@@ -169,11 +127,13 @@ void Node::onAcceptedClosed(Connection& conn, int rank, bool left, const Status&
   server_->onConnectionClosed(conn.id());
 }
 
-void Node::fillHelloAck(wire::HelloAck* ack) { ack->deadShards.assign(deadShards_.begin(), deadShards_.end()); }
+void Node::fillHelloAck(wire::HelloAck* ack) {
+  ack->deadShards.assign(directory_->movedShards().begin(), directory_->movedShards().end());
+}
 
 void Node::onPeerReady(int, const wire::HelloAck& ack) {
   for (int32_t rank : ack.deadShards) {
-    if (rank >= 0 && rank < config_.worldSize) moveShardFrom(rank);
+    if (rank >= 0 && rank < config_.worldSize) directory_->moveShardFrom(rank);
   }
 }
 
@@ -189,8 +149,8 @@ void Node::onDataReceived(Connection& conn, uint64_t request, uint64_t end) {
 }
 
 void Node::ping(int rank) {
-  uint64_t request = newRequest();
-  requestStatus(rank, wire::MsgType::kProbe, wire::encode(wire::Probe{request, ""}), request, [](const Status&) {});
+  uint64_t request = directory_->newRequest();
+  directory_->requestStatus(rank, wire::MsgType::kProbe, wire::encode(wire::Probe{request, ""}), request, [](const Status&) {});
 }
 
 // ---------------------------------------------------------------- messages
@@ -229,26 +189,26 @@ void Node::handleShardMoved(Connection&, const wire::ShardMoved& msg) {
   // next refusal and move on to the new shard, instead of waiting out the
   // connect timeout).
   peers_->stopRetrying(msg.rank);
-  moveShardFrom(msg.rank);
+  directory_->moveShardFrom(msg.rank);
 }
 
 void Node::handleHolderUpdate(Connection& conn, const wire::HolderUpdate& msg) {
-  bool known = directory_->updateHolder(msg);
+  bool known = shard_->updateHolder(msg);
   if (!known && msg.state != wire::HolderState::kRemoved && msg.holder == conn.peerRank()) {
     // A copy finished after its object was deleted: it must not outlive the delete.
-    uint64_t drop = newRequest();
-    requestStatus(msg.holder, wire::MsgType::kDropCopy, wire::encode(wire::DropCopy{drop, msg.id}), drop,
+    uint64_t drop = directory_->newRequest();
+    directory_->requestStatus(msg.holder, wire::MsgType::kDropCopy, wire::encode(wire::DropCopy{drop, msg.id}), drop,
                   [](const Status&) {});
   }
 }
 
 void Node::onStatusReply(Connection&, const wire::StatusReply& msg) {
   if (client_->onStatusReply(msg)) return;  // a holder refused or ended a pull
-  requests_.answer(msg.request, msg.status);  // (false: answered already, or its asker gave up)
+  directory_->requests().answer(msg.request, msg.status);  // (false: answered already, or its asker gave up)
 }
 
 void Node::onLookupReply(Connection&, const wire::LookupReply& msg) {
-  requests_.answer(msg.request, msg.status, &msg);
+  directory_->requests().answer(msg.request, msg.status, &msg);
 }
 
 // ---------------------------------------------------------------- completions, stats, shutdown
@@ -319,7 +279,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"store_used_bytes", store_->usedBytes()},
       {"store_capacity_bytes", store_->capacityBytes()},
       {"store_objects", store_->count()},
-      {"lookups_waiting", directory_->waitingLookups()},
+      {"lookups_waiting", shard_->waitingLookups()},
       {"pool_cached_bytes", pool_->cachedBytes()},
       {"pool_mapped_bytes", pool_->mappedBytes()},
   };
@@ -337,10 +297,11 @@ void Node::shutdown() {
       ~SetOnExit() { promise.set_value(); }
     } setOnExit{done};
     shuttingDown_ = true;
+    directory_->close();
     Status why(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " shut down");
     client_->shutDown(why);
     peers_->closeAll(why);
-    requests_.failRank(-1, why);
+    directory_->failAll(why);
     coordinator_->shutDown(why);
     reduceTasks_->shutDown(why);
     mailbox_->shutDown(why);

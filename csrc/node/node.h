@@ -22,6 +22,7 @@
 #include "common/timeouts.h"
 #include "common/worker_pool.h"
 #include "coll/device_reducer.h"
+#include "directory/directory_client.h"
 #include "directory/directory_shard.h"
 #include "directory/subscriptions.h"
 #include "messenger/mailbox.h"
@@ -35,7 +36,6 @@
 #include "reduce/reduce_services.h"
 #include "reduce/reduce_types.h"
 #include "reduce/task_runner.h"
-#include "net/request_tracker.h"
 #include "peers/peers.h"
 #include "store/buffer_pool.h"
 #include "store/device_memory.h"
@@ -75,8 +75,9 @@ struct NodeConfig {
   bool sameHost = true;
 };
 
-// Composes the parts (peers, mailbox, transfer server, subscriptions,
-// reduce) and implements what they need of it: PeerEvents and ReduceServices.
+// Composes the parts (peers, the directory client and this node's shard,
+// the transfer client and server, the mailbox, subscriptions, the reduce)
+// and implements what they need of it: PeerEvents and ReduceServices.
 class Node : private PeerEvents, private ReduceServices {
  public:
   explicit Node(NodeConfig config);
@@ -139,23 +140,18 @@ class Node : private PeerEvents, private ReduceServices {
 
 
  private:
-  // --- peers and the directory's shards (node.cpp) ---
-  // The rank hosting an id's directory entry: its hash's rank, or, once that
-  // one failed, the next live rank after it (for good). Loop thread.
-  int shardOf(const std::string& id) const override;
-  int shardHost(int homeRank) const override;  // who hosts the share of the directory that `homeRank` had
-  // A rank failed: its share of the directory moves on, and this node
-  // registers the copies it holds of the objects that were listed there.
-  void moveShardFrom(int rank);
+  // --- what happens to peers and messages (node.cpp) ---
   PeerLinks& peers() override { return *peers_; }
+  DirectoryClient& directory() override { return *directory_; }
   template <typename M>
   void send(int rank, const M& msg) {
     peers_->send(rank, msg);
   }
   // PeerEvents.
-  void onPeerFailed(int rank, const Status& failure, bool gone) override;
+  void onPeerGone(int rank) override;
+  void onPeerFailed(int rank, const Status& failure) override;
   void onAcceptedClosed(Connection& conn, int rank, bool left, const Status& why) override;
-  bool departed(int rank) const override { return deadShards_.count(rank) > 0; }
+  bool departed(int rank) const override { return directory_->hasMoved(rank); }
   void fillHelloAck(wire::HelloAck* ack) override;
   void onPeerReady(int rank, const wire::HelloAck& ack) override;
   void ping(int rank) override;
@@ -172,21 +168,7 @@ class Node : private PeerEvents, private ReduceServices {
   void onLookupReply(Connection& conn, const wire::LookupReply& msg);
   double now() const override { return steadySeconds(); }
 
-  // --- requests this node makes, and puts (node_client.cpp) ---
-  using StatusCallback = RequestTracker::StatusCallback;
-  using LookupCallback = RequestTracker::LookupCallback;
-  uint64_t newRequest() override { return nextRequest_++; }
-  void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb) override;
-  // A request to the id's directory shard, sent again to its successor if
-  // that shard fails before answering.
-  void requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request,
-                    StatusCallback cb) override;
-  uint64_t requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
-                         LookupCallback cb, int preferred = -1) override;
-  void sendLookup(const wire::Lookup& msg, LookupCallback cb);
-  void fetch(const std::string& id, double timeoutSeconds, FetchCallback done, int preferred = -1) override {
-    client_->fetch(id, timeoutSeconds, std::move(done), preferred);
-  }
+  // --- puts (node_objects.cpp) ---
   // Copies a put's bytes into its store copy, in chunks, from `src` or `device`.
   void copyIn(std::shared_ptr<LocalObject> object, const uint8_t* src, std::shared_ptr<DeviceSource> device,
               uint64_t token);
@@ -198,10 +180,10 @@ class Node : private PeerEvents, private ReduceServices {
   // --- for the reduce's parts (ReduceServices; the rest is declared above) ---
   void probeRanks(const std::set<int>& ranks, double timeoutSeconds,
                   std::function<void(std::set<int> silent)> done) override;  // node_probe.cpp
-  void deleteEverywhere(const std::string& id) override;  // fire and forget
-  RequestTracker& requests() override { return requests_; }
   bool shuttingDown() const override { return shuttingDown_; }
-
+  void fetch(const std::string& id, double timeoutSeconds, FetchCallback done, int preferred = -1) override {
+    client_->fetch(id, timeoutSeconds, std::move(done), preferred);
+  }
 
   // --- its directory shard's requests, and its copies (node_server.cpp) ---
   void handleRegister(Connection& conn, const wire::Register& msg);
@@ -222,12 +204,13 @@ class Node : private PeerEvents, private ReduceServices {
   std::unique_ptr<Peers> peers_;
   std::shared_ptr<BufferPool> pool_;
   std::unique_ptr<ObjectStore> store_;
-  std::unique_ptr<DirectoryShard> directory_;
+  std::unique_ptr<DirectoryShard> shard_;  // this node's share of the directory
   std::unique_ptr<WorkerPool> workers_;
   // Copies of puts into the store, at a lower priority than the transfers
   // they feed (a put's copy on every rank at once otherwise starves them).
   std::unique_ptr<WorkerPool> putCopies_;
   // The parts, declared after what they refer to (destroyed before it).
+  std::unique_ptr<DirectoryClient> directory_;  // where ids' entries live; requests to them
   std::unique_ptr<Mailbox> mailbox_;
   std::unique_ptr<TransferServer> server_;  // pulls from this node's copies
   std::unique_ptr<TransferClient> client_;  // gets, and the pulls that feed them
@@ -239,9 +222,6 @@ class Node : private PeerEvents, private ReduceServices {
   std::unique_ptr<ReduceTaskRunner> reduceTasks_;
 
   // Loop-thread state.
-  std::set<int> deadShards_;  // ranks whose share of the directory moved on
-  uint64_t nextRequest_ = 1;
-  RequestTracker requests_;  // answers awaited
   bool shuttingDown_ = false;
 
   std::mutex completionMutex_;

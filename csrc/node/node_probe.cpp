@@ -26,8 +26,8 @@ void Node::probeRanks(const std::set<int>& ranks, double timeoutSeconds,
     settle();
   });
   for (int r : ranks) {
-    uint64_t request = newRequest();
-    requestStatus(r, wire::MsgType::kProbe, wire::encode(wire::Probe{request, std::string()}), request,
+    uint64_t request = directory_->newRequest();
+    directory_->requestStatus(r, wire::MsgType::kProbe, wire::encode(wire::Probe{request, std::string()}), request,
                   [call, r, settle](const Status& s) {
                     if (!call->done) return;
                     if (!s.ok()) call->silent.insert(r);

@@ -5,7 +5,7 @@
 
 namespace hoplite {
 void Node::handleRegister(Connection& conn, const wire::Register& msg) {
-  Status s = directory_->registerObject(msg);
+  Status s = shard_->registerObject(msg);
   conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, s}));
 }
 
@@ -15,7 +15,7 @@ void Node::handleLookup(Connection& conn, const wire::Lookup& msg) {
   // The asker's timeout, within bounds: a peer must not park requests forever.
   double timeout = std::min(static_cast<double>(msg.timeoutMs) / 1000.0, kMaxTimeoutSeconds);
   const int preferred = msg.preferred < config_.worldSize ? msg.preferred : -1;
-  directory_->lookup(msg.id, conn.peerRank(), msg.locate, timeout, [weak, request](const Status& s, const DirectoryEntry* entry,
+  shard_->lookup(msg.id, conn.peerRank(), msg.locate, timeout, [weak, request](const Status& s, const DirectoryEntry* entry,
                                                                       int sender) {
     auto c = weak.lock();
     if (!c) return;  // the asker went away
@@ -35,7 +35,7 @@ void Node::handleLookup(Connection& conn, const wire::Lookup& msg) {
 
 void Node::handleDelete(Connection& conn, const wire::Delete& msg) {
   std::vector<int> holders;
-  Status s = directory_->remove(msg.id, msg.retract, &holders);
+  Status s = shard_->remove(msg.id, msg.retract, &holders);
   if (msg.retract && s.code == Code::kNotFound) s = Status();  // nothing to take back
   auto c = peers_->sharedConnection(conn);
   uint64_t request = msg.request;
@@ -48,8 +48,8 @@ void Node::handleDelete(Connection& conn, const wire::Delete& msg) {
   auto remaining = std::make_shared<size_t>(holders.size());
   std::weak_ptr<Connection> weak = c;
   for (int holder : holders) {
-    uint64_t drop = newRequest();
-    requestStatus(holder, wire::MsgType::kDropCopy, wire::encode(wire::DropCopy{drop, msg.id, msg.retract}), drop,
+    uint64_t drop = directory_->newRequest();
+    directory_->requestStatus(holder, wire::MsgType::kDropCopy, wire::encode(wire::DropCopy{drop, msg.id, msg.retract}), drop,
                   [weak, request, remaining](const Status&) {
                     if (--*remaining > 0) return;
                     if (auto c = weak.lock()) {
@@ -68,9 +68,9 @@ void Node::handleDropCopy(Connection& conn, const wire::DropCopy& msg) {
 
 void Node::handleSubscribe(Connection& conn, const wire::Subscribe& msg) {
   if (msg.cancel) {
-    directory_->unsubscribe(msg.id, conn.peerRank(), msg.request);
+    shard_->unsubscribe(msg.id, conn.peerRank(), msg.request);
   } else {
-    directory_->subscribe(msg.id, conn.peerRank(), msg.request);
+    shard_->subscribe(msg.id, conn.peerRank(), msg.request);
   }
 }
 

@@ -139,12 +139,13 @@ void Peers::connectPeer(int rank) {
 void Peers::failPeer(int rank, const Status& why, bool gone) {
   HOPLITE_ASSERT_ON_LOOP(loop_);
   if (rank < 0 || rank >= config_.worldSize) return;
+  if (gone) events_.onPeerGone(rank);
   Peer& peer = peers_[rank];
   peer.lost = true;
   peer.conn.reset();
   peer.ready = false;
   peer.queued.clear();
-  events_.onPeerFailed(rank, Status(Code::kPeerFailed, peerName(rank) + " failed: " + why.message), gone);
+  events_.onPeerFailed(rank, Status(Code::kPeerFailed, peerName(rank) + " failed: " + why.message));
 }
 
 std::shared_ptr<Connection> Peers::sharedConnection(Connection& conn) {

@@ -45,9 +45,13 @@ struct PeersConfig {
 class PeerEvents {
  public:
   virtual ~PeerEvents() = default;
-  // A peer failed: its connection is closed and the writes queued for it are
-  // dropped. `gone`: it died or left (not merely refused us).
-  virtual void onPeerFailed(int rank, const Status& failure, bool gone) = 0;
+  // A peer failed, in two steps. First, if it is `gone` (died or left, not
+  // merely refused us), while its connection and queued writes still stand:
+  // what it hosted moves on, so that requests failed next are retried there.
+  virtual void onPeerGone(int rank) = 0;
+  // Then, once this node let go of its connection and the writes queued for it,
+  // what waited on it fails.
+  virtual void onPeerFailed(int rank, const Status& failure) = 0;
   // A connection a peer opened to this node closed (`rank` -1: before its
   // handshake). `left`: it was the peer's latest, so the peer left or died.
   virtual void onAcceptedClosed(Connection& conn, int rank, bool left, const Status& why) = 0;

@@ -107,7 +107,7 @@ void ReduceCoordinator::startReduce(uint64_t key) {
   const double timeout = c.request.timeoutSeconds;
   const std::vector<std::string> ids = c.request.inputIds;
   for (size_t i = 0; i < ids.size(); ++i) {
-    uint64_t request = node_.requestLookup(ids[i], timeout, /*locate=*/true, /*failedHolder=*/-1,
+    uint64_t request = node_.directory().requestLookup(ids[i], timeout, /*locate=*/true, /*failedHolder=*/-1,
                                            [this, key, i](const Status& s, const wire::LookupReply* reply) {
                                              onInput(key, static_cast<int>(i), s, reply);
                                            });
@@ -209,7 +209,7 @@ void ReduceCoordinator::relocateInput(uint64_t key, int index, int deadHolder, d
     auto it = reduces_.find(key);
     if (it == reduces_.end()) return;
     const ReduceCoordination& c = *it->second;
-    uint64_t request = node_.requestLookup(c.request.inputIds[index], c.request.timeoutSeconds, /*locate=*/true, deadHolder,
+    uint64_t request = node_.directory().requestLookup(c.request.inputIds[index], c.request.timeoutSeconds, /*locate=*/true, deadHolder,
                                            [this, key, index](const Status& s, const wire::LookupReply* reply) {
                                              onInput(key, index, s, reply);
                                            });
@@ -324,10 +324,10 @@ std::string ReduceCoordinator::partialOutputId(const ReduceCoordination& c, int 
   if (position == c.plan->tree.root) return c.request.resultId;
   const std::string base = c.partialPrefix + std::to_string(position) + "." +
                            std::to_string(c.positions[position].generation) + "#";
-  const int home = node_.shardHost(config_.rank);
+  const int home = node_.directory().shardHost(config_.rank);
   for (uint64_t salt = 0;; ++salt) {  // each salt lands there with probability >= 1/world
     std::string id = base + std::to_string(salt);
-    if (node_.shardOf(id) == home) return id;
+    if (node_.directory().shardOf(id) == home) return id;
   }
 }
 
@@ -346,8 +346,8 @@ bool ReduceCoordinator::sendTask(uint64_t key, int position) {
   ReducePosition& p = c.positions[position];
   const ReduceTree& tree = c.plan->tree;
   wire::ReduceTask task;
-  task.request = node_.newRequest();
-  task.endRequest = node_.newRequest();
+  task.request = node_.directory().newRequest();
+  task.endRequest = node_.directory().newRequest();
   task.reduceId = c.request.resultId;
   task.inputId = c.request.inputIds[p.input];
   task.outputId = p.output;
@@ -369,11 +369,11 @@ bool ReduceCoordinator::sendTask(uint64_t key, int position) {
   p.endRequest = task.endRequest;
   const int generation = p.generation;
   if (!node_.shuttingDown()) {
-    node_.requests().expectStatus(task.endRequest, p.holder, [this, key, position, generation](const Status& s) {
+    node_.directory().requests().expectStatus(task.endRequest, p.holder, [this, key, position, generation](const Status& s) {
       onTaskEnd(key, position, generation, s);
     });
   }
-  node_.requestStatus(p.holder, wire::MsgType::kReduceTask, std::move(payload), task.request,
+  node_.directory().requestStatus(p.holder, wire::MsgType::kReduceTask, std::move(payload), task.request,
                       [this, key, position, generation](const Status& s) {
                         onTaskRegistered(key, position, generation, s);
                       });
@@ -442,19 +442,19 @@ void ReduceCoordinator::endReduce(uint64_t key, const Status& outcome) {
   auto c = std::move(it->second);
   reduces_.erase(it);
   if (c->timer) loop_.cancelTimer(c->timer);
-  for (uint64_t request : c->lookups) node_.requests().forget(request);
+  for (uint64_t request : c->lookups) node_.directory().requests().forget(request);
   using State = ReducePosition::State;
   for (size_t p = 0; p < c->positions.size(); ++p) {
     const ReducePosition& pos = c->positions[p];
-    node_.requests().forget(pos.endRequest);
+    node_.directory().requests().forget(pos.endRequest);
     if (!outcome.ok() && pos.state == State::kRunning) node_.peers().send(pos.holder, wire::ReduceAbort{0, pos.output, false});
     // Partial results, consumed or not (tasks leave them to a live coordinator);
     // inputs located but not used stay where they are.
     if (static_cast<int>(p) != c->plan->tree.root && (pos.state != State::kVacant || pos.generation > 0)) {
-      node_.deleteEverywhere(pos.output);
+      node_.directory().deleteEverywhere(pos.output);
     }
   }
-  if (!outcome.ok() && c->resultRegistered) node_.deleteEverywhere(c->request.resultId);
+  if (!outcome.ok() && c->resultRegistered) node_.directory().deleteEverywhere(c->request.resultId);
   remember(*c, outcome);
   if (c->returned) c->returned(outcome, *c->plan);
   for (auto& w : c->waiters) w(outcome, *c->plan);

@@ -79,8 +79,8 @@ void ReduceCoordinator::recover(uint64_t key, const std::set<int>& dead) {
       node_.peers().send(pos.holder, wire::ReduceAbort{0, pos.output, /*retract=*/true});
       if (p == tree.root && !holderDead) oldRootEnd = pos.endRequest;  // it reports once it took the result back
     }
-    if (p != tree.root && pos.state != State::kVacant) node_.deleteEverywhere(pos.output);
-    if (p != tree.root || !oldRootEnd) node_.requests().forget(pos.endRequest);
+    if (p != tree.root && pos.state != State::kVacant) node_.directory().deleteEverywhere(pos.output);
+    if (p != tree.root || !oldRootEnd) node_.directory().requests().forget(pos.endRequest);
     if (holderDead) {
       relocate.emplace_back(pos.input, pos.holder);
       c.plan->lost.push_back(pos.input);
@@ -112,7 +112,7 @@ void ReduceCoordinator::recover(uint64_t key, const std::set<int>& dead) {
     const std::string id = it->second->request.resultId;
     const bool registered = it->second->resultRegistered;
     it->second->resultRegistered = false;
-    uint64_t request = node_.newRequest();
+    uint64_t request = node_.directory().newRequest();
     auto relaunch = [this, key, round](const Status&) {
       auto it = reduces_.find(key);
       if (it == reduces_.end() || it->second->retractRound != round) return;
@@ -124,10 +124,10 @@ void ReduceCoordinator::recover(uint64_t key, const std::set<int>& dead) {
       launchReadyInputs(key);
     };
     if (!registered) return relaunch(Status());  // the id may be someone else's: leave it
-    node_.requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
+    node_.directory().requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
                        relaunch);
   };
-  if (!oldRootEnd || !node_.requests().replaceCallback(oldRootEnd, [retract](const Status&) { retract(); })) retract();
+  if (!oldRootEnd || !node_.directory().requests().replaceCallback(oldRootEnd, [retract](const Status&) { retract(); })) retract();
 }
 
 }  // namespace hoplite

@@ -66,9 +66,9 @@ void LinkEstimator::withEstimate(std::function<void()> then) {
     }
     const bool big = samples->next++ % 2 == 1;
     probes_++;
-    uint64_t request = node_.newRequest();
+    uint64_t request = node_.directory().newRequest();
     const double start = node_.now();
-    node_.requestStatus(peer, wire::MsgType::kProbe, wire::encode(wire::Probe{request, std::string(big ? kProbeBytes : 0, '\0')}),
+    node_.directory().requestStatus(peer, wire::MsgType::kProbe, wire::encode(wire::Probe{request, std::string(big ? kProbeBytes : 0, '\0')}),
                         request, [this, round, samples, step, finish, start, big](const Status& s) {
                           if (round->settled) return;  // by the timer
                           if (!s.ok()) {

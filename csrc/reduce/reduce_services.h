@@ -1,6 +1,6 @@
 // What the reduce's parts (coordinator.h, task_runner.h) need from the node
-// they run in: its peers, its requests, the directory (DirectoryAccess and
-// its shards' placement), and local copies of objects. The node implements it.
+// they run in: its peers, the directory and requests (DirectoryClient), and
+// local copies of objects. The node implements it.
 // Loop thread only.
 #pragma once
 
@@ -11,24 +11,24 @@
 #include <string>
 
 #include "common/status.h"
-#include "directory/directory_access.h"
+#include "directory/directory_client.h"
 #include "net/peer_links.h"
 #include "net/transport.h"
-#include "net/request_tracker.h"
 #include "store/local_object.h"
 #include "wire/messages.h"
 
 namespace hoplite {
 
-class ReduceServices : public DirectoryAccess {
+class ReduceServices {
  public:
-  using StatusCallback = RequestTracker::StatusCallback;
   // A local copy of an object (complete or still arriving), and the rank it is pulled from (-1: none).
   using FetchCallback = std::function<void(const Status&, std::shared_ptr<LocalObject>, int sender)>;
 
-  // Peers and the directory (also DirectoryAccess's shardOf, newRequest, requestLookup).
+  virtual ~ReduceServices() = default;
+
+  // Peers, the directory, and requests to both.
   virtual PeerLinks& peers() = 0;
-  virtual int shardHost(int homeRank) const = 0;
+  virtual DirectoryClient& directory() = 0;
   virtual bool shuttingDown() const = 0;
   virtual bool stopped() const = 0;  // shutdown() was called (any thread)
   virtual double now() const = 0;
@@ -37,20 +37,11 @@ class ReduceServices : public DirectoryAccess {
   virtual void probeRanks(const std::set<int>& ranks, double timeoutSeconds,
                           std::function<void(std::set<int> silent)> done) = 0;
 
-  // Requests.
-  virtual RequestTracker& requests() = 0;
-  virtual void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request,
-                             StatusCallback cb) = 0;
-  // To the id's directory shard, sent again to its successor if it fails first.
-  virtual void requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request,
-                            StatusCallback cb) = 0;
-
   // Objects.
   virtual void fetch(const std::string& id, double timeoutSeconds, FetchCallback done, int preferred = -1) = 0;
   // Pulls that reached this node before its copy of the object existed.
   virtual void serveParkedPulls(const std::shared_ptr<LocalObject>& obj) = 0;
   virtual void dropLocalCopy(const std::string& id, const Status& why) = 0;
-  virtual void deleteEverywhere(const std::string& id) = 0;  // fire and forget
   virtual uint64_t chunkFor(uint64_t size) const = 0;
 };
 

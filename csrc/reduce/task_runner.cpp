@@ -95,21 +95,21 @@ void ReduceTaskRunner::startTask(uint64_t taskId, std::shared_ptr<LocalObject> i
   node_.serveParkedPulls(task.output);
   task.children.assign(msg.childIds.size(), nullptr);
   wire::Register reg;
-  reg.request = node_.newRequest();
+  reg.request = node_.directory().newRequest();
   reg.id = msg.outputId;
   reg.meta = msg.meta;
   reg.holder = rank_;
   reg.complete = false;
   reg.recomputable = msg.root;
   task.registering = true;
-  node_.requestShard(msg.outputId, wire::MsgType::kRegister, wire::encode(reg), reg.request,
+  node_.directory().requestShard(msg.outputId, wire::MsgType::kRegister, wire::encode(reg), reg.request,
                      [this, taskId, state = tasks_.at(taskId)](const Status& s) {
                        state->registering = false;
                        auto it = tasks_.find(taskId);
                        if (it == tasks_.end()) {  // failed meanwhile
                          state->registered = s.ok();
                          if (state->closing) return closeRoot(state);
-                         if (s.ok()) node_.deleteEverywhere(state->msg.outputId);  // free the id
+                         if (s.ok()) node_.directory().deleteEverywhere(state->msg.outputId);  // free the id
                          return;
                        }
                        if (!s.ok()) return failTask(taskId, s);
@@ -247,12 +247,12 @@ void ReduceTaskRunner::finishTask(uint64_t taskId) {
   const std::string& out = task->msg.outputId;
   HLOG(kDebug, "reduce task for %s (%zu children) ran %.3f to %.3f s (steady clock)", printableId(out).c_str(),
        task->msg.childIds.size(), task->started, node_.now());
-  node_.peers().send(node_.shardOf(out), wire::HolderUpdate{out, rank_, wire::HolderState::kComplete, -1});
+  node_.peers().send(node_.directory().shardOf(out), wire::HolderUpdate{out, rank_, wire::HolderState::kComplete, -1});
   reportTaskEnd(*task, Status());
   // The children's outputs stay until the coordinator frees them with the
   // result complete: if this node dies first, only this position is redone.
   if (task->coordinator.expired()) {
-    for (const auto& child : task->msg.childIds) node_.deleteEverywhere(child);
+    for (const auto& child : task->msg.childIds) node_.directory().deleteEverywhere(child);
   }
 }
 
@@ -295,8 +295,8 @@ void ReduceTaskRunner::failTask(uint64_t taskId, const Status& why) {
   }
   reportTaskEnd(*task, status);
   if (coordinated) return;
-  if (task->registered) node_.deleteEverywhere(msg.outputId);
-  for (const auto& child : msg.childIds) node_.deleteEverywhere(child);
+  if (task->registered) node_.directory().deleteEverywhere(msg.outputId);
+  for (const auto& child : msg.childIds) node_.directory().deleteEverywhere(child);
 }
 
 // A failed root takes its registration back before it reports: the
@@ -306,8 +306,8 @@ void ReduceTaskRunner::failTask(uint64_t taskId, const Status& why) {
 void ReduceTaskRunner::closeRoot(const std::shared_ptr<ReduceTaskState>& task) {
   if (!task->registered) return reportTaskEnd(*task, task->endStatus);
   const std::string& id = task->msg.outputId;
-  uint64_t request = node_.newRequest();
-  node_.requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
+  uint64_t request = node_.directory().newRequest();
+  node_.directory().requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
                      [this, task](const Status&) { reportTaskEnd(*task, task->endStatus); });
 }
 

@@ -221,7 +221,7 @@ void TransferClient::waitForLocal(uint64_t token, std::shared_ptr<LocalObject> o
   op.meta = obj->meta();
   // Only a pull from a holder whose memory this node reads. That is known once
   // connected: until then the get hopes, and startPull ends the hope if not.
-  const bool readable = sender >= 0 && peers_.sameHostEnabled() &&
+  const bool readable = sender >= 0 && sender != config_.rank && peers_.sameHostEnabled() &&
                         (peers_.memoryOf(sender) || !peers_.isReady(sender));
   const bool mayTakeOver = readable && op.copy && !op.target.buffer && !op.target.device && obj->size() > 0 &&
                            obj->handOverTo == 0;
@@ -377,7 +377,7 @@ Status TransferClient::writeToDevice(DeviceTarget& device, const LocalObject& ob
   return s;
 }
 
-void TransferClient::finishGet(uint64_t token, const Status& status, std::shared_ptr<Buffer> result) {
+void TransferClient::finishGet(uint64_t token, Status status, std::shared_ptr<Buffer> result) {
   auto it = gets_.find(token);
   if (it == gets_.end()) return;
   GetOp& running = it->second;

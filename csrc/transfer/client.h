@@ -151,7 +151,8 @@ class TransferClient {
   bool allocateResult(uint64_t token);
   // Copies bytes [from, from + n) of a local copy to a get's device target (copy threads).
   Status writeToDevice(DeviceTarget& device, const LocalObject& object, uint64_t from, uint64_t n);
-  void finishGet(uint64_t token, const Status& status, std::shared_ptr<Buffer> result = nullptr);
+  // (`status` by value: it may be the op's own `ending`, which this erases.)
+  void finishGet(uint64_t token, Status status, std::shared_ptr<Buffer> result = nullptr);
 
   // --- pulls (pulls.cpp) ---
   struct SameHostRange {

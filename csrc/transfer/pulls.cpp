@@ -91,6 +91,7 @@ void TransferClient::onDataReceived(Connection& conn, uint64_t request, uint64_t
 
 void TransferClient::finishPull(uint64_t request) {
   auto it = pulls_.find(request);
+  if (it == pulls_.end()) return;  // a listener woken by the last bytes dropped the copy
   auto obj = it->second.object;
   int sender = it->second.rank;
   const bool sameHost = it->second.holderMemory != nullptr;

@@ -1,5 +1,5 @@
-// What a node asks of others: requests to peers and directory shards, put,
-// delete, and get (transfer/client.h does its work).
+// The object API: put (registration, and the copy in), delete, and get
+// (transfer/client.h does its work).
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -16,58 +16,6 @@ constexpr uint64_t kCallerCopyBytes = 1u << 20;
 }  // namespace
 
 uint64_t Node::chunkFor(uint64_t size) const { return chunkSize(size, config_.chunkBytes); }
-
-void Node::requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb) {
-  if (shuttingDown_) {
-    cb(Status(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " is shut down"));
-    return;
-  }
-  requests_.expectStatus(request, rank, std::move(cb));
-  peers_->sendTo(rank, type, std::move(payload));
-}
-
-void Node::requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request,
-                        StatusCallback cb) {
-  const int shard = shardOf(id);
-  requestStatus(shard, type, payload, request,
-                [this, id, type, payload, request, shard, cb = std::move(cb)](const Status& s) mutable {
-                  if (s.code == Code::kPeerFailed && !shuttingDown_ && shardOf(id) != shard) {
-                    return requestShard(id, type, std::move(payload), request, std::move(cb));
-                  }
-                  cb(s);
-                });
-}
-
-uint64_t Node::requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
-                             LookupCallback cb, int preferred) {
-  const uint64_t request = newRequest();
-  if (shuttingDown_) {
-    cb(Status(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " is shut down"), nullptr);
-    return request;
-  }
-  sendLookup(
-      wire::Lookup{request, id, static_cast<uint64_t>(timeoutSeconds * 1000) + 1, locate, failedHolder, preferred},
-      std::move(cb));
-  return request;
-}
-
-void Node::sendLookup(const wire::Lookup& msg, LookupCallback cb) {
-  const int shard = shardOf(msg.id);
-  requests_.expectLookup(msg.request, shard, [this, msg, shard, cb](const Status& s, const wire::LookupReply* r) {
-    if (s.code == Code::kPeerFailed && !shuttingDown_ && shardOf(msg.id) != shard) {
-      // Its shard failed: ask the one that took over, under the same request
-      // number, so the caller can still cancel it.
-      return sendLookup(msg, cb);
-    }
-    cb(s, r);
-  });
-  send(shard, msg);
-}
-
-void Node::deleteEverywhere(const std::string& id) {
-  uint64_t request = newRequest();
-  requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id}), request, [](const Status&) {});
-}
 
 // ---------------------------------------------------------------- put
 
@@ -113,11 +61,11 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
   auto decided = std::make_shared<std::atomic<int>>(0);
   auto registered = startOnLoop(loop_, [this, reg = std::move(reg), obj, decided](std::function<void(Status)> done) mutable {
     if (reg.complete) obj->advance(obj->size());
-    uint64_t request = newRequest();
+    uint64_t request = directory_->newRequest();
     reg.request = request;
     std::string id = reg.id;
-    requestShard(id, wire::MsgType::kRegister, wire::encode(reg), request, [this, id, decided, done](const Status& s) {
-      if (decided->exchange(1) == 2 && s.ok()) deleteEverywhere(id);  // the put timed out before this answer came
+    directory_->requestShard(id, wire::MsgType::kRegister, wire::encode(reg), request, [this, id, decided, done](const Status& s) {
+      if (decided->exchange(1) == 2 && s.ok()) directory_->deleteEverywhere(id);  // the put timed out before this answer came
       done(s);
     });
   });
@@ -139,7 +87,7 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
   if (small || copyHere || zeroCopy) {
     if (copyHere) {
       loop_.post([this, obj] {
-        send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete, -1});
+        send(directory_->shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete, -1});
       });
     }
     pushCompletion(Completion{token, Completion::Kind::kPutCopied, Status(), nullptr, {}});
@@ -178,13 +126,13 @@ void Node::copyIn(std::shared_ptr<LocalObject> obj, const uint8_t* src, std::sha
     HLOG(kWarn, "%s", status.message.c_str());
     loop_.post([this, obj, status] {
       obj->fail(status);
-      deleteEverywhere(obj->id());
+      directory_->deleteEverywhere(obj->id());
     });
   } else if (done < size) {
     status = Status(Code::kDeleted, "object " + printableId(obj->id()) + " was deleted during put");
   } else {
     loop_.post([this, obj] {
-      send(shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete, -1});
+      send(directory_->shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete, -1});
     });
   }
   pushCompletion(Completion{token, Completion::Kind::kPutCopied, status, nullptr, {}});
@@ -197,8 +145,8 @@ Status Node::remove(const std::string& id, double timeoutSeconds) {
   if (!s.ok()) return s;
   if (stopped()) return Status(Code::kShutdown, "delete of object " + printableId(id) + ": node is shut down");
   auto deleted = startOnLoop(loop_, [this, id](std::function<void(Status)> done) {
-    uint64_t request = newRequest();
-    requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id}), request, done);
+    uint64_t request = directory_->newRequest();
+    directory_->requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id}), request, done);
   });
   return awaitStatus(deleted, timeoutSeconds, "deleting object " + printableId(id));
 }

@@ -1,0 +1,82 @@
+// This node as a client of the directory and of its peers: where each id's
+// entry lives (and where it moves when its shard's rank is gone), requests
+// to shards and peers that wait for an answer, each answered exactly once,
+// and lookups. Loop thread only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "directory/directory_access.h"
+#include "net/event_loop.h"
+#include "net/peer_links.h"
+#include "net/request_tracker.h"
+#include "store/object_store.h"
+#include "wire/messages.h"
+
+namespace hoplite {
+
+struct DirectoryClientConfig {
+  int rank = 0;
+  int worldSize = 1;
+  uint64_t inlineThresholdBytes = 0;  // copies re-registered with their bytes up to this size
+};
+
+class DirectoryClient : public DirectoryAccess {
+ public:
+  using StatusCallback = RequestTracker::StatusCallback;
+
+  // `onShardMoved` runs once a shard moved (what follows shards moves too).
+  DirectoryClient(EventLoop& loop, PeerLinks& peers, ObjectStore& store, DirectoryClientConfig config,
+                  std::function<void(int rank)> onShardMoved);
+
+  // The rank hosting an id's directory entry: its hash's rank, or, once that
+  // one is gone, the next live rank after it (for good).
+  int shardOf(const std::string& id) const override;
+  // Who hosts the share of the directory that `homeRank` had.
+  int shardHost(int homeRank) const;
+  bool hasMoved(int homeRank) const { return moved_.count(homeRank) > 0; }
+  const std::set<int>& movedShards() const { return moved_; }
+  // `rank` is gone: its share of the directory moves on, the other members
+  // hear of it, and this node registers there its copies of the objects that
+  // were listed on it. One share always stays (a member could claim every
+  // rank failed).
+  void moveShardFrom(int rank);
+
+  uint64_t newRequest() override { return nextRequest_++; }
+  RequestTracker& requests() { return requests_; }
+  // Sends a request to `rank`; `cb` runs once, with its StatusReply or a failure.
+  void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb);
+  // A request to the id's directory shard, sent again to its successor if
+  // that shard fails before answering.
+  void requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request,
+                    StatusCallback cb);
+  uint64_t requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
+                         LookupCallback cb, int preferred = -1) override;
+  // Deletes `id` everywhere; fire and forget.
+  void deleteEverywhere(const std::string& id);
+
+  // Shutdown: nothing new is sent or retried from now on; failAll then
+  // answers what still waits.
+  void close() { closing_ = true; }
+  void failAll(const Status& why) { requests_.failRank(-1, why); }
+
+ private:
+  void sendLookup(const wire::Lookup& msg, LookupCallback cb);
+  Status closedError() const;
+
+  EventLoop& loop_;
+  PeerLinks& peers_;
+  ObjectStore& store_;
+  const DirectoryClientConfig config_;
+  const std::function<void(int)> onShardMoved_;
+  std::set<int> moved_;  // ranks whose share of the directory moved on
+  uint64_t nextRequest_ = 1;
+  RequestTracker requests_;
+  bool closing_ = false;
+};
+
+}  // namespace hoplite
