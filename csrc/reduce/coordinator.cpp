@@ -222,7 +222,7 @@ void ReduceCoordinator::relocateInput(uint64_t key, int index, int deadHolder, d
 
 void ReduceCoordinator::launchReadyInputs(uint64_t key) {
   ReduceCoordination& c = *reduces_.at(key);
-  if (!c.linkKnown || c.rollCall || c.retracting) return;
+  if (!c.linkKnown || c.recovery != ReduceCoordination::Recovery::kNone) return;
   const int k = c.request.count;
   using State = ReducePosition::State;
   // The input for position p: the next ready one, or in an ordered reduce its own.

@@ -11,8 +11,8 @@ namespace hoplite {
 
 void ReduceCoordinator::startRollCall(uint64_t key, const Status& why) {
   ReduceCoordination& c = *reduces_.at(key);
-  if (c.rollCall) return;
-  c.rollCall = true;
+  if (c.recovery == ReduceCoordination::Recovery::kRollCall) return;
+  c.recovery = ReduceCoordination::Recovery::kRollCall;
   c.failure = why;
   std::set<int> ranks, waiting, dead;
   for (const auto& p : c.positions) {
@@ -32,7 +32,7 @@ void ReduceCoordinator::startRollCall(uint64_t key, const Status& why) {
 
 void ReduceCoordinator::recover(uint64_t key, const std::set<int>& dead) {
   ReduceCoordination& c = *reduces_.at(key);
-  c.rollCall = false;
+  c.recovery = ReduceCoordination::Recovery::kNone;
   if (dead.empty() || node_.shuttingDown()) return endReduce(key, c.failure);
   using State = ReducePosition::State;
   const ReduceTree& tree = c.plan->tree;
@@ -105,7 +105,7 @@ void ReduceCoordinator::recover(uint64_t key, const std::set<int>& dead) {
   // The result's readers are sent back to wait for it; the old root, if
   // alive, takes its registration back itself before it reports.
   const uint64_t round = ++c.retractRound;
-  c.retracting = true;
+  c.recovery = ReduceCoordination::Recovery::kRetracting;
   auto retract = [this, key, round] {
     auto it = reduces_.find(key);
     if (it == reduces_.end() || it->second->retractRound != round) return;
@@ -117,7 +117,8 @@ void ReduceCoordinator::recover(uint64_t key, const std::set<int>& dead) {
       auto it = reduces_.find(key);
       if (it == reduces_.end() || it->second->retractRound != round) return;
       ReduceCoordination& c = *it->second;
-      c.retracting = false;
+      // (A roll call since then is not over: it relaunches when it is.)
+      if (c.recovery == ReduceCoordination::Recovery::kRetracting) c.recovery = ReduceCoordination::Recovery::kNone;
       for (int p = 0; p < c.request.count; ++p) {
         if (c.positions[p].state == State::kPending && !sendTask(key, p)) return;
       }

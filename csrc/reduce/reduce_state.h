@@ -68,8 +68,13 @@ struct ReduceCoordination {
   int filled = 0;  // positions given an input by the first pass (in arrival order)
   std::vector<ReducePosition> positions;  // by tree position, once planned
   bool resultRegistered = false;  // a root task registered the result (its id is this reduce's)
-  bool rollCall = false;    // after a failure: asking the participants who is alive
-  bool retracting = false;  // after a failure: the result's readers are being sent back
+  // After a failure: kRollCall while asking the participants who is alive
+  // (startRollCall), then kRetracting while the result's readers are sent
+  // back (recover), then kNone once the redone positions are relaunched. A
+  // failure during kRetracting starts another roll call. Tasks go out only
+  // in kNone.
+  enum class Recovery : uint8_t { kNone, kRollCall, kRetracting };
+  Recovery recovery = Recovery::kNone;
   uint64_t retractRound = 0;  // the latest recovery's, so an older one's answer is ignored
   Status failure;           // what started the recovery
 };
@@ -87,9 +92,11 @@ struct ReduceTaskState {
   std::vector<std::shared_ptr<LocalObject>> children;
   std::vector<std::pair<std::shared_ptr<LocalObject>, uint64_t>> listeners;
   uint64_t reduced = 0;
-  bool busy = false;
-  bool registering = false;  // the output's registration is on its way
-  bool registered = false;   // the output is in the directory
+  bool busy = false;  // a step is being computed
+  // The output's registration: kRegistering while on its way, then
+  // kRegistered (in the directory) or, refused, kUnregistered again.
+  enum class Registration : uint8_t { kUnregistered, kRegistering, kRegistered };
+  Registration registration = Registration::kUnregistered;
   bool closing = false;      // a failed root, taking its registration back (closeRoot)
   Status endStatus;          // what a closing root reports at the end
   double started = 0;        // steady clock, for the debug log

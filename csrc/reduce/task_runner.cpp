@@ -101,19 +101,18 @@ void ReduceTaskRunner::startTask(uint64_t taskId, std::shared_ptr<LocalObject> i
   reg.holder = rank_;
   reg.complete = false;
   reg.recomputable = msg.root;
-  task.registering = true;
+  task.registration = ReduceTaskState::Registration::kRegistering;
   node_.directory().requestShard(msg.outputId, wire::MsgType::kRegister, wire::encode(reg), reg.request,
                      [this, taskId, state = tasks_.at(taskId)](const Status& s) {
-                       state->registering = false;
+                       using Registration = ReduceTaskState::Registration;
+                       state->registration = s.ok() ? Registration::kRegistered : Registration::kUnregistered;
                        auto it = tasks_.find(taskId);
                        if (it == tasks_.end()) {  // failed meanwhile
-                         state->registered = s.ok();
                          if (state->closing) return closeRoot(state);
                          if (s.ok()) node_.directory().deleteEverywhere(state->msg.outputId);  // free the id
                          return;
                        }
                        if (!s.ok()) return failTask(taskId, s);
-                       it->second->registered = true;
                        answerTask(*it->second, Status());
                        startTaskInputs(taskId);
                      });
@@ -164,7 +163,7 @@ void ReduceTaskRunner::progressTask(uint64_t taskId) {
   auto it = tasks_.find(taskId);
   if (it == tasks_.end()) return;
   ReduceTaskState& task = *it->second;
-  if (task.busy || !task.registered) return;
+  if (task.busy || task.registration != ReduceTaskState::Registration::kRegistered) return;
   // What every source has: the input and all children, whole elements only.
   const uint64_t size = task.output->size();
   uint64_t ready = task.input->watermark();
@@ -290,12 +289,12 @@ void ReduceTaskRunner::failTask(uint64_t taskId, const Status& why) {
   if (msg.root && coordinated) {
     task->closing = true;
     task->endStatus = status;
-    if (!task->registering) closeRoot(task);  // else once the registration is answered
+    if (task->registration != ReduceTaskState::Registration::kRegistering) closeRoot(task);  // else once answered
     return;
   }
   reportTaskEnd(*task, status);
   if (coordinated) return;
-  if (task->registered) node_.directory().deleteEverywhere(msg.outputId);
+  if (task->registration == ReduceTaskState::Registration::kRegistered) node_.directory().deleteEverywhere(msg.outputId);
   for (const auto& child : msg.childIds) node_.directory().deleteEverywhere(child);
 }
 
@@ -304,7 +303,7 @@ void ReduceTaskRunner::failTask(uint64_t taskId, const Status& why) {
 // registration can never overtake the new one. Readers of the retracted result
 // look it up again and wait for the new one.
 void ReduceTaskRunner::closeRoot(const std::shared_ptr<ReduceTaskState>& task) {
-  if (!task->registered) return reportTaskEnd(*task, task->endStatus);
+  if (task->registration != ReduceTaskState::Registration::kRegistered) return reportTaskEnd(*task, task->endStatus);
   const std::string& id = task->msg.outputId;
   uint64_t request = node_.directory().newRequest();
   node_.directory().requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
