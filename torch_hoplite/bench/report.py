@@ -77,18 +77,9 @@ def emulated_table() -> list[str]:
     systems = [("hoplite", "hoplite"), ("hoplite-zero-copy", "hoplite `copy=False`"),
                ("hoplite-c10d", "backend `\"hoplite\"`"), ("gloo", "gloo"), ("mpi", "Open MPI, busy-polling"),
                ("mpi-yield", "Open MPI, yielding")]
-    present = [(s, label) for s, label in systems if any(r["system"] == s for r in peers.records)]
     lines = [f"Emulated cluster: N = 8 nodes, 1 Gbit/s per node each way, 256 MB; time over the ideal "
-             f"(1.00× is the link limit), CPU cores of all ranks in brackets. {peers.source()}:", "",
-             "| op | " + " | ".join(label for _, label in present) + " |",
-             "|---|" + "---|" * len(present)]
-    for op in ("broadcast", "reduce", "allreduce", "gather", "allgather"):
-        cells = []
-        for system, _ in present:
-            r = peers.find(op=op, system=system, nodes=8, size_bytes=256 * MiB)
-            cells.append("—" if r is None else f"{r['ratio_to_ideal']:.2f}× ({r['cpu_cores']:.2f})")
-        if any(c != "—" for c in cells):
-            lines.append(f"| {op} | " + " | ".join(cells) + " |")
+             f"(1.00× is the link limit), CPU cores of all ranks in brackets. {peers.source()}:", ""]
+    lines += _ratio_rows(peers, systems)
     lines += ["", "Open MPI busy-polls by default: its 8 ranks use both of this machine's 2 cores while they "
               "wait; the yielding run sets `mpi_yield_when_idle` (see benchmarks/README.md for what that changed)."]
     return lines
