@@ -82,7 +82,7 @@ Node::Node(NodeConfig config)
   mailbox_ = std::make_unique<Mailbox>(
       loop_, *peers_,
       MailboxConfig{config_.rank, config_.worldSize, config_.mailboxBytes, config_.capacityBytes, config_.chunkBytes});
-  shard_ = std::make_unique<DirectoryShard>(loop_, [this](int rank, const wire::Locations& msg) { send(rank, msg); });
+  shardServer_ = std::make_unique<ShardServer>(loop_, *peers_, *directory_, config_.worldSize);
   ReduceServices& services = *this;
   linkEstimator_ = std::make_unique<LinkEstimator>(loop_, services, config_.rank, config_.worldSize);
   coordinator_ = std::make_unique<ReduceCoordinator>(
@@ -107,7 +107,7 @@ void Node::onPeerGone(int rank) {
 
 void Node::onPeerFailed(int rank, const Status& failure) {
   // This node will not talk to it again: its copies leave this shard's lists.
-  shard_->forgetHolder(rank);
+  shardServer_->forgetHolder(rank);
   directory_->requests().failRank(rank, failure);
   client_->failPullsFrom(rank, failure);
   mailbox_->failFrom(rank, 0, failure);
@@ -117,7 +117,7 @@ void Node::onAcceptedClosed(Connection& conn, int rank, bool left, const Status&
   if (left) {
     // It registered its objects over this connection: they leave this shard's
     // lists too (a peer closes its connections only when it leaves or dies).
-    shard_->forgetHolder(rank);
+    shardServer_->forgetHolder(rank);
     reduceTasks_->dropPartialResultsOf(rank);
   }
   if (rank >= 0 && !shuttingDown_) {
@@ -163,11 +163,7 @@ void Node::handle(Route route, void (Node::*method)(Connection&, const M&)) {
 void Node::registerHandlers() {
   // Peers and the directory.
   handle(Route::kOnEither, &Node::handleShardMoved);
-  handle(Route::kOnEither, &Node::handleRegister);
-  handle(Route::kOnEither, &Node::handleHolderUpdate);
-  handle(Route::kOnEither, &Node::handleLookup);
-  handle(Route::kOnEither, &Node::handleDelete);
-  handle(Route::kOnEither, &Node::handleSubscribe);
+  shardServer_->registerHandlers(router_);
   router_.on<wire::Locations>(Route::kOnEither, [this](Connection& c, const wire::Locations& m) {
     subscriptions_->onLocations(c, m);
   });
@@ -190,16 +186,6 @@ void Node::handleShardMoved(Connection&, const wire::ShardMoved& msg) {
   // connect timeout).
   peers_->stopRetrying(msg.rank);
   directory_->moveShardFrom(msg.rank);
-}
-
-void Node::handleHolderUpdate(Connection& conn, const wire::HolderUpdate& msg) {
-  bool known = shard_->updateHolder(msg);
-  if (!known && msg.state != wire::HolderState::kRemoved && msg.holder == conn.peerRank()) {
-    // A copy finished after its object was deleted: it must not outlive the delete.
-    uint64_t drop = directory_->newRequest();
-    directory_->requestStatus(msg.holder, wire::MsgType::kDropCopy, wire::encode(wire::DropCopy{drop, msg.id}), drop,
-                  [](const Status&) {});
-  }
 }
 
 void Node::onStatusReply(Connection&, const wire::StatusReply& msg) {
@@ -279,7 +265,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"store_used_bytes", store_->usedBytes()},
       {"store_capacity_bytes", store_->capacityBytes()},
       {"store_objects", store_->count()},
-      {"lookups_waiting", shard_->waitingLookups()},
+      {"lookups_waiting", shardServer_->waitingLookups()},
       {"pool_cached_bytes", pool_->cachedBytes()},
       {"pool_mapped_bytes", pool_->mappedBytes()},
   };

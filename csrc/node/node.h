@@ -23,7 +23,7 @@
 #include "common/worker_pool.h"
 #include "coll/device_reducer.h"
 #include "directory/directory_client.h"
-#include "directory/directory_shard.h"
+#include "directory/shard_server.h"
 #include "directory/subscriptions.h"
 #include "messenger/mailbox.h"
 #include "net/event_loop.h"
@@ -163,7 +163,6 @@ class Node : private PeerEvents, private ReduceServices {
   template <typename M>
   void handle(Route route, void (Node::*method)(Connection&, const M&));
   void handleShardMoved(Connection& conn, const wire::ShardMoved& msg);
-  void handleHolderUpdate(Connection& conn, const wire::HolderUpdate& msg);
   void onStatusReply(Connection& conn, const wire::StatusReply& msg);
   void onLookupReply(Connection& conn, const wire::LookupReply& msg);
   double now() const override { return steadySeconds(); }
@@ -185,12 +184,8 @@ class Node : private PeerEvents, private ReduceServices {
     client_->fetch(id, timeoutSeconds, std::move(done), preferred);
   }
 
-  // --- its directory shard's requests, and its copies (node_server.cpp) ---
-  void handleRegister(Connection& conn, const wire::Register& msg);
-  void handleLookup(Connection& conn, const wire::Lookup& msg);
-  void handleDelete(Connection& conn, const wire::Delete& msg);
+  // --- its copies (node_objects.cpp) ---
   void handleDropCopy(Connection& conn, const wire::DropCopy& msg);
-  void handleSubscribe(Connection& conn, const wire::Subscribe& msg);
   void serveParkedPulls(const std::shared_ptr<LocalObject>& obj) override { server_->serveParkedPulls(obj); }
   void dropLocalCopy(const std::string& id, const Status& why) override;
 
@@ -204,13 +199,13 @@ class Node : private PeerEvents, private ReduceServices {
   std::unique_ptr<Peers> peers_;
   std::shared_ptr<BufferPool> pool_;
   std::unique_ptr<ObjectStore> store_;
-  std::unique_ptr<DirectoryShard> shard_;  // this node's share of the directory
   std::unique_ptr<WorkerPool> workers_;
   // Copies of puts into the store, at a lower priority than the transfers
   // they feed (a put's copy on every rank at once otherwise starves them).
   std::unique_ptr<WorkerPool> putCopies_;
   // The parts, declared after what they refer to (destroyed before it).
   std::unique_ptr<DirectoryClient> directory_;  // where ids' entries live; requests to them
+  std::unique_ptr<ShardServer> shardServer_;     // this node's share of the directory
   std::unique_ptr<Mailbox> mailbox_;
   std::unique_ptr<TransferServer> server_;  // pulls from this node's copies
   std::unique_ptr<TransferClient> client_;  // gets, and the pulls that feed them

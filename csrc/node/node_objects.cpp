@@ -1,5 +1,5 @@
-// The object API: put (registration, and the copy in), delete, and get
-// (transfer/client.h does its work).
+// The object API: put (registration, and the copy in), delete, dropping
+// this node's copies, and get (transfer/client.h does its work).
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -149,6 +149,23 @@ Status Node::remove(const std::string& id, double timeoutSeconds) {
     directory_->requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id}), request, done);
   });
   return awaitStatus(deleted, timeoutSeconds, "deleting object " + printableId(id));
+}
+
+// ---------------------------------------------------------------- dropping copies
+
+void Node::handleDropCopy(Connection& conn, const wire::DropCopy& msg) {
+  dropLocalCopy(msg.id, msg.retract ? Status(Code::kRetry, "object " + printableId(msg.id) +
+                                                            " is being recomputed after a participant failed")
+                                    : Status(Code::kDeleted, "object " + printableId(msg.id) + " was deleted"));
+  conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, Status()}));
+}
+
+void Node::dropLocalCopy(const std::string& id, const Status& why) {
+  auto obj = store_->remove(id);
+  if (!obj) return;
+  obj->abandoned = true;  // stops a put still copying in
+  client_->endPullsOf(obj);
+  obj->fail(why);  // wakes gets waiting on it and streams serving from it
 }
 
 // ---------------------------------------------------------------- get
