@@ -39,6 +39,11 @@ NODE_SPLIT_PAIRS = [
     ("node-split-broadcast-{}_n8_emulated_1gbit.json", "Broadcast again, 9 trials, before then after"),
     ("node-split-broadcast2-{}_n8_emulated_1gbit.json", "Broadcast a third time, 9 trials, after then before"),
 ]
+# The same on loopback (one host, 2 cores; every hoplite byte read from a peer's memory).
+NODE_SPLIT_LOOPBACK_PAIRS = [
+    ("node-split-loopback-{}.json", "Loopback, 5 trials, before then after"),
+    ("node-split-loopback-reduce-{}.json", "Loopback reduce again, 9 trials, after then before"),
+]
 
 
 class Result:
@@ -206,6 +211,19 @@ def node_split_table() -> list[str]:
             cells = [f"{x['ratio_to_ideal']:.3f}× ({x['min_s'] / x['ideal_s']:.3f}–{x['max_s'] / x['ideal_s']:.3f})"
                      for x in (r, a)]
             lines.append(f"| {r['op']} | {r['system']} | {cells[0]} | {cells[1]} |")
+        lines.append("")
+    for pattern, what in NODE_SPLIT_LOOPBACK_PAIRS:
+        before, after = Result(pattern.format("before")), Result(pattern.format("after"))
+        lines += [f"{what}: {before.source()} against {after.source()}. Median time, and time over gloo's "
+                  "in the same run:", "", "| op | N | size | before | after |", "|---|---|---|---|---|"]
+        for r in before.records:
+            if r["system"] != "hoplite":
+                continue
+            a = after.find(op=r["op"], system="hoplite", nodes=r["nodes"], size_bytes=r["size_bytes"])
+            if a is None:
+                raise ValueError(f"{after.name} has no {r['op']} at N = {r['nodes']}, {r['size_bytes']} B")
+            cells = [f"{_ms(x['median_s'])} ({x['time_vs_gloo']:.2f}×)" for x in (r, a)]
+            lines.append(f"| {r['op']} | {r['nodes']} | {_size(r['size_bytes'])} | {cells[0]} | {cells[1]} |")
         lines.append("")
     return lines[:-1]
 
