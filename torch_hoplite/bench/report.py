@@ -178,6 +178,22 @@ def p2p_table() -> list[str]:
     return lines
 
 
+def same_host_table() -> list[str]:
+    coll = Result(SAME_HOST)
+    sizes = sorted({r["size_bytes"] for r in coll.records})
+    lines = ["| op | N | " + " | ".join(_size(size) for size in sizes) + " |", "|---|---|" + "---|" * len(sizes)]
+    for op in ("broadcast", "reduce", "allreduce", "gather"):
+        for nodes in sorted({r["nodes"] for r in coll.records}):
+            cells = []
+            for size in sizes:
+                r = coll.find(op=op, system="hoplite", nodes=nodes, size_bytes=size)
+                ms = r["median_s"] * 1000
+                cells.append(f"{ms:.1f} ms ({r['time_vs_gloo']:.2f}×)" if ms < 100 else
+                             f"{ms:.0f} ms ({r['time_vs_gloo']:.2f}×)")
+            lines.append(f"| {op} | {nodes} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def peers_table() -> list[str]:
     peers = Result(PEERS)
     systems = [("hoplite", "hoplite"), ("hoplite-zero-copy", "`copy=False`"), ("hoplite-c10d", "hoplite-c10d"),
@@ -237,6 +253,7 @@ def readme_lines() -> list[str]:
 BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("README", "how-fast", readme_lines),
     ("BENCH_README", "p2p", p2p_table),
+    ("BENCH_README", "same-host", same_host_table),
     ("BENCH_README", "peers", peers_table),
     ("BENCH_README", "node-split", node_split_table),
 ]
