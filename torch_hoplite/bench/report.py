@@ -27,6 +27,7 @@ BENCH_README = os.path.join(ROOT, "benchmarks", "README.md")
 
 MiB = 1 << 20
 PEERS = "peers_n8_emulated_1gbit.json"  # all systems at N = 8, 256 MB, one run
+ISSUE6_TARGETS = "issue6_targets_n8_emulated_1gbit.json"
 SAME_HOST = "collectives_same_host.json"
 P2P = "p2p.json"
 RPC = "rpc_emulated_1gbit.json"
@@ -194,6 +195,14 @@ def same_host_table() -> list[str]:
     return lines
 
 
+def issue6_targets_table() -> list[str]:
+    targets = Result(ISSUE6_TARGETS)
+    systems = [("hoplite", "hoplite"), ("hoplite-zero-copy", "hoplite-zero-copy"),
+               ("hoplite-c10d", "hoplite-c10d"), ("gloo", "gloo")]
+    return [f"{targets.source()}: time over the ideal (CPU cores of all eight ranks):", ""] + \
+        _ratio_rows(targets, systems)
+
+
 def peers_table() -> list[str]:
     peers = Result(PEERS)
     systems = [("hoplite", "hoplite"), ("hoplite-zero-copy", "`copy=False`"), ("hoplite-c10d", "hoplite-c10d"),
@@ -254,6 +263,7 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("README", "how-fast", readme_lines),
     ("BENCH_README", "p2p", p2p_table),
     ("BENCH_README", "same-host", same_host_table),
+    ("BENCH_README", "issue6-targets", issue6_targets_table),
     ("BENCH_README", "peers", peers_table),
     ("BENCH_README", "node-split", node_split_table),
 ]
