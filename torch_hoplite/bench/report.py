@@ -28,6 +28,7 @@ BENCH_README = os.path.join(ROOT, "benchmarks", "README.md")
 MiB = 1 << 20
 PEERS = "peers_n8_emulated_1gbit.json"  # all systems at N = 8, 256 MB, one run
 ISSUE6_TARGETS = "issue6_targets_n8_emulated_1gbit.json"
+ASYNCHRONY = "asynchrony_emulated_1gbit.json"  # ranks ready 0.1 s apart
 SAME_HOST = "collectives_same_host.json"
 P2P = "p2p.json"
 RPC = "rpc_emulated_1gbit.json"
@@ -203,6 +204,17 @@ def issue6_targets_table() -> list[str]:
         _ratio_rows(targets, systems)
 
 
+def asynchrony_table() -> list[str]:
+    arrivals = Result(ASYNCHRONY)
+    systems = [("hoplite", "hoplite"), ("hoplite-c10d", "hoplite-c10d"), ("gloo", "gloo"), ("mpi", "Open MPI")]
+    lines = [f"{arrivals.source()}: time from the last arrival to the slowest participant's end, median:", "",
+             "| op | " + " | ".join(label for _, label in systems) + " |", "|---|" + "---|" * len(systems)]
+    for op in ("broadcast", "reduce", "allreduce"):
+        cells = [f"{arrivals.value('median_s', op=op, system=system):.3g} s" for system, _ in systems]
+        lines.append(f"| {op} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def peers_table() -> list[str]:
     peers = Result(PEERS)
     systems = [("hoplite", "hoplite"), ("hoplite-zero-copy", "`copy=False`"), ("hoplite-c10d", "hoplite-c10d"),
@@ -265,6 +277,7 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("BENCH_README", "same-host", same_host_table),
     ("BENCH_README", "issue6-targets", issue6_targets_table),
     ("BENCH_README", "peers", peers_table),
+    ("BENCH_README", "asynchrony", asynchrony_table),
     ("BENCH_README", "node-split", node_split_table),
 ]
 
