@@ -215,6 +215,33 @@ def asynchrony_table() -> list[str]:
     return lines
 
 
+def dlrm_table() -> list[str]:
+    ds = Result(DLRM_SERVING)
+    lines = ["| system | rows/s | × rpc | pull p50 | pull p99 | bytes sent per step | step | of which compute |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in ds.records:
+        if r["workload"] != "dlrm":
+            continue
+        # The store's bytes are what its nodes counted; the others send the rows' payload.
+        counted = "measured by the nodes" if r["system"] == "hoplite" else "payload"
+        rows = f"{r['rows_per_s']:,.0f}".replace(",", " ")
+        lines.append(f"| {r['system']} | {rows} | {r['rows_per_s_vs_rpc']:.2f} | {r['pull_p50_ms']:.1f} ms | "
+                     f"{r['pull_p99_ms']:.1f} ms | {r['bytes_per_step'] / 1e6:.0f} MB ({counted}) | "
+                     f"{r['step_ms']:.0f} ms | {r['compute_ms']:.0f} ms |")
+    return [f"{ds.source()}:", ""] + lines
+
+
+def serving_table() -> list[str]:
+    serving = Result(DLRM_SERVING).find(workload="serving")
+    lines = ["| phase | queries | p50 | p99 |", "|---|---|---|---|"]
+    for key, phase in (("before_kill", "before the kill"), ("around_kill", "around the kill"),
+                       ("after_replacement", "after the replacement")):
+        p = serving[key]
+        cells = [f"{p[q]:.1f} ms" if p[q] < 1000 else f"{p[q]:.0f} ms" for q in ("p50_ms", "p99_ms")]
+        lines.append(f"| {phase} | {p['queries']} | {cells[0]} | {cells[1]} |")
+    return lines + ["", f"{serving['queries_per_s']:.1f} queries/s overall."]
+
+
 def peers_table() -> list[str]:
     peers = Result(PEERS)
     systems = [("hoplite", "hoplite"), ("hoplite-zero-copy", "`copy=False`"), ("hoplite-c10d", "hoplite-c10d"),
@@ -278,6 +305,8 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("BENCH_README", "issue6-targets", issue6_targets_table),
     ("BENCH_README", "peers", peers_table),
     ("BENCH_README", "asynchrony", asynchrony_table),
+    ("BENCH_README", "dlrm", dlrm_table),
+    ("BENCH_README", "serving", serving_table),
     ("BENCH_README", "node-split", node_split_table),
 ]
 
