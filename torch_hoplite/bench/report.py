@@ -242,6 +242,22 @@ def serving_table() -> list[str]:
     return lines + ["", f"{serving['queries_per_s']:.1f} queries/s overall."]
 
 
+def rpc_table() -> list[str]:
+    rpc = Result(RPC)
+    lines = ["| case | N | S | plain RPC | offload | refs / reduce |", "|---|---|---|---|---|---|"]
+    for case, label, third in (("fanout", "fan-out", "refs"), ("fanin", "fan-in", "reduce")):
+        for nodes in (4, 8):
+            for size in (64 * MiB, 256 * MiB):
+                at = dict(case=case, nodes=nodes, size_bytes=size)
+                plain, offload = rpc.find(system="rpc", **at), rpc.find(system="offload", **at)
+                cell = f"{offload['ratio_to_ideal']:.2f}×"
+                if case == "fanout" and nodes == 8:  # issue #26's target: at least 5× faster than plain RPC
+                    cell += f" ({plain['median_s'] / offload['median_s']:.1f}× faster)"
+                lines.append(f"| {label} | {nodes} | {_size(size)} | {plain['ratio_to_ideal']:.2f}× | {cell} | "
+                             f"{rpc.value('ratio_to_ideal', system=third, **at):.2f}× |")
+    return lines
+
+
 def peers_table() -> list[str]:
     peers = Result(PEERS)
     systems = [("hoplite", "hoplite"), ("hoplite-zero-copy", "`copy=False`"), ("hoplite-c10d", "hoplite-c10d"),
@@ -305,6 +321,7 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("BENCH_README", "issue6-targets", issue6_targets_table),
     ("BENCH_README", "peers", peers_table),
     ("BENCH_README", "asynchrony", asynchrony_table),
+    ("BENCH_README", "rpc", rpc_table),
     ("BENCH_README", "dlrm", dlrm_table),
     ("BENCH_README", "serving", serving_table),
     ("BENCH_README", "node-split", node_split_table),
