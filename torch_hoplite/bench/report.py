@@ -215,6 +215,20 @@ def asynchrony_table() -> list[str]:
     return lines
 
 
+def parameter_server_table() -> list[str]:
+    ps = Result(WORKLOADS)
+    lines = ["| mode | samples/s | × RPC PS | to MSE 0.006 | samples/s, straggler | × RPC PS | to target, straggler "
+             "| × DDP-gloo |", "|---|---|---|---|---|---|---|---|"]
+    for system in ("rpc", "ddp-gloo", "ddp-hoplite", "hoplite"):
+        even = ps.find(workload="async_ps", system=system, straggler=False)
+        slow = ps.find(workload="async_ps", system=system, straggler=True)
+        lines.append(f"| {system} | {even['samples_per_s']:.0f} | {even['samples_per_s_vs_rpc']:.2f} | "
+                     f"{even['time_to_target_s']:.1f} s | {slow['samples_per_s']:.0f} | "
+                     f"{slow['samples_per_s_vs_rpc']:.2f} | {slow['time_to_target_s']:.1f} s | "
+                     f"{slow['time_to_target_vs_ddp_gloo']:.2f} |")
+    return lines
+
+
 def dlrm_table() -> list[str]:
     ds = Result(DLRM_SERVING)
     lines = ["| system | rows/s | × rpc | pull p50 | pull p99 | bytes sent per step | step | of which compute |",
@@ -322,6 +336,7 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("BENCH_README", "peers", peers_table),
     ("BENCH_README", "asynchrony", asynchrony_table),
     ("BENCH_README", "rpc", rpc_table),
+    ("BENCH_README", "parameter-server", parameter_server_table),
     ("BENCH_README", "dlrm", dlrm_table),
     ("BENCH_README", "serving", serving_table),
     ("BENCH_README", "node-split", node_split_table),
