@@ -19,6 +19,10 @@ SOURCES := $(shell find csrc cuda -name '*.cpp' -o -name '*.h' -o -name '*.inc' 
 .stamp-bench-deps: .stamp-deps
 	$(PIP) install -q matplotlib tqdm gymnasium
 	command -v mpicc >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev)
+	touch $@
+
+# clang with libFuzzer, for make fuzz and the fuzz smoke test of make test.
+.stamp-fuzz-deps: Makefile
 	command -v clang++ >/dev/null || command -v clang++-14 >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang-14)
 	touch $@
 
@@ -28,7 +32,7 @@ demo: setup
 	$(PYTHON) examples/demo.py
 
 # The harness's tests (tests/test_bench_cli.py) run it, so its peers are installed too.
-test: setup .stamp-bench-deps
+test: setup .stamp-bench-deps .stamp-fuzz-deps
 	$(PYTHON) -m pytest tests -q -p no:cacheprovider
 
 # Every example at a quick size; plots and JSON go to examples/results/.
@@ -60,7 +64,7 @@ bench-gpu: setup .stamp-bench-deps
 # libFuzzer on the wire decoder under ASan + UBSan for FUZZ_SECONDS (installs clang if needed),
 # from and into the corpus kept in tests/fuzz/corpus/ (make test runs it for 15 s).
 FUZZ_SECONDS ?= 60
-fuzz:
+fuzz: .stamp-fuzz-deps
 	tests/fuzz/run.sh $(FUZZ_SECONDS)
 
 clean:

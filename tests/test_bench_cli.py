@@ -147,9 +147,10 @@ def test_rpc_benchmark_on_loopback(tmp_path):
     assert (tmp_path / "rpc.png").stat().st_size > 10_000
 
 
-def test_p2p_benchmark_checks_every_round_trip(tmp_path):
-    """benchmarks/p2p.py at a small size: each trial's echo is compared with
-    what was sent (a patterned tensor) inside the run; every system has a record."""
+def test_p2p_benchmark_runs_every_system(tmp_path):
+    """benchmarks/p2p.py at a small size: every system has a record, and the
+    run succeeds, which it does only if every trial's echo equals what was sent
+    (a patterned tensor; p2p.py compares them outside the timed region)."""
     out = tmp_path / "p2p"
     cmd = [sys.executable, "benchmarks/p2p.py", "--sizes", "1MB", "--systems", "hoplite,gloo,torch-rpc", "--trials",
            "2", "--warmup", "1", "--out", str(out)]

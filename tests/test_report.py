@@ -44,10 +44,7 @@ def test_a_lost_marker_is_named(tmp_path, monkeypatch, capsys):
 
 
 def test_every_result_file_it_reads_is_in_the_repository():
-    named = [report.PEERS, report.SAME_HOST, report.P2P, report.RPC, report.WORKLOADS, report.DLRM_SERVING]
-    pairs = report.NODE_SPLIT_PAIRS + report.NODE_SPLIT_LOOPBACK_PAIRS
-    named += [pattern.format(side) for pattern, _ in pairs for side in ("before", "after")]
-    missing = [n for n in named if not os.path.exists(os.path.join(report.RESULTS, n))]
+    missing = [n for n in report.result_files() if not os.path.exists(os.path.join(report.RESULTS, n))]
     assert not missing, f"not in benchmarks/results: {missing}"
 
 

@@ -15,6 +15,7 @@ tests/test_report.py checks that the files hold what this prints.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -48,6 +49,13 @@ NODE_SPLIT_LOOPBACK_PAIRS = [
 ]
 
 
+def result_files() -> list[str]:
+    """Every result file the blocks read."""
+    singles = [PEERS, ISSUE6_TARGETS, ASYNCHRONY, SAME_HOST, P2P, RPC, WORKLOADS, DLRM_SERVING]
+    pairs = NODE_SPLIT_PAIRS + NODE_SPLIT_LOOPBACK_PAIRS
+    return singles + [pattern.format(side) for pattern, _ in pairs for side in ("before", "after")]
+
+
 class Result:
     """One committed result file."""
 
@@ -68,11 +76,24 @@ class Result:
             raise ValueError(f"{self.name}: {len(found)} records match {match}")
         return found[0] if found else None
 
-    def value(self, key: str, **match: Any) -> float:
+    def one(self, **match: Any) -> dict:
+        """The one record with these fields; ValueError naming the file if there is none."""
         r = self.find(**match)
-        if r is None or r.get(key) is None:
+        if r is None:
+            raise ValueError(f"{self.name}: no record for {match}")
+        return r
+
+    def value(self, key: str, **match: Any) -> float:
+        r = self.one(**match)
+        if r.get(key) is None:
             raise ValueError(f"{self.name}: no {key} for {match}")
         return r[key]
+
+
+@functools.lru_cache(maxsize=None)
+def result(name: str) -> Result:
+    """The committed result file `name`, read once."""
+    return Result(name)
 
 
 def _x(value: Optional[float]) -> str:
@@ -80,7 +101,7 @@ def _x(value: Optional[float]) -> str:
 
 
 def emulated_table() -> list[str]:
-    peers = Result(PEERS)
+    peers = result(PEERS)
     systems = [("hoplite", "hoplite"), ("hoplite-zero-copy", "hoplite `copy=False`"),
                ("hoplite-c10d", "backend `\"hoplite\"`"), ("gloo", "gloo"), ("mpi", "Open MPI, busy-polling"),
                ("mpi-yield", "Open MPI, yielding")]
@@ -93,7 +114,7 @@ def emulated_table() -> list[str]:
 
 
 def same_host_lines() -> list[str]:
-    p2p, coll = Result(P2P), Result(SAME_HOST)
+    p2p, coll = result(P2P), result(SAME_HOST)
 
     def rt(system: str, size: int) -> str:
         return _x(p2p.value("time_vs_gloo", system=system, size_bytes=size))
@@ -116,7 +137,7 @@ def same_host_lines() -> list[str]:
 
 
 def rpc_lines() -> list[str]:
-    rpc = Result(RPC)
+    rpc = result(RPC)
 
     def ratio(case: str, system: str, size: int) -> str:
         return _x(rpc.value("ratio_to_ideal", case=case, system=system, nodes=8, size_bytes=size))
@@ -132,7 +153,7 @@ def rpc_lines() -> list[str]:
 
 
 def workload_lines() -> list[str]:
-    ps, ds = Result(WORKLOADS), Result(DLRM_SERVING)
+    ps, ds = result(WORKLOADS), result(DLRM_SERVING)
 
     def ps_value(key: str, straggler: bool) -> float:
         return ps.value(key, workload="async_ps", system="hoplite", straggler=straggler)
@@ -151,9 +172,11 @@ def workload_lines() -> list[str]:
     ]
 
 
-def _ms(seconds: float) -> str:
+def _ms(seconds: float, two_places_below: float = 10, one_place_below: float = float("inf")) -> str:
+    """Milliseconds: two decimal places below `two_places_below` ms, one below `one_place_below`, else none."""
     ms = seconds * 1000
-    return f"{ms:.2f} ms" if ms < 10 else f"{ms:.1f} ms"
+    places = 2 if ms < two_places_below else 1 if ms < one_place_below else 0
+    return f"{ms:.{places}f} ms"
 
 
 def _size(size: int) -> str:
@@ -161,7 +184,7 @@ def _size(size: int) -> str:
 
 
 def p2p_table() -> list[str]:
-    p2p = Result(P2P)
+    p2p = result(P2P)
     columns = [("gloo", "gloo"), ("hoplite", "hoplite (copies)"), ("hoplite-zero-copy", "hoplite-zero-copy"),
                ("hoplite-tcp", "hoplite-tcp (copies)"), ("hoplite-tcp-zero-copy", "hoplite-tcp-zero-copy"),
                ("torch-rpc", "torch-rpc")]
@@ -175,29 +198,27 @@ def p2p_table() -> list[str]:
             elif system == "gloo":
                 cells.append(_ms(r["median_s"]))
             else:
-                cells.append(f"{_ms(r['median_s'])} ({r['time_vs_gloo']:.2f}×)")
+                cells.append(f"{_ms(r['median_s'])} ({_x(r['time_vs_gloo'])})")
         lines.append(f"| {_size(size)} | " + " | ".join(cells) + " |")
     return lines
 
 
 def same_host_table() -> list[str]:
-    coll = Result(SAME_HOST)
+    coll = result(SAME_HOST)
     sizes = sorted({r["size_bytes"] for r in coll.records})
     lines = ["| op | N | " + " | ".join(_size(size) for size in sizes) + " |", "|---|---|" + "---|" * len(sizes)]
     for op in ("broadcast", "reduce", "allreduce", "gather"):
         for nodes in sorted({r["nodes"] for r in coll.records}):
             cells = []
             for size in sizes:
-                r = coll.find(op=op, system="hoplite", nodes=nodes, size_bytes=size)
-                ms = r["median_s"] * 1000
-                cells.append(f"{ms:.1f} ms ({r['time_vs_gloo']:.2f}×)" if ms < 100 else
-                             f"{ms:.0f} ms ({r['time_vs_gloo']:.2f}×)")
+                r = coll.one(op=op, system="hoplite", nodes=nodes, size_bytes=size)
+                cells.append(f"{_ms(r['median_s'], 0, 100)} ({_x(r['time_vs_gloo'])})")
             lines.append(f"| {op} | {nodes} | " + " | ".join(cells) + " |")
     return lines
 
 
 def issue6_targets_table() -> list[str]:
-    targets = Result(ISSUE6_TARGETS)
+    targets = result(ISSUE6_TARGETS)
     systems = [("hoplite", "hoplite"), ("hoplite-zero-copy", "hoplite-zero-copy"),
                ("hoplite-c10d", "hoplite-c10d"), ("gloo", "gloo")]
     return [f"{targets.source()}: time over the ideal (CPU cores of all eight ranks):", ""] + \
@@ -205,7 +226,7 @@ def issue6_targets_table() -> list[str]:
 
 
 def asynchrony_table() -> list[str]:
-    arrivals = Result(ASYNCHRONY)
+    arrivals = result(ASYNCHRONY)
     systems = [("hoplite", "hoplite"), ("hoplite-c10d", "hoplite-c10d"), ("gloo", "gloo"), ("mpi", "Open MPI")]
     lines = [f"{arrivals.source()}: time from the last arrival to the slowest participant's end, median:", "",
              "| op | " + " | ".join(label for _, label in systems) + " |", "|---|" + "---|" * len(systems)]
@@ -216,12 +237,12 @@ def asynchrony_table() -> list[str]:
 
 
 def parameter_server_table() -> list[str]:
-    ps = Result(WORKLOADS)
+    ps = result(WORKLOADS)
     lines = ["| mode | samples/s | × RPC PS | to MSE 0.006 | samples/s, straggler | × RPC PS | to target, straggler "
              "| × DDP-gloo |", "|---|---|---|---|---|---|---|---|"]
     for system in ("rpc", "ddp-gloo", "ddp-hoplite", "hoplite"):
-        even = ps.find(workload="async_ps", system=system, straggler=False)
-        slow = ps.find(workload="async_ps", system=system, straggler=True)
+        even = ps.one(workload="async_ps", system=system, straggler=False)
+        slow = ps.one(workload="async_ps", system=system, straggler=True)
         lines.append(f"| {system} | {even['samples_per_s']:.0f} | {even['samples_per_s_vs_rpc']:.2f} | "
                      f"{even['time_to_target_s']:.1f} s | {slow['samples_per_s']:.0f} | "
                      f"{slow['samples_per_s_vs_rpc']:.2f} | {slow['time_to_target_s']:.1f} s | "
@@ -230,7 +251,7 @@ def parameter_server_table() -> list[str]:
 
 
 def dlrm_table() -> list[str]:
-    ds = Result(DLRM_SERVING)
+    ds = result(DLRM_SERVING)
     lines = ["| system | rows/s | × rpc | pull p50 | pull p99 | bytes sent per step | step | of which compute |",
              "|---|---|---|---|---|---|---|---|"]
     for r in ds.records:
@@ -239,41 +260,41 @@ def dlrm_table() -> list[str]:
         # The store's bytes are what its nodes counted; the others send the rows' payload.
         counted = "measured by the nodes" if r["system"] == "hoplite" else "payload"
         rows = f"{r['rows_per_s']:,.0f}".replace(",", " ")
-        lines.append(f"| {r['system']} | {rows} | {r['rows_per_s_vs_rpc']:.2f} | {r['pull_p50_ms']:.1f} ms | "
-                     f"{r['pull_p99_ms']:.1f} ms | {r['bytes_per_step'] / 1e6:.0f} MB ({counted}) | "
-                     f"{r['step_ms']:.0f} ms | {r['compute_ms']:.0f} ms |")
+        lines.append(f"| {r['system']} | {rows} | {r['rows_per_s_vs_rpc']:.2f} | {_ms(r['pull_p50_ms'] / 1000, 0)} | "
+                     f"{_ms(r['pull_p99_ms'] / 1000, 0)} | {r['bytes_per_step'] / 1e6:.0f} MB ({counted}) | "
+                     f"{_ms(r['step_ms'] / 1000, 0, 0)} | {_ms(r['compute_ms'] / 1000, 0, 0)} |")
     return [f"{ds.source()}:", ""] + lines
 
 
 def serving_table() -> list[str]:
-    serving = Result(DLRM_SERVING).find(workload="serving")
+    serving = result(DLRM_SERVING).one(workload="serving")
     lines = ["| phase | queries | p50 | p99 |", "|---|---|---|---|"]
     for key, phase in (("before_kill", "before the kill"), ("around_kill", "around the kill"),
                        ("after_replacement", "after the replacement")):
         p = serving[key]
-        cells = [f"{p[q]:.1f} ms" if p[q] < 1000 else f"{p[q]:.0f} ms" for q in ("p50_ms", "p99_ms")]
+        cells = [_ms(p[q] / 1000, 0, 1000) for q in ("p50_ms", "p99_ms")]
         lines.append(f"| {phase} | {p['queries']} | {cells[0]} | {cells[1]} |")
     return lines + ["", f"{serving['queries_per_s']:.1f} queries/s overall."]
 
 
 def rpc_table() -> list[str]:
-    rpc = Result(RPC)
+    rpc = result(RPC)
     lines = ["| case | N | S | plain RPC | offload | refs / reduce |", "|---|---|---|---|---|---|"]
     for case, label, third in (("fanout", "fan-out", "refs"), ("fanin", "fan-in", "reduce")):
         for nodes in (4, 8):
             for size in (64 * MiB, 256 * MiB):
                 at = dict(case=case, nodes=nodes, size_bytes=size)
-                plain, offload = rpc.find(system="rpc", **at), rpc.find(system="offload", **at)
-                cell = f"{offload['ratio_to_ideal']:.2f}×"
+                plain, offload = rpc.one(system="rpc", **at), rpc.one(system="offload", **at)
+                cell = _x(offload["ratio_to_ideal"])
                 if case == "fanout" and nodes == 8:  # issue #26's target: at least 5× faster than plain RPC
                     cell += f" ({plain['median_s'] / offload['median_s']:.1f}× faster)"
-                lines.append(f"| {label} | {nodes} | {_size(size)} | {plain['ratio_to_ideal']:.2f}× | {cell} | "
-                             f"{rpc.value('ratio_to_ideal', system=third, **at):.2f}× |")
+                lines.append(f"| {label} | {nodes} | {_size(size)} | {_x(plain['ratio_to_ideal'])} | {cell} | "
+                             f"{_x(rpc.value('ratio_to_ideal', system=third, **at))} |")
     return lines
 
 
 def peers_table() -> list[str]:
-    peers = Result(PEERS)
+    peers = result(PEERS)
     systems = [("hoplite", "hoplite"), ("hoplite-zero-copy", "`copy=False`"), ("hoplite-c10d", "hoplite-c10d"),
                ("gloo", "gloo"), ("mpi", "mpi"), ("mpi-yield", "mpi-yield")]
     return _ratio_rows(peers, systems)
@@ -286,39 +307,42 @@ def _ratio_rows(result: Result, systems: list[tuple[str, str]]) -> list[str]:
         cells = []
         for system, _ in present:
             r = result.find(op=op, system=system, nodes=8, size_bytes=256 * MiB)
-            cells.append("—" if r is None else f"{r['ratio_to_ideal']:.2f}× ({r['cpu_cores']:.2f})")
+            cells.append("—" if r is None else f"{_x(r['ratio_to_ideal'])} ({r['cpu_cores']:.2f})")
         if any(c != "—" for c in cells):
             lines.append(f"| {op} | " + " | ".join(cells) + " |")
     return lines
 
 
-def node_split_table() -> list[str]:
+def _pair_tables(pairs: list[tuple[str, str]], caption: str, header: list[str],
+                 keep: Callable[[dict], bool], row: Callable[[dict, dict], str]) -> list[str]:
+    """One table per before/after pair of result files: a row for each kept record of "before" and its
+    match in "after"."""
     lines = []
-    for pattern, what in NODE_SPLIT_PAIRS:
-        before, after = Result(pattern.format("before")), Result(pattern.format("after"))
-        lines += [f"{what}: {before.source()} against {after.source()}. Time over the ideal, median "
-                  "(fastest–slowest trial):", "", "| op | system | before | after |", "|---|---|---|---|"]
-        for r in before.records:
-            a = after.find(op=r["op"], system=r["system"], nodes=r["nodes"], size_bytes=r["size_bytes"])
-            if a is None:
-                raise ValueError(f"{after.name} has no {r['op']} {r['system']}")
-            cells = [f"{x['ratio_to_ideal']:.3f}× ({x['min_s'] / x['ideal_s']:.3f}–{x['max_s'] / x['ideal_s']:.3f})"
-                     for x in (r, a)]
-            lines.append(f"| {r['op']} | {r['system']} | {cells[0]} | {cells[1]} |")
+    for pattern, what in pairs:
+        before, after = result(pattern.format("before")), result(pattern.format("after"))
+        lines += [f"{what}: {before.source()} against {after.source()}. {caption}", "",
+                  "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for r in filter(keep, before.records):
+            a = after.one(op=r["op"], system=r["system"], nodes=r["nodes"], size_bytes=r["size_bytes"])
+            lines.append(row(r, a))
         lines.append("")
-    for pattern, what in NODE_SPLIT_LOOPBACK_PAIRS:
-        before, after = Result(pattern.format("before")), Result(pattern.format("after"))
-        lines += [f"{what}: {before.source()} against {after.source()}. Median time, and time over gloo's "
-                  "in the same run:", "", "| op | N | size | before | after |", "|---|---|---|---|---|"]
-        for r in before.records:
-            if r["system"] != "hoplite":
-                continue
-            a = after.find(op=r["op"], system="hoplite", nodes=r["nodes"], size_bytes=r["size_bytes"])
-            if a is None:
-                raise ValueError(f"{after.name} has no {r['op']} at N = {r['nodes']}, {r['size_bytes']} B")
-            cells = [f"{_ms(x['median_s'])} ({x['time_vs_gloo']:.2f}×)" for x in (r, a)]
-            lines.append(f"| {r['op']} | {r['nodes']} | {_size(r['size_bytes'])} | {cells[0]} | {cells[1]} |")
-        lines.append("")
+    return lines
+
+
+def node_split_table() -> list[str]:
+    def emulated(b: dict, a: dict) -> str:
+        cells = [f"{x['ratio_to_ideal']:.3f}× ({x['min_s'] / x['ideal_s']:.3f}–{x['max_s'] / x['ideal_s']:.3f})"
+                 for x in (b, a)]
+        return f"| {b['op']} | {b['system']} | {cells[0]} | {cells[1]} |"
+
+    def loopback(b: dict, a: dict) -> str:
+        cells = [f"{_ms(x['median_s'])} ({_x(x['time_vs_gloo'])})" for x in (b, a)]
+        return f"| {b['op']} | {b['nodes']} | {_size(b['size_bytes'])} | {cells[0]} | {cells[1]} |"
+
+    lines = _pair_tables(NODE_SPLIT_PAIRS, "Time over the ideal, median (fastest–slowest trial):",
+                         ["op", "system", "before", "after"], lambda r: True, emulated)
+    lines += _pair_tables(NODE_SPLIT_LOOPBACK_PAIRS, "Median time, and time over gloo's in the same run:",
+                          ["op", "N", "size", "before", "after"], lambda r: r["system"] == "hoplite", loopback)
     return lines[:-1]
 
 
@@ -369,6 +393,13 @@ def file_block(text: str, name: str) -> Optional[str]:
     return text.split(begin, 1)[1].split(end, 1)[0].strip("\n") + "\n"
 
 
+def replace_block(text: str, name: str, block: str) -> str:
+    """`text` with block `name`'s contents replaced (its markers must be there)."""
+    head, rest = text.split(begin_marker(name), 1)
+    tail = rest.split(end_marker(name), 1)[1]
+    return head + begin_marker(name) + "\n" + block + end_marker(name) + tail
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
@@ -379,24 +410,26 @@ def main(argv: Optional[list[str]] = None) -> int:
         sys.stdout.write(render())
         return 0
     failed = False
-    for attr, name, make in BLOCKS:
+    for attr in dict.fromkeys(attr for attr, _, _ in BLOCKS):  # each file once, in order
         path = globals()[attr]
         with open(path) as f:
-            text = f.read()
-        block, current = block_text(make), file_block(text, name)
-        if current is None:
-            print(f"{path} has no block {name!r} between its markers {begin_marker(name)!r} and "
-                  f"{end_marker(name)!r}", file=sys.stderr)
-            failed = True
-        elif args.check and current != block:
-            print(f"{path}'s block {name!r} differs from the results: run python -m torch_hoplite.bench.report "
-                  "--write", file=sys.stderr)
-            failed = True
-        elif args.write and current != block:
-            head, rest = text.split(begin_marker(name), 1)
-            tail = rest.split(end_marker(name), 1)[1]
+            original = f.read()
+        text = original
+        for name, make in ((n, m) for a, n, m in BLOCKS if a == attr):
+            block, current = block_text(make), file_block(text, name)
+            if current is None:
+                print(f"{path} has no block {name!r} between its markers {begin_marker(name)!r} and "
+                      f"{end_marker(name)!r}", file=sys.stderr)
+                failed = True
+            elif current != block and args.check:
+                print(f"{path}'s block {name!r} differs from the results: run python -m torch_hoplite.bench.report "
+                      "--write", file=sys.stderr)
+                failed = True
+            elif current != block:
+                text = replace_block(text, name, block)
+        if text != original:
             with open(path, "w") as f:
-                f.write(head + begin_marker(name) + "\n" + block + end_marker(name) + tail)
+                f.write(text)
     return 1 if failed else 0
 
 
