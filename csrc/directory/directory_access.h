@@ -1,5 +1,6 @@
 // What the transfer client needs of the directory: where an id's entry
-// lives, and lookups of where an object is. DirectoryClient implements it.
+// lives, lookups of where an object is, and telling it about this node's
+// copies. DirectoryClient implements it.
 // Loop thread only.
 #pragma once
 
@@ -7,6 +8,7 @@
 #include <string>
 
 #include "net/request_tracker.h"
+#include "wire/messages.h"
 
 namespace hoplite {
 
@@ -24,6 +26,9 @@ class DirectoryAccess {
   // sender to ask for (see DirectoryShard::lookup). Returns the request id.
   virtual uint64_t requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
                                  LookupCallback cb, int preferred = -1) = 0;
+  // Tells the id's shard where this node's copy stands; `sender`: the holder
+  // it was pulled from, now free for others (-1: none).
+  virtual void updateHolder(const std::string& id, wire::HolderState state, int sender = -1) = 0;
 };
 
 }  // namespace hoplite

@@ -113,9 +113,19 @@ void DirectoryClient::sendLookup(const wire::Lookup& msg, LookupCallback cb) {
   peers_.send(shard, msg);
 }
 
-void DirectoryClient::deleteEverywhere(const std::string& id) {
-  uint64_t request = newRequest();
-  requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id}), request, [](const Status&) {});
+void DirectoryClient::updateHolder(const std::string& id, wire::HolderState state, int sender) {
+  peers_.send(shardOf(id), wire::HolderUpdate{id, config_.rank, state, sender});
+}
+
+void DirectoryClient::requestDelete(const std::string& id, bool retract, StatusCallback cb) {
+  const uint64_t request = newRequest();
+  requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, retract}), request, std::move(cb));
+}
+
+void DirectoryClient::probe(int rank, std::string padding, StatusCallback cb) {
+  const uint64_t request = newRequest();
+  requestStatus(rank, wire::MsgType::kProbe, wire::encode(wire::Probe{request, std::move(padding)}), request,
+                std::move(cb));
 }
 
 }  // namespace hoplite

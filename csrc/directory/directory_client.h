@@ -56,8 +56,16 @@ class DirectoryClient : public DirectoryAccess {
                     StatusCallback cb);
   uint64_t requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
                          LookupCallback cb, int preferred = -1) override;
-  // Deletes `id` everywhere; fire and forget.
-  void deleteEverywhere(const std::string& id);
+  void updateHolder(const std::string& id, wire::HolderState state, int sender = -1) override;
+  // Deletes `id` everywhere (`retract`: it is being recomputed, see
+  // wire::IdRequest); `cb` runs once every holder dropped its copy.
+  void requestDelete(const std::string& id, bool retract, StatusCallback cb);
+  // Fire and forget.
+  void deleteEverywhere(const std::string& id) {
+    requestDelete(id, /*retract=*/false, [](const Status&) {});
+  }
+  // Asks `rank` for an answer, carrying `padding`; `cb` runs once.
+  void probe(int rank, std::string padding, StatusCallback cb);
 
   // Shutdown: nothing new is sent or retried from now on; failAll then
   // answers what still waits.

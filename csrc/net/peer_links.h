@@ -1,6 +1,7 @@
-// What the node's parts (the mailbox, the transfer server, the reduce) need
-// from the part that keeps the peers' connections (peers/peers.h): to reach a
-// peer, and to know whether it failed. Loop thread only.
+// What the node's parts (mailbox, transfer server, directory client and
+// shard server, reduce) need from the part that keeps the peers' connections
+// (peers/peers.h): to reach a peer, and to know whether it failed. Loop
+// thread only.
 #pragma once
 
 #include <cstdint>

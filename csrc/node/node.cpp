@@ -7,7 +7,6 @@
 #include <random>
 #include <stdexcept>
 
-#include "common/hash.h"
 #include "common/logging.h"
 #include "net/transport_registry.h"
 
@@ -55,15 +54,21 @@ Node::Node(NodeConfig config)
   TransportOptions options{limits_, config_.socketBufferBytes, config_.tcpCongestion};
   peers_ = std::make_unique<Peers>(
       loop_, makeTransport(config_.transport, loop_, options), router_, static_cast<PeerEvents&>(*this),
-      PeersConfig{config_.rank, config_.worldSize, config_.host, config_.port, config_.clusterId, config_.secret,
-                  config_.connectTimeoutSeconds, config_.heartbeatIntervalSeconds, config_.heartbeatTimeoutSeconds,
-                  incarnation_, config_.sameHost});
+      PeersConfig{.rank = config_.rank,
+                  .worldSize = config_.worldSize,
+                  .host = config_.host,
+                  .port = config_.port,
+                  .clusterId = config_.clusterId,
+                  .secret = config_.secret,
+                  .connectTimeoutSeconds = config_.connectTimeoutSeconds,
+                  .heartbeatIntervalSeconds = config_.heartbeatIntervalSeconds,
+                  .heartbeatTimeoutSeconds = config_.heartbeatTimeoutSeconds,
+                  .incarnation = incarnation_,
+                  .sameHost = config_.sameHost});
   pool_ = std::make_shared<BufferPool>(config_.poolCacheBytes);
   store_ = std::make_unique<ObjectStore>(pool_, config_.capacityBytes, [this](const std::string& id) {
     evictions_++;
-    loop_.post([this, id] {
-      send(directory_->shardOf(id), wire::HolderUpdate{id, config_.rank, wire::HolderState::kRemoved, -1});
-    });
+    loop_.post([this, id] { directory_->updateHolder(id, wire::HolderState::kRemoved); });
   });
   directory_ = std::make_unique<DirectoryClient>(
       loop_, *peers_, *store_, DirectoryClientConfig{config_.rank, config_.worldSize, config_.inlineThresholdBytes},
@@ -78,7 +83,7 @@ Node::Node(NodeConfig config)
       [this](Completion c) { pushCompletion(std::move(c)); });
   subscriptions_ = std::make_unique<LocationSubscriptions>(
       loop_, config_.rank, [this](const std::string& id) { return directory_->shardOf(id); },
-      [this](int rank, const wire::Subscribe& msg) { send(rank, msg); });
+      [this](int rank, const wire::Subscribe& msg) { peers_->send(rank, msg); });
   mailbox_ = std::make_unique<Mailbox>(
       loop_, *peers_,
       MailboxConfig{config_.rank, config_.worldSize, config_.mailboxBytes, config_.capacityBytes, config_.chunkBytes});
@@ -149,8 +154,7 @@ void Node::onDataReceived(Connection& conn, uint64_t request, uint64_t end) {
 }
 
 void Node::ping(int rank) {
-  uint64_t request = directory_->newRequest();
-  directory_->requestStatus(rank, wire::MsgType::kProbe, wire::encode(wire::Probe{request, ""}), request, [](const Status&) {});
+  directory_->probe(rank, "", [](const Status&) {});
 }
 
 // ---------------------------------------------------------------- messages

@@ -10,10 +10,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -29,7 +27,6 @@
 #include "net/event_loop.h"
 #include "net/loop_call.h"
 #include "net/message_router.h"
-#include "net/same_host/memory_reader.h"
 #include "net/transport.h"
 #include "reduce/coordinator.h"
 #include "reduce/link_estimator.h"
@@ -143,10 +140,6 @@ class Node : private PeerEvents, private ReduceServices {
   // --- what happens to peers and messages (node.cpp) ---
   PeerLinks& peers() override { return *peers_; }
   DirectoryClient& directory() override { return *directory_; }
-  template <typename M>
-  void send(int rank, const M& msg) {
-    peers_->send(rank, msg);
-  }
   // PeerEvents.
   void onPeerGone(int rank) override;
   void onPeerFailed(int rank, const Status& failure) override;
@@ -176,7 +169,7 @@ class Node : private PeerEvents, private ReduceServices {
   uint64_t chunkFor(uint64_t size) const override;
   void pushCompletion(Completion c);
 
-  // --- for the reduce's parts (ReduceServices; the rest is declared above) ---
+  // --- the rest of ReduceServices ---
   void probeRanks(const std::set<int>& ranks, double timeoutSeconds,
                   std::function<void(std::set<int> silent)> done) override;  // node_probe.cpp
   bool shuttingDown() const override { return shuttingDown_; }

@@ -87,7 +87,7 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
   if (small || copyHere || zeroCopy) {
     if (copyHere) {
       loop_.post([this, obj] {
-        send(directory_->shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete, -1});
+        directory_->updateHolder(obj->id(), wire::HolderState::kComplete);
       });
     }
     pushCompletion(Completion{token, Completion::Kind::kPutCopied, Status(), nullptr, {}});
@@ -132,7 +132,7 @@ void Node::copyIn(std::shared_ptr<LocalObject> obj, const uint8_t* src, std::sha
     status = Status(Code::kDeleted, "object " + printableId(obj->id()) + " was deleted during put");
   } else {
     loop_.post([this, obj] {
-      send(directory_->shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete, -1});
+      directory_->updateHolder(obj->id(), wire::HolderState::kComplete);
     });
   }
   pushCompletion(Completion{token, Completion::Kind::kPutCopied, status, nullptr, {}});
@@ -145,8 +145,7 @@ Status Node::remove(const std::string& id, double timeoutSeconds) {
   if (!s.ok()) return s;
   if (stopped()) return Status(Code::kShutdown, "delete of object " + printableId(id) + ": node is shut down");
   auto deleted = startOnLoop(loop_, [this, id](std::function<void(Status)> done) {
-    uint64_t request = directory_->newRequest();
-    directory_->requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id}), request, done);
+    directory_->requestDelete(id, /*retract=*/false, done);
   });
   return awaitStatus(deleted, timeoutSeconds, "deleting object " + printableId(id));
 }

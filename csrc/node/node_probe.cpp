@@ -26,14 +26,12 @@ void Node::probeRanks(const std::set<int>& ranks, double timeoutSeconds,
     settle();
   });
   for (int r : ranks) {
-    uint64_t request = directory_->newRequest();
-    directory_->requestStatus(r, wire::MsgType::kProbe, wire::encode(wire::Probe{request, std::string()}), request,
-                  [call, r, settle](const Status& s) {
-                    if (!call->done) return;
-                    if (!s.ok()) call->silent.insert(r);
-                    call->waiting.erase(r);
-                    if (call->waiting.empty()) settle();
-                  });
+    directory_->probe(r, "", [call, r, settle](const Status& s) {
+      if (!call->done) return;
+      if (!s.ok()) call->silent.insert(r);
+      call->waiting.erase(r);
+      if (call->waiting.empty()) settle();
+    });
   }
 }
 

@@ -112,12 +112,11 @@ void ReduceCoordinator::recover(uint64_t key, const std::set<int>& dead) {
     const std::string id = it->second->request.resultId;
     const bool registered = it->second->resultRegistered;
     it->second->resultRegistered = false;
-    uint64_t request = node_.directory().newRequest();
     auto relaunch = [this, key, round](const Status&) {
       auto it = reduces_.find(key);
       if (it == reduces_.end() || it->second->retractRound != round) return;
       ReduceCoordination& c = *it->second;
-      // (A roll call since then is not over: it relaunches when it is.)
+      // (A roll call started since then stays on: its own recovery follows.)
       if (c.recovery == ReduceCoordination::Recovery::kRetracting) c.recovery = ReduceCoordination::Recovery::kNone;
       for (int p = 0; p < c.request.count; ++p) {
         if (c.positions[p].state == State::kPending && !sendTask(key, p)) return;
@@ -125,8 +124,7 @@ void ReduceCoordinator::recover(uint64_t key, const std::set<int>& dead) {
       launchReadyInputs(key);
     };
     if (!registered) return relaunch(Status());  // the id may be someone else's: leave it
-    node_.directory().requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
-                       relaunch);
+    node_.directory().requestDelete(id, /*retract=*/true, relaunch);
   };
   if (!oldRootEnd || !node_.directory().requests().replaceCallback(oldRootEnd, [retract](const Status&) { retract(); })) retract();
 }

@@ -66,19 +66,18 @@ void LinkEstimator::withEstimate(std::function<void()> then) {
     }
     const bool big = samples->next++ % 2 == 1;
     probes_++;
-    uint64_t request = node_.directory().newRequest();
     const double start = node_.now();
-    node_.directory().requestStatus(peer, wire::MsgType::kProbe, wire::encode(wire::Probe{request, std::string(big ? kProbeBytes : 0, '\0')}),
-                        request, [this, round, samples, step, finish, start, big](const Status& s) {
-                          if (round->settled) return;  // by the timer
-                          if (!s.ok()) {
-                            loop_.post([step] { *step = nullptr; });  // may be answered inside (*step)()
-                            return finish(false, {});
-                          }
-                          double& best = big ? samples->big : samples->small;
-                          best = std::min(best, node_.now() - start);
-                          (*step)();
-                        });
+    node_.directory().probe(peer, std::string(big ? kProbeBytes : 0, '\0'),
+                            [this, round, samples, step, finish, start, big](const Status& s) {
+                              if (round->settled) return;  // by the timer
+                              if (!s.ok()) {
+                                loop_.post([step] { *step = nullptr; });  // may be answered inside (*step)()
+                                return finish(false, {});
+                              }
+                              double& best = big ? samples->big : samples->small;
+                              best = std::min(best, node_.now() - start);
+                              (*step)();
+                            });
   };
   round->timer = loop_.addTimer(kProbeTimeout, [round, finish, step] {
     round->timer = 0;

@@ -71,8 +71,9 @@ struct ReduceCoordination {
   // After a failure: kRollCall while asking the participants who is alive
   // (startRollCall), then kRetracting while the result's readers are sent
   // back (recover), then kNone once the redone positions are relaunched. A
-  // failure during kRetracting starts another roll call. Tasks go out only
-  // in kNone.
+  // failure during kRetracting starts another roll call. New inputs are
+  // launched only in kNone (launchReadyInputs); a retraction that ends
+  // during a later roll call still relaunches the positions it redid.
   enum class Recovery : uint8_t { kNone, kRollCall, kRetracting };
   Recovery recovery = Recovery::kNone;
   uint64_t retractRound = 0;  // the latest recovery's, so an older one's answer is ignored

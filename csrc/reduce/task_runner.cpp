@@ -246,7 +246,7 @@ void ReduceTaskRunner::finishTask(uint64_t taskId) {
   const std::string& out = task->msg.outputId;
   HLOG(kDebug, "reduce task for %s (%zu children) ran %.3f to %.3f s (steady clock)", printableId(out).c_str(),
        task->msg.childIds.size(), task->started, node_.now());
-  node_.peers().send(node_.directory().shardOf(out), wire::HolderUpdate{out, rank_, wire::HolderState::kComplete, -1});
+  node_.directory().updateHolder(out, wire::HolderState::kComplete);
   reportTaskEnd(*task, Status());
   // The children's outputs stay until the coordinator frees them with the
   // result complete: if this node dies first, only this position is redone.
@@ -305,9 +305,7 @@ void ReduceTaskRunner::failTask(uint64_t taskId, const Status& why) {
 void ReduceTaskRunner::closeRoot(const std::shared_ptr<ReduceTaskState>& task) {
   if (task->registration != ReduceTaskState::Registration::kRegistered) return reportTaskEnd(*task, task->endStatus);
   const std::string& id = task->msg.outputId;
-  uint64_t request = node_.directory().newRequest();
-  node_.directory().requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, /*retract=*/true}), request,
-                     [this, task](const Status&) { reportTaskEnd(*task, task->endStatus); });
+  node_.directory().requestDelete(id, /*retract=*/true, [this, task](const Status&) { reportTaskEnd(*task, task->endStatus); });
 }
 
 void ReduceTaskRunner::handleAbort(Connection&, const wire::ReduceAbort& msg) {

@@ -53,7 +53,7 @@ class LocalObject {
   // a reader that loses its sender waits for it (loop thread only).
   bool recomputable = false;
   // The get that pulled this copy and may take its buffer when the pull ends
-  // (0: none); see Node::handOver (loop thread only).
+  // (0: none); see TransferClient::handOver (loop thread only).
   uint64_t handOverTo = 0;
 
  private:

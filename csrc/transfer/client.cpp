@@ -164,7 +164,6 @@ void TransferClient::onFetchLookup(const std::string& id, const Status& status, 
          nullptr, -1);
     return;
   }
-  const int shard = directory_.shardOf(id);
   if (reply->hasInline) {
     // Served from the directory: a standalone copy, not a store entry (the
     // shard does not list this node, so a delete would not reach one).
@@ -189,8 +188,7 @@ void TransferClient::onFetchLookup(const std::string& id, const Status& status, 
   if (auto obj = store_.find(id)) {
     keepCopy(*obj);
     if (sender >= 0) {
-      peers_.send(shard, wire::HolderUpdate{id, config_.rank,
-                                     obj->complete() ? wire::HolderState::kComplete : wire::HolderState::kPartial, sender});
+      directory_.updateHolder(id, obj->complete() ? wire::HolderState::kComplete : wire::HolderState::kPartial, sender);
     }
     counters_.localGets++;
     done(Status(), obj, -1);
@@ -203,7 +201,7 @@ void TransferClient::onFetchLookup(const std::string& id, const Status& status, 
   std::shared_ptr<LocalObject> obj;
   Status s = store_.create(id, reply->meta, /*primary=*/false, &obj);
   if (!s.ok()) {
-    peers_.send(shard, wire::HolderUpdate{id, config_.rank, wire::HolderState::kRemoved, sender});
+    directory_.updateHolder(id, wire::HolderState::kRemoved, sender);
     done(s, nullptr, -1);
     return;
   }
@@ -366,7 +364,7 @@ bool TransferClient::handOver(uint64_t token, const std::shared_ptr<LocalObject>
   finishGet(token, Status(), obj->buffer());
   server_.noteHandedOver(obj->id());
   // One message drops this node from the holders and frees its sender.
-  peers_.send(directory_.shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kRemoved, sender});
+  directory_.updateHolder(obj->id(), wire::HolderState::kRemoved, sender);
   return true;
 }
 

@@ -11,7 +11,6 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -133,9 +132,9 @@ class TransferClient {
   void waitForLocal(uint64_t token, std::shared_ptr<LocalObject> object, int sender);
   // Runs whenever the local copy advances.
   void progressGet(uint64_t token);
-  // kTakingOver: a get that copied the object's pull from a holder on this
-  // host hopes to take the copy's buffer when the pull ends (handOver)
-  // instead of copying it. Whether nothing but the store and that get uses
+  // kTakingOver: a get whose copy is pulled from a holder on this host
+  // hopes to take the copy's buffer when the pull ends (handOver) instead of
+  // copying it. Whether nothing but the store and that get uses
   // the copy: no other listener and no other owner of its memory.
   static bool onlyItsGetUses(const LocalObject& object);
   // The get gives up taking its copy's buffer and copies it like any other.

@@ -104,7 +104,7 @@ void TransferClient::finishPull(uint64_t request) {
   if (handedOver) return;
   if (get) stopTakeOver(get);
   // This node now holds a complete copy, and its sender is free for others.
-  peers_.send(directory_.shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kComplete, sender});
+  directory_.updateHolder(obj->id(), wire::HolderState::kComplete, sender);
 }
 
 void TransferClient::failPull(uint64_t request, const Status& why) {
@@ -171,7 +171,7 @@ void TransferClient::releaseHolder(uint64_t request, int rank) {
 
 void TransferClient::dropFailedCopy(const std::shared_ptr<LocalObject>& obj, int rank, const Status& why) {
   if (store_.find(obj->id()) == obj) store_.remove(obj->id());
-  peers_.send(directory_.shardOf(obj->id()), wire::HolderUpdate{obj->id(), config_.rank, wire::HolderState::kRemoved, rank});
+  directory_.updateHolder(obj->id(), wire::HolderState::kRemoved, rank);
   std::string where = why.code == Code::kPeerFailed || rank < 0
                           ? why.message
                           : "transfer from " + peers_.peerName(rank) + " failed: " + why.message;
