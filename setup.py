@@ -6,12 +6,17 @@ GPU architectures: TORCH_CUDA_ARCH_LIST, else the visible GPUs', else (no GPU)
 those torch was built for (see default_cuda_archs).
 Compile flags: -O2 -g0 (HOPLITE_DEBUG_BUILD=1 gives -O0 -g and the checks that
 loop-owned state is touched on its loop thread only).
+
+The UCX transport (csrc/net/ucx/) is a shared object of its own,
+torch_hoplite/_transport_ucx*.so, loaded only when a node asks for
+transport="ucx": built when UCX's headers are found (UCX_HOME, else
+/usr/include, i.e. Debian's libucx-dev); HOPLITE_BUILD_UCX=0/1 forces either.
 """
 import glob
 import os
 import shutil
 
-from setuptools import setup
+from setuptools import Extension, setup
 from torch.utils import cpp_extension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -65,8 +70,31 @@ debug = os.environ.get("HOPLITE_DEBUG_BUILD") == "1"
 cxx_flags = ["-std=c++20", "-O0" if debug else "-O2", "-g" if debug else "-g0", "-Wall", "-Wno-sign-compare"]
 if debug:
     cxx_flags.append("-DHOPLITE_DEBUG")  # loop-owned state checks its thread (HOPLITE_ASSERT_ON_LOOP)
-core = sources("csrc/**/*.cpp")
+UCX_SOURCES = "csrc/net/ucx/*.cpp"
+core = [s for s in sources("csrc/**/*.cpp") if s not in sources(UCX_SOURCES)]
 include_dirs = [os.path.join(ROOT, "csrc")]
+
+
+def ucx_home() -> str | None:
+    """Where UCX's include/ and lib/ are, or None to build without the UCX transport."""
+    forced = os.environ.get("HOPLITE_BUILD_UCX")
+    for home in [os.environ.get("UCX_HOME"), "/usr"]:
+        if home and os.path.exists(os.path.join(home, "include", "ucp", "api", "ucp.h")):
+            return None if forced == "0" else home
+    if forced == "1":
+        raise RuntimeError("HOPLITE_BUILD_UCX=1 but no ucp/api/ucp.h under $UCX_HOME or /usr (apt install libucx-dev)")
+    return None
+
+
+class BuildExtension(cpp_extension.BuildExtension):
+    """Links the UCX transport against the _C it plugs into (found beside it at run time)."""
+
+    def build_extension(self, ext):
+        if ext.name == "torch_hoplite._transport_ucx":
+            core_path = self.get_ext_fullpath("torch_hoplite._C")
+            ext.library_dirs.append(os.path.dirname(core_path))
+            ext.extra_link_args += ["-l:" + os.path.basename(core_path), "-Wl,-rpath,$ORIGIN"]
+        super().build_extension(ext)
 
 if want_cuda():
     default_cuda_archs()
@@ -85,7 +113,22 @@ else:
         extra_compile_args={"cxx": cxx_flags},
     )
 
+extensions = [ext]
+if (ucx := ucx_home()) is not None:
+    lib_dirs = [d for d in (os.path.join(ucx, "lib"), os.path.join(ucx, "lib", "x86_64-linux-gnu")) if os.path.isdir(d)]
+    extensions.append(
+        Extension(
+            "torch_hoplite._transport_ucx",
+            sources(UCX_SOURCES),
+            include_dirs=include_dirs + ([os.path.join(ucx, "include")] if ucx != "/usr" else []),
+            library_dirs=lib_dirs,
+            libraries=["ucp", "ucs"],
+            extra_compile_args=cxx_flags,
+            language="c++",
+        )
+    )
+
 setup(
-    ext_modules=[ext],
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    ext_modules=extensions,
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

@@ -19,10 +19,14 @@ using TransportFactory = std::function<std::unique_ptr<Transport>(EventLoop&, co
 // (for that initializer). Throws std::logic_error if the name is taken.
 bool registerTransport(const std::string& name, TransportFactory factory);
 
-// Throws std::invalid_argument naming the registered transports if none is
-// called `name`, and whatever the factory throws (e.g. a bad option).
+// A transport not built in is looked for as a shared object beside this
+// library (`_transport_<name>.*so`) and loaded on first use. Throws
+// std::invalid_argument naming the known transports if none is called `name`,
+// std::runtime_error naming what is missing if its shared object cannot be
+// loaded, and whatever the factory throws (e.g. a bad option).
 std::unique_ptr<Transport> makeTransport(const std::string& name, EventLoop& loop, const TransportOptions& options);
 
-std::vector<std::string> transportNames();  // sorted
+// Built in or built apart (loaded or not), sorted.
+std::vector<std::string> transportNames();
 
 }  // namespace hoplite

@@ -95,10 +95,6 @@ void TcpConnection::sendData(uint64_t flow, uint64_t request, uint64_t offset, c
 }
 
 std::deque<TcpConnection::Outgoing>::iterator TcpConnection::dataSlot(Outgoing& frame) {
-  // Start-time fair queueing over bytes: flows that have data share the
-  // connection equally whatever their frame sizes (a relay sends what has
-  // arrived, a few hundred KB; a finished copy whole chunks of MBs), each
-  // flow's frames stay in order, and an idle flow builds up no credit.
   auto isData = [](const Outgoing& o) { return o.data != nullptr; };
   auto first = std::find_if(outq_.begin(), outq_.end(), isData);
   // The tag of the frame being sent (or next), else of the last one sent.
@@ -106,12 +102,7 @@ std::deque<TcpConnection::Outgoing>::iterator TcpConnection::dataSlot(Outgoing& 
   // Control frames sit before every data frame not started, so the frames
   // from the first unstarted one on are data frames sorted by tag.
   auto unstarted = std::find_if(first, outq_.end(), [](const Outgoing& o) { return o.data != nullptr && o.sent == 0; });
-  uint64_t& flowEnd = flowEnds_[frame.flow];
-  frame.start = std::max(now, flowEnd);
-  flowEnd = frame.start + frame.dataSize;
-  if (flowEnds_.size() > 64) {  // flows that ended before now weigh nothing any more
-    for (auto it = flowEnds_.begin(); it != flowEnds_.end();) it = it->second <= now ? flowEnds_.erase(it) : std::next(it);
-  }
+  frame.start = flowTags_.next(frame.flow, frame.dataSize, now);
   return std::upper_bound(unstarted, outq_.end(), frame.start,
                           [](uint64_t start, const Outgoing& o) { return start < o.start; });
 }

@@ -10,10 +10,10 @@
 #include <deque>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "net/event_loop.h"
+#include "net/flow_tags.h"
 #include "net/transport.h"
 
 namespace hoplite {
@@ -68,9 +68,8 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
   // SO_RCVLOWAT: how many bytes must be queued before the socket reads as ready.
   void setLowWater(size_t bytes);
   size_t lowWaterFor(size_t payloadLeft) const;
-  // Gives a data frame its start tag (where its flow's previous frame ends, or
-  // the tag of the frame being sent if later) and returns where it joins the
-  // queue: after every frame with a tag up to its own.
+  // Gives a data frame its start tag (FlowTags) and returns where it joins
+  // the queue: after every frame with a tag up to its own.
   std::deque<Outgoing>::iterator dataSlot(Outgoing& frame);
   // Writes what is queued once the handlers at hand are done: an announce and
   // its data frame, or several answers, leave in one sendmsg (and one packet).
@@ -92,7 +91,7 @@ class TcpConnection : public Connection, public EventHandler, public std::enable
 
   std::deque<Outgoing> outq_;
   uint64_t sentStart_ = 0;  // the start tag of the last data frame sent
-  std::unordered_map<uint64_t, uint64_t> flowEnds_;  // flow -> end tag of its last frame
+  FlowTags flowTags_;
   bool wantWrite_ = false;
   bool flushQueued_ = false;
 

@@ -1,0 +1,400 @@
+#include "net/ucx/ucx_connection.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "common/logging.h"
+
+namespace hoplite {
+namespace {
+
+std::atomic<uint64_t> gNextConnectionId{1u << 30};  // apart from TCP's, for logs
+// Data bytes handed to UCX and not yet sent, per connection: enough to keep a
+// rendezvous pipeline busy, small enough that a new flow's frames get their
+// share soon (the rest wait in the fair queue).
+constexpr size_t kWindowBytes = 8u << 20;
+constexpr uint64_t kHandshakeLimit = 4096;  // as on TCP: a stranger sends only small control frames
+// How long abandonData waits for a rendezvous already writing into the memory.
+constexpr double kAbandonWaitSeconds = 1.0;
+
+}  // namespace
+
+struct UcxConnection::Inbound {
+  enum class Kind { kControl, kData, kEnd } kind;
+  enum class State { kWaiting, kReceiving, kLanded } state = State::kWaiting;
+  wire::MsgType type = wire::MsgType::kData;
+  void* desc = nullptr;       // UCX's: the eager payload or the rendezvous descriptor, until released
+  bool rendezvous = false;
+  size_t size = 0;
+  uint64_t request = 0, offset = 0;   // data frames
+  uint8_t* dest = nullptr;            // where a data frame goes (nullptr: dropped)
+  std::shared_ptr<const void> keepalive;
+  std::vector<uint8_t> control;       // a control payload received by rendezvous
+  bool abandoned = false;
+  Status why;  // kEnd
+};
+
+struct UcxConnection::SendOp {
+  std::shared_ptr<UcxConnection> conn;
+  uint8_t header[wire::kHeaderSize + wire::kDataSubheaderSize];
+  size_t headerSize = 0;
+  std::string payload;                    // control frames
+  std::shared_ptr<const void> keepalive;  // data frames
+  size_t dataBytes = 0;                   // data frames: counted in flight
+};
+
+struct UcxConnection::ReceiveOp {
+  std::shared_ptr<UcxConnection> conn;
+  std::shared_ptr<Inbound> in;  // keeps the destination's keepalive until UCX is done with it
+};
+
+struct UcxConnection::CloseOp {
+  std::shared_ptr<UcxConnection> conn;
+};
+
+UcxConnection::UcxConnection(std::shared_ptr<UcxWorker> worker, std::string peerAddress, bool dialed,
+                             ConnectionObserver* observer)
+    : Connection(gNextConnectionId++),
+      worker_(std::move(worker)),
+      peerAddress_(std::move(peerAddress)),
+      observer_(observer),
+      established_(!dialed) {}
+
+UcxConnection::~UcxConnection() {
+  // Freed by UCX once closed; nothing of ours is referenced any more.
+  if (ep_ != nullptr && !closeRequested_) closeEndpoint(true);
+}
+
+void UcxConnection::attach(ucp_ep_h ep) {
+  ep_ = ep;
+  worker_->add(ep, shared_from_this());
+}
+
+std::string UcxConnection::describe() const {
+  std::string who = peerRank() >= 0 ? "rank " + std::to_string(peerRank()) + " at " : "";
+  return who + peerAddress_ + " (ucx)";
+}
+
+// ---------------------------------------------------------------- sending
+
+void UcxConnection::sendControl(wire::MsgType type, std::string payload) {
+  if (closed_ || ending_) return;
+  auto op = std::make_unique<SendOp>();
+  wire::encodeHeader(op->header, type, payload.size());
+  op->headerSize = wire::kHeaderSize;
+  op->payload = std::move(payload);
+  const void* data = op->payload.data();
+  const size_t size = op->payload.size();
+  post(kUcxControlAm, std::move(op), data, size);
+}
+
+void UcxConnection::sendAccepted() { post(kUcxAcceptedAm, std::make_unique<SendOp>(), nullptr, 0); }
+
+void UcxConnection::sendData(uint64_t flow, uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
+                             std::shared_ptr<const void> keepalive) {
+  if (closed_ || ending_) return;
+  const uint64_t tag = flowTags_.next(flow, size, sentTag_);
+  queued_.emplace(tag, QueuedData{request, offset, data, size, std::move(keepalive)});
+  sendQueuedData();
+}
+
+void UcxConnection::sendQueuedData() {
+  // At least one frame in flight, whatever its size.
+  while (!queued_.empty() && !closed_ && (bytesInFlight_ == 0 || bytesInFlight_ < kWindowBytes)) {
+    auto next = queued_.begin();
+    sentTag_ = next->first;
+    QueuedData frame = std::move(next->second);
+    queued_.erase(next);
+    auto op = std::make_unique<SendOp>();
+    wire::encodeHeader(op->header, wire::MsgType::kData, wire::kDataSubheaderSize + frame.size);
+    wire::encodeDataSubheader(op->header + wire::kHeaderSize, frame.request, frame.offset);
+    op->headerSize = wire::kHeaderSize + wire::kDataSubheaderSize;
+    op->keepalive = std::move(frame.keepalive);
+    op->dataBytes = frame.size;
+    bytesInFlight_ += frame.size;
+    post(kUcxDataAm, std::move(op), frame.data, frame.size);
+  }
+}
+
+void UcxConnection::post(UcxAm id, std::unique_ptr<SendOp> op, const void* data, size_t size) {
+  op->conn = shared_from_this();
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_AM_SEND_FLAG_REPLY;  // the receiver finds this connection by its reply endpoint
+  param.cb.send = &UcxConnection::onSent;
+  SendOp* raw = op.release();
+  param.user_data = raw;
+  // The header must stay valid until the send completes: it lives in the op.
+  ucs_status_ptr_t request = ucp_am_send_nbx(ep_, id, raw->header, raw->headerSize, data, size, &param);
+  if (!UCS_PTR_IS_PTR(request)) {  // done at once, or failed at once: no callback comes
+    std::unique_ptr<SendOp> done(raw);
+    sent(*done, UCS_PTR_STATUS(request));
+  }
+  worker_->progressSoon();
+}
+
+void UcxConnection::onSent(void* request, ucs_status_t status, void* user) {
+  std::unique_ptr<SendOp> op(static_cast<SendOp*>(user));
+  ucp_request_free(request);
+  op->conn->sent(*op, status);
+}
+
+void UcxConnection::sent(SendOp& op, ucs_status_t status) {
+  bytesInFlight_ -= op.dataBytes;
+  if (closed_ || ending_) return;
+  if (status != UCS_OK) {
+    fail(Status(Code::kPeerFailed, ucxError(("send to " + describe()).c_str(), status)));
+    return;
+  }
+  sendQueuedData();
+}
+
+// ---------------------------------------------------------------- receiving
+
+ucs_status_t UcxConnection::onAm(UcxAm id, const void* header, size_t headerSize, void* data, size_t size,
+                                 const ucp_am_recv_param_t* param) {
+  if (closed_ || ending_ || failing_) return UCS_OK;  // dropped, as TCP drops input while ending
+  if (id == kUcxAcceptedAm) {
+    established_ = true;
+    return UCS_OK;
+  }
+  const bool isData = id == kUcxDataAm;
+  const size_t subheader = isData ? wire::kDataSubheaderSize : 0;
+  const wire::FrameLimits limits = trusted_ ? worker_->options().limits : wire::FrameLimits{kHandshakeLimit, 0};
+  wire::FrameHeader frame;
+  Status s = headerSize == wire::kHeaderSize + subheader
+                 ? wire::decodeHeader(static_cast<const uint8_t*>(header), limits, &frame)
+                 : Status(Code::kProtocol, "bad frame header size " + std::to_string(headerSize));
+  if (s.ok() && (static_cast<wire::MsgType>(frame.type) == wire::MsgType::kData) != isData) {
+    s = Status(Code::kProtocol, "frame type " + std::to_string(frame.type) + " in the wrong kind of message");
+  }
+  if (s.ok() && frame.length != subheader + size) s = Status(Code::kProtocol, "frame length disagrees with its payload");
+  if (s.ok() && isData && !trusted_) s = Status(Code::kProtocol, "data frame before the handshake");
+  if (!s.ok()) {
+    fail(Status(Code::kProtocol, s.message + " from " + describe()));
+    return UCS_OK;
+  }
+  auto in = std::make_shared<Inbound>();
+  in->kind = isData ? Inbound::Kind::kData : Inbound::Kind::kControl;
+  in->type = static_cast<wire::MsgType>(frame.type);
+  in->size = size;
+  if (isData) {
+    wire::decodeDataSubheader(static_cast<const uint8_t*>(header) + wire::kHeaderSize, &in->request, &in->offset);
+  }
+  in->rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  ucs_status_t keep = UCS_INPROGRESS;
+  if (in->rendezvous || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA)) {
+    in->desc = data;
+  } else {  // not kept by UCX (PERSISTENT_DATA asks it to be): copied
+    in->control.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + size);
+    keep = UCS_OK;
+  }
+  inbox_.push_back(std::move(in));
+  markReady();
+  return keep;
+}
+
+void UcxConnection::onEndpointError(ucs_status_t status) {
+  if (closed_ || ending_) return;  // a graceful close ends with its own request
+  const char* what = established_ ? "connection to " : "connect to ";
+  fail(Status(Code::kPeerFailed, ucxError((what + describe()).c_str(), status)));
+}
+
+void UcxConnection::fail(const Status& why) {
+  // After what arrived before it, as a TCP stream's end comes after its bytes.
+  if (failing_) return;
+  failing_ = true;
+  auto end = std::make_shared<Inbound>();
+  end->kind = Inbound::Kind::kEnd;
+  end->why = why;
+  inbox_.push_back(std::move(end));
+  markReady();
+}
+
+void UcxConnection::markReady() {
+  if (readyMarked_) return;
+  readyMarked_ = true;
+  worker_->markReady(shared_from_this());
+  worker_->progressSoon();  // when called outside a progress pass (a send failed at once)
+}
+
+const uint8_t* UcxConnection::payloadOf(const Inbound& in) {
+  if (in.desc != nullptr && !in.rendezvous) return static_cast<const uint8_t*>(in.desc);
+  return in.control.data();
+}
+
+void UcxConnection::startReceive(Inbound& in, const std::shared_ptr<Inbound>& hold) {
+  uint8_t* dest;
+  if (in.kind == Inbound::Kind::kControl) {
+    in.control.resize(in.size);
+    dest = in.control.data();
+  } else {
+    in.dest = observer_->dataDestination(*this, in.request, in.offset, in.size, &in.keepalive);
+    dest = in.dest;
+    if (closed_) return;
+  }
+  if (!in.rendezvous) {  // eager: in UCX's buffer already
+    if (in.kind == Inbound::Kind::kData && dest != nullptr) std::memcpy(dest, payloadOf(in), in.size);
+    if (in.kind == Inbound::Kind::kData) release(in);
+    in.state = Inbound::State::kLanded;
+    return;
+  }
+  if (dest == nullptr) {  // dropped: the sender's send completes without the bytes moving
+    release(in);
+    in.state = Inbound::State::kLanded;
+    return;
+  }
+  auto* op = new ReceiveOp{shared_from_this(), hold};
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.recv_am = &UcxConnection::onReceived;
+  param.user_data = op;
+  void* desc = in.desc;
+  in.desc = nullptr;  // UCX owns it from here
+  in.state = Inbound::State::kReceiving;
+  ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker_->handle(), desc, dest, in.size, &param);
+  if (!UCS_PTR_IS_PTR(request)) {
+    std::unique_ptr<ReceiveOp> done(op);
+    received(*done, UCS_PTR_STATUS(request));
+  }
+}
+
+void UcxConnection::onReceived(void* request, ucs_status_t status, size_t, void* user) {
+  std::unique_ptr<ReceiveOp> op(static_cast<ReceiveOp*>(user));
+  ucp_request_free(request);
+  op->conn->received(*op, status);
+}
+
+void UcxConnection::received(ReceiveOp& op, ucs_status_t status) {
+  op.in->state = Inbound::State::kLanded;
+  if (status != UCS_OK) {
+    op.in->dest = nullptr;
+    fail(Status(Code::kPeerFailed, ucxError(("receive from " + describe()).c_str(), status)));
+  }
+  markReady();
+}
+
+void UcxConnection::release(Inbound& in) {
+  if (in.desc != nullptr) ucp_am_data_release(worker_->handle(), in.desc);
+  in.desc = nullptr;
+}
+
+void UcxConnection::deliver() {
+  readyMarked_ = false;
+  auto self = shared_from_this();  // an observer may drop its last reference
+  while (!inbox_.empty() && !closed_) {
+    std::shared_ptr<Inbound> in = inbox_.front();
+    if (in->kind == Inbound::Kind::kEnd) {
+      close(in->why);
+      return;
+    }
+    if (in->state == Inbound::State::kWaiting && (in->kind == Inbound::Kind::kData || in->rendezvous)) {
+      startReceive(*in, in);
+    }
+    if (closed_) return;
+    if (in->kind == Inbound::Kind::kData && in->state != Inbound::State::kLanded) break;
+    if (in->kind == Inbound::Kind::kControl && in->rendezvous && in->state != Inbound::State::kLanded) break;
+    inbox_.pop_front();
+    if (in->kind == Inbound::Kind::kControl) {
+      observer_->onFrame(*this, in->type, payloadOf(*in), in->size);
+      release(*in);
+    } else if (in->dest != nullptr && !in->abandoned) {
+      observer_->onDataReceived(*this, in->request, in->offset + in->size);
+    }
+  }
+  // The data frames right behind the one still landing are received meanwhile
+  // (their destinations are known: no control frame comes between).
+  for (size_t i = 1; i < inbox_.size() && !closed_; ++i) {
+    std::shared_ptr<Inbound> in = inbox_[i];
+    if (in->kind != Inbound::Kind::kData) break;
+    if (in->state == Inbound::State::kWaiting) startReceive(*in, in);
+  }
+}
+
+void UcxConnection::abandonData(uint64_t request) {
+  std::vector<std::shared_ptr<Inbound>> landing;
+  for (auto& in : inbox_) {
+    if (in->kind != Inbound::Kind::kData || in->request != request || in->state == Inbound::State::kWaiting) continue;
+    in->abandoned = true;
+    if (in->state == Inbound::State::kReceiving) landing.push_back(in);
+  }
+  if (landing.empty()) return;
+  // A rendezvous cannot be called back: its owner may reuse the memory once
+  // this returns, so wait for the bytes on their way to land.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kAbandonWaitSeconds);
+  auto stillLanding = [&] {
+    for (auto& in : landing) {
+      if (in->state == Inbound::State::kReceiving) return true;
+    }
+    return false;
+  };
+  while (stillLanding() && std::chrono::steady_clock::now() < deadline) worker_->progressQuietly();
+  worker_->progressSoon();
+  if (stillLanding()) {
+    // Not possible to stop: ending the endpoint stops UCX writing.
+    close(Status(Code::kPeerFailed, "a receive from " + describe() + " was abandoned and did not finish in time"));
+  }
+}
+
+// ---------------------------------------------------------------- closing
+
+void UcxConnection::closeEndpoint(bool force) {
+  closeRequested_ = true;
+  worker_->remove(ep_);
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  if (!force) {
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send = &UcxConnection::onCloseDone;
+    param.user_data = new CloseOp{shared_from_this()};
+  }
+  ucs_status_ptr_t request = ucp_ep_close_nbx(ep_, &param);
+  if (UCS_PTR_IS_PTR(request)) {
+    if (force) ucp_request_free(request);  // released by UCX when done
+  } else if (!force) {
+    std::unique_ptr<CloseOp> op(static_cast<CloseOp*>(param.user_data));
+    op->conn->close(endWhy_);
+  }
+}
+
+void UcxConnection::onCloseDone(void* request, ucs_status_t, void* user) {
+  std::unique_ptr<CloseOp> op(static_cast<CloseOp*>(user));
+  ucp_request_free(request);
+  op->conn->close(op->conn->endWhy_);
+}
+
+void UcxConnection::close(const Status& why) {
+  if (closed_) return;
+  auto self = shared_from_this();
+  closed_ = true;
+  for (auto& in : inbox_) release(*in);
+  inbox_.clear();
+  queued_.clear();
+  if (ep_ != nullptr && !closeRequested_) {
+    closeEndpoint(true);
+    worker_->progressSoon();
+  }
+  observer_->onClosed(*this, why);
+}
+
+void UcxConnection::closeGracefully(const Status& why) {
+  if (closed_ || ending_) return;
+  // What was handed to UCX is flushed by the close; what waits for the
+  // window is dropped (its senders were not told it was sent), as on TCP.
+  ending_ = true;
+  endWhy_ = why;
+  queued_.clear();
+  for (auto& in : inbox_) release(*in);
+  inbox_.clear();
+  if (ep_ == nullptr) {
+    close(why);
+    return;
+  }
+  closeEndpoint(false);
+  worker_->progressSoon();
+}
+
+}  // namespace hoplite

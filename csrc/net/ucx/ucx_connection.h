@@ -1,0 +1,103 @@
+// A connection over one UCP endpoint. Control frames are active messages sent
+// at once; data frames wait in a fair queue (FlowTags) and go out as active
+// messages while fewer than a window's bytes are in flight, so that flows
+// share the endpoint as on TCP. What arrives is kept in arrival order in an
+// inbox and handed to the observer in that order: a rendezvous payload is
+// received straight into the buffer the observer names (started as soon as
+// every control frame before it was handed over), and the frames after it wait
+// until it has landed, as bytes on a TCP stream would.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "net/flow_tags.h"
+#include "net/transport.h"
+#include "net/ucx/ucx_worker.h"
+#include "wire/frame.h"
+
+namespace hoplite {
+
+class UcxConnection : public Connection, public std::enable_shared_from_this<UcxConnection> {
+ public:
+  UcxConnection(std::shared_ptr<UcxWorker> worker, std::string peerAddress, bool dialed, ConnectionObserver* observer);
+  ~UcxConnection() override;
+
+  // Takes the endpoint (created with the worker's error handler) and joins the worker.
+  void attach(ucp_ep_h ep);
+
+  void sendControl(wire::MsgType type, std::string payload) override;
+  void sendData(uint64_t flow, uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
+                std::shared_ptr<const void> keepalive) override;
+  void abandonData(uint64_t request) override;
+  void close(const Status& why) override;
+  void closeGracefully(const Status& why) override;
+  bool isOpen() const override { return !closed_; }
+  bool isEnding() const override { return ending_; }
+  bool wasEstablished() const override { return established_; }
+  std::string describe() const override;
+  void markTrusted() override { trusted_ = true; }
+
+  // From the worker, inside ucp_worker_progress.
+  ucs_status_t onAm(UcxAm id, const void* header, size_t headerSize, void* data, size_t size,
+                    const ucp_am_recv_param_t* param);
+  void onEndpointError(ucs_status_t status);
+  void sendAccepted();  // server side, once attached
+  // From the worker after the progress pass: hands over what is in order.
+  void deliver();
+
+ private:
+  struct Inbound;
+  struct SendOp;
+  struct ReceiveOp;
+  struct CloseOp;
+  struct QueuedData {
+    uint64_t request, offset;
+    const uint8_t* data;
+    size_t size;
+    std::shared_ptr<const void> keepalive;
+  };
+
+  void post(UcxAm id, std::unique_ptr<SendOp> op, const void* data, size_t size);
+  static void onSent(void* request, ucs_status_t status, void* user);
+  void sent(SendOp& op, ucs_status_t status);
+  void sendQueuedData();
+  // Names the destination and starts a rendezvous (or copies an eager payload).
+  void startReceive(Inbound& in, const std::shared_ptr<Inbound>& hold);
+  static void onReceived(void* request, ucs_status_t status, size_t length, void* user);
+  void received(ReceiveOp& op, ucs_status_t status);
+  static const uint8_t* payloadOf(const Inbound& in);
+  void release(Inbound& in);  // gives UCX back its buffer or descriptor
+  // The connection ends with `why` once what arrived before is handed over.
+  void fail(const Status& why);
+  void markReady();
+  // Force: at once, no callback. Otherwise flushed first, then close(endWhy_).
+  void closeEndpoint(bool force);
+  static void onCloseDone(void* request, ucs_status_t status, void* user);
+
+  std::shared_ptr<UcxWorker> worker_;
+  std::string peerAddress_;
+  ConnectionObserver* observer_;
+  ucp_ep_h ep_ = nullptr;
+  bool established_;  // dialed: once the server's accepted message came
+  bool trusted_ = false;
+  bool closed_ = false;
+  bool ending_ = false;
+  bool closeRequested_ = false;  // ucp_ep_close_nbx was called
+  bool failing_ = false;         // an end is in the inbox
+  bool readyMarked_ = false;     // on the worker's ready list for this pass
+  Status endWhy_;
+
+  std::deque<std::shared_ptr<Inbound>> inbox_;
+
+  std::multimap<uint64_t, QueuedData> queued_;  // by start tag
+  FlowTags flowTags_;
+  uint64_t sentTag_ = 0;  // the start tag of the last data frame handed to UCX
+  size_t bytesInFlight_ = 0;
+};
+
+}  // namespace hoplite

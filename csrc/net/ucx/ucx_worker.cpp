@@ -1,0 +1,139 @@
+#include "net/ucx/ucx_worker.h"
+
+#include <stdexcept>
+
+#include "common/logging.h"
+#include "net/ucx/ucx_connection.h"
+
+namespace hoplite {
+
+std::string ucxError(const char* what, ucs_status_t status) {
+  return std::string(what) + ": " + ucs_status_string(status);
+}
+
+namespace {
+
+void check(ucs_status_t status, const char* what) {
+  if (status != UCS_OK) throw std::runtime_error(ucxError(what, status));
+}
+
+}  // namespace
+
+UcxWorker::UcxWorker(EventLoop& loop, const TransportOptions& options)
+    : loop_(loop), options_(options), amRoutes_{{{this, kUcxControlAm}, {this, kUcxDataAm}, {this, kUcxAcceptedAm}}} {
+  ucp_config_t* config = nullptr;
+  check(ucp_config_read(nullptr, nullptr, &config), "UCX: reading its configuration (UCX_* variables)");
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.name = "hoplite";
+  const ucs_status_t initStatus = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  check(initStatus, "UCX: ucp_init");
+
+  ucp_worker_params_t workerParams{};
+  workerParams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  // Made on the node's constructing thread, then used only by its loop thread.
+  workerParams.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  ucs_status_t status = ucp_worker_create(context_, &workerParams, &worker_);
+  if (status == UCS_OK) status = ucp_worker_get_efd(worker_, &eventFd_);
+  for (AmRoute& route : amRoutes_) {
+    if (status != UCS_OK) break;
+    ucp_am_handler_param_t handler{};
+    handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                         UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    handler.id = route.id;
+    // Eager payloads stay in UCX's buffers until handed over in order (no copy).
+    handler.flags = UCP_AM_FLAG_WHOLE_MSG | UCP_AM_FLAG_PERSISTENT_DATA;
+    handler.cb = &UcxWorker::onAm;
+    handler.arg = &route;
+    status = ucp_worker_set_am_recv_handler(worker_, &handler);
+  }
+  if (status != UCS_OK) {
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    ucp_cleanup(context_);
+    throw std::runtime_error(ucxError("UCX: setting up the worker", status));
+  }
+}
+
+UcxWorker::~UcxWorker() {
+  if (eventFd_ >= 0) loop_.removeFd(eventFd_);
+  ucp_worker_destroy(worker_);
+  ucp_cleanup(context_);
+}
+
+void UcxWorker::open() {
+  loop_.addFd(eventFd_, EPOLLIN, this);
+  // The worker must be progressed once before it can be armed.
+  std::weak_ptr<UcxWorker> weak = shared_from_this();
+  loop_.post([weak] {
+    if (auto self = weak.lock()) self->progress();
+  });
+}
+
+void UcxWorker::handleEvents(uint32_t) { progress(); }
+
+void UcxWorker::progressSoon() {
+  if (progressQueued_) return;
+  progressQueued_ = true;
+  loop_.runSoon([self = shared_from_this()] {
+    self->progressQueued_ = false;
+    self->progress();
+  });
+}
+
+void UcxWorker::progressQuietly() {
+  while (ucp_worker_progress(worker_) != 0) {
+  }
+}
+
+void UcxWorker::progress() {
+  if (progressing_) return;  // a pass is under way further up this stack: it goes on
+  progressing_ = true;
+  for (;;) {
+    progressQuietly();
+    deliver();
+    // Busy: events came in since the last progress; progress again before sleeping.
+    if (ucp_worker_arm(worker_) != UCS_ERR_BUSY) break;
+  }
+  progressing_ = false;
+}
+
+void UcxWorker::deliver() {
+  while (!ready_.empty()) {
+    std::vector<std::shared_ptr<UcxConnection>> ready;
+    ready.swap(ready_);
+    for (auto& conn : ready) conn->deliver();
+  }
+}
+
+void UcxWorker::add(ucp_ep_h ep, const std::shared_ptr<UcxConnection>& conn) { connections_[ep] = conn; }
+
+void UcxWorker::remove(ucp_ep_h ep) { connections_.erase(ep); }
+
+void UcxWorker::markReady(const std::shared_ptr<UcxConnection>& conn) { ready_.push_back(conn); }
+
+UcxConnection* UcxWorker::connectionOf(const ucp_am_recv_param_t* param) {
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return nullptr;
+  auto it = connections_.find(param->reply_ep);
+  if (it == connections_.end()) return nullptr;
+  auto conn = it->second.lock();
+  return conn.get();  // the ready list or the owner keeps it alive past this pass
+}
+
+ucs_status_t UcxWorker::onAm(void* arg, const void* header, size_t headerSize, void* data, size_t size,
+                             const ucp_am_recv_param_t* param) {
+  const auto* route = static_cast<const AmRoute*>(arg);
+  UcxConnection* conn = route->worker->connectionOf(param);
+  if (conn == nullptr) return UCS_OK;  // its connection is closed: dropped
+  return conn->onAm(route->id, header, headerSize, data, size, param);
+}
+
+void UcxWorker::onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* self = static_cast<UcxWorker*>(arg);
+  auto it = self->connections_.find(ep);
+  if (it == self->connections_.end()) return;
+  if (auto conn = it->second.lock()) conn->onEndpointError(status);
+}
+
+}  // namespace hoplite

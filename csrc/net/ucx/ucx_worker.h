@@ -1,0 +1,91 @@
+// One UCP context and worker per transport, driven by the node's event loop:
+// the worker's event fd sits in epoll (no busy polling), and every pass
+// progresses the worker, hands what arrived to the connections, and re-arms.
+// Active messages arrive here and go to the connection of their reply
+// endpoint; observer callbacks run only after ucp_worker_progress returns, so
+// the node may send or close from them.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <array>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "net/event_loop.h"
+#include "net/transport.h"
+
+namespace hoplite {
+
+class UcxConnection;
+
+// Active message ids. Each carries a wire frame header (magic, version, type,
+// length) so that a frame is checked as on TCP; data frames add the data
+// sub-header. The payload is the message's data.
+enum UcxAm : unsigned {
+  kUcxControlAm = 1,
+  kUcxDataAm = 2,
+  kUcxAcceptedAm = 3,  // server -> client once its endpoint exists: the connection is established
+};
+
+// Names a UCS status in errors.
+std::string ucxError(const char* what, ucs_status_t status);
+
+class UcxWorker : public EventHandler, public std::enable_shared_from_this<UcxWorker> {
+ public:
+  // Throws std::runtime_error naming what UCX refused.
+  UcxWorker(EventLoop& loop, const TransportOptions& options);
+  ~UcxWorker() override;
+  UcxWorker(const UcxWorker&) = delete;
+  UcxWorker& operator=(const UcxWorker&) = delete;
+
+  // Registers the event fd with the loop; call once after construction.
+  void open();
+
+  ucp_worker_h handle() const { return worker_; }
+  EventLoop& loop() { return loop_; }
+  const TransportOptions& options() const { return options_; }
+
+  // After posting operations: one progress pass before the loop waits again
+  // (the worker must be progressed before it can be armed).
+  void progressSoon();
+  // Progresses without handing anything to the observers (abandonData waits so).
+  void progressQuietly();
+
+  void add(ucp_ep_h ep, const std::shared_ptr<UcxConnection>& conn);
+  void remove(ucp_ep_h ep);
+  // A connection with something to hand to its observer after this pass.
+  void markReady(const std::shared_ptr<UcxConnection>& conn);
+
+  void handleEvents(uint32_t events) override;
+
+  // Error handler of every endpoint: `arg` is the worker.
+  static void onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+ private:
+  void progress();
+  void deliver();
+  UcxConnection* connectionOf(const ucp_am_recv_param_t* param);
+  // Every active message id's handler; `arg` is its AmRoute.
+  static ucs_status_t onAm(void* arg, const void* header, size_t headerSize, void* data, size_t size,
+                           const ucp_am_recv_param_t* param);
+  struct AmRoute {
+    UcxWorker* worker;
+    UcxAm id;
+  };
+
+  EventLoop& loop_;
+  TransportOptions options_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int eventFd_ = -1;
+  bool progressing_ = false;
+  bool progressQueued_ = false;
+  std::unordered_map<ucp_ep_h, std::weak_ptr<UcxConnection>> connections_;
+  std::vector<std::shared_ptr<UcxConnection>> ready_;
+  std::array<AmRoute, 3> amRoutes_;
+};
+
+}  // namespace hoplite
