@@ -35,6 +35,10 @@ P2P = "p2p.json"
 RPC = "rpc_emulated_1gbit.json"
 WORKLOADS = "workloads_emulated_1gbit.json"
 DLRM_SERVING = "workloads-dlrm-serving_emulated_1gbit.json"
+LOOPBACK_TCP = "collectives.json"  # one host, every byte over loopback TCP, with the reduce-tree ablation
+RING = "allreduce_ring_emulated_1gbit.json"
+PEERS_N4_N8 = "peers_emulated_1gbit.json"
+OPS = ("broadcast", "reduce", "allreduce", "gather", "allgather")
 # Issue #28's split of Node: the same harness with the extension before ({} = before) and after it,
 # back to back, and what each pair ran.
 NODE_SPLIT_PAIRS = [
@@ -51,7 +55,8 @@ NODE_SPLIT_LOOPBACK_PAIRS = [
 
 def result_files() -> list[str]:
     """Every result file the blocks read."""
-    singles = [PEERS, ISSUE6_TARGETS, ASYNCHRONY, SAME_HOST, P2P, RPC, WORKLOADS, DLRM_SERVING]
+    singles = [PEERS, ISSUE6_TARGETS, ASYNCHRONY, SAME_HOST, P2P, RPC, WORKLOADS, DLRM_SERVING, LOOPBACK_TCP, RING,
+               PEERS_N4_N8]
     pairs = NODE_SPLIT_PAIRS + NODE_SPLIT_LOOPBACK_PAIRS
     return singles + [pattern.format(side) for pattern, _ in pairs for side in ("before", "after")]
 
@@ -69,9 +74,13 @@ class Result:
     def source(self) -> str:
         return f"`results/{self.name}` ({self.machine.get('date', '?')[:10]}, {self.machine.get('commit', '?')})"
 
+    def where(self, **match: Any) -> list[dict]:
+        """The records with these fields, in the file's order."""
+        return [r for r in self.records if all(r.get(k) == v for k, v in match.items())]
+
     def find(self, **match: Any) -> Optional[dict]:
         """The one record with these fields; None if there is none."""
-        found = [r for r in self.records if all(r.get(k) == v for k, v in match.items())]
+        found = self.where(**match)
         if len(found) > 1:
             raise ValueError(f"{self.name}: {len(found)} records match {match}")
         return found[0] if found else None
@@ -205,16 +214,7 @@ def p2p_table() -> list[str]:
 
 def same_host_table() -> list[str]:
     coll = result(SAME_HOST)
-    sizes = sorted({r["size_bytes"] for r in coll.records})
-    lines = ["| op | N | " + " | ".join(_size(size) for size in sizes) + " |", "|---|---|" + "---|" * len(sizes)]
-    for op in ("broadcast", "reduce", "allreduce", "gather"):
-        for nodes in sorted({r["nodes"] for r in coll.records}):
-            cells = []
-            for size in sizes:
-                r = coll.one(op=op, system="hoplite", nodes=nodes, size_bytes=size)
-                cells.append(f"{_ms(r['median_s'], 0, 100)} ({_x(r['time_vs_gloo'])})")
-            lines.append(f"| {op} | {nodes} | " + " | ".join(cells) + " |")
-    return lines
+    return _size_table(coll, *_op_rows(coll, "hoplite"), _time_vs_gloo)
 
 
 def issue6_targets_table() -> list[str]:
@@ -303,7 +303,7 @@ def peers_table() -> list[str]:
 def _ratio_rows(result: Result, systems: list[tuple[str, str]]) -> list[str]:
     present = [(s, label) for s, label in systems if any(r["system"] == s for r in result.records)]
     lines = ["| op | " + " | ".join(label for _, label in present) + " |", "|---|" + "---|" * len(present)]
-    for op in ("broadcast", "reduce", "allreduce", "gather", "allgather"):
+    for op in OPS:
         cells = []
         for system, _ in present:
             r = result.find(op=op, system=system, nodes=8, size_bytes=256 * MiB)
@@ -331,9 +331,7 @@ def _pair_tables(pairs: list[tuple[str, str]], caption: str, header: list[str],
 
 def node_split_table() -> list[str]:
     def emulated(b: dict, a: dict) -> str:
-        cells = [f"{x['ratio_to_ideal']:.3f}× ({x['min_s'] / x['ideal_s']:.3f}–{x['max_s'] / x['ideal_s']:.3f})"
-                 for x in (b, a)]
-        return f"| {b['op']} | {b['system']} | {cells[0]} | {cells[1]} |"
+        return _row([b["op"], b["system"], _spread(b), _spread(a)])
 
     def loopback(b: dict, a: dict) -> str:
         cells = [f"{_ms(x['median_s'])} ({_x(x['time_vs_gloo'])})" for x in (b, a)]
@@ -346,6 +344,105 @@ def node_split_table() -> list[str]:
     return lines[:-1]
 
 
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _head(labels: list[str]) -> list[str]:
+    """A table's header and the line under it."""
+    return [_row(labels), "|" + "---|" * len(labels)]
+
+
+def _ms3(seconds: float) -> str:
+    """Milliseconds to three significant digits, whole ones from 1000 ms (where :.3g would write 1.01e+03)."""
+    ms = seconds * 1000
+    return f"{ms:.3g} ms" if ms < 999.5 else f"{ms:.0f} ms"
+
+
+def _time_vs_gloo(r: dict) -> str:
+    return f"{_ms3(r['median_s'])} ({_x(r['time_vs_gloo'])})"
+
+
+def _spread(r: dict) -> str:
+    """Time over the ideal, median (fastest–slowest trial)."""
+    return f"{r['ratio_to_ideal']:.3f}× ({r['min_s'] / r['ideal_s']:.3f}–{r['max_s'] / r['ideal_s']:.3f})"
+
+
+def _op_rows(res: Result, system: str) -> tuple[str, list[tuple[str, dict]]]:
+    """The head of the key columns ("op | N", or "N" for a file of one op) and a row (label, match) for each op
+    and node count `system` ran."""
+    runs = res.where(system=system)
+    ops = [op for op in OPS if any(r["op"] == op for r in runs)]
+    rows = [((f"{op} | " if len(ops) > 1 else "") + str(nodes), dict(op=op, nodes=nodes, system=system))
+            for op in ops for nodes in sorted({r["nodes"] for r in runs if r["op"] == op})]
+    return ("op | N" if len(ops) > 1 else "N"), rows
+
+
+def _size_table(res: Result, head: str, rows: list[tuple[str, dict]], cell: Callable[[dict], str]) -> list[str]:
+    """A column per size: for each (label, match) of `rows`, `cell` of the record that matches at each size
+    that any row ran. `head` names the label's columns ("op | N")."""
+    sizes = sorted({r["size_bytes"] for _, match in rows for r in res.where(**match)})
+    lines = _head(head.split(" | ") + [_size(size) for size in sizes])
+    for label, match in rows:
+        lines.append(_row([label] + [cell(res.one(size_bytes=size, **match)) for size in sizes]))
+    return lines
+
+
+def _sourced(res: Result, lines: list[str], what: str = "") -> list[str]:
+    """`lines` under the name of their file (and `what` they show)."""
+    return [f"{res.source()}{what}:", ""] + lines
+
+
+def _ideal_grid(name: str, systems: list[tuple[str, str]], timed: Optional[tuple[str, str]],
+                cores: tuple[str, list[str]]) -> list[str]:
+    """The emulated-cluster run `name` by op (where it ran more than one), N and size: each of `systems`' time
+    over the ideal, the `timed` system's time over gloo's, and the CPU cores of all ranks of each `cores`
+    system, under the file's name."""
+    res = result(name)
+    ops = [op for op in OPS if res.where(op=op)]
+    keys = (["op"] if len(ops) > 1 else []) + ["N", "size"]
+    lines = _head(keys + [label for _, label in systems] + ([timed[1]] if timed else []) + [cores[0]])
+    for op in ops:
+        runs = res.where(op=op)
+        for nodes in sorted({r["nodes"] for r in runs}):
+            for size in sorted({r["size_bytes"] for r in runs}):
+                at = {r["system"]: r for r in res.where(op=op, nodes=nodes, size_bytes=size)}
+                cells = ([op] if len(ops) > 1 else []) + [str(nodes), _size(size)]
+                cells += [_x(at[system]["ratio_to_ideal"]) for system, _ in systems]
+                if timed:
+                    cells.append(f"{at[timed[0]]['time_vs_gloo']:.2f}")
+                lines.append(_row(cells + [" / ".join(f"{at[system]['cpu_cores']:.2f}" for system in cores[1])]))
+    return _sourced(res, lines)
+
+
+def loopback_tcp_table() -> list[str]:
+    coll = result(LOOPBACK_TCP)
+    return _sourced(coll, _size_table(coll, *_op_rows(coll, "hoplite"), _time_vs_gloo))
+
+
+def reduce_tree_table() -> list[str]:
+    coll = result(LOOPBACK_TCP)
+    degrees = [("hoplite", "auto"), ("hoplite-d1", "d = 1"), ("hoplite-d2", "d = 2"), ("hoplite-dn", "d = N−1")]
+    lines = _head(["N", "size"] + [label for _, label in degrees])
+    for nodes in (4, 8):  # at N = 2 every degree is the same single hop
+        for size in sorted({r["size_bytes"] for r in coll.records}):
+            lines.append(_row([str(nodes), _size(size)] + [
+                f"{coll.value('time_vs_gloo', op='reduce', system=system, nodes=nodes, size_bytes=size):.2f}"
+                for system, _ in degrees]))
+    return _sourced(coll, lines)
+
+
+def ring_table() -> list[str]:
+    systems = [("hoplite", "hoplite (N pieces)"), ("hoplite-one-piece", "hoplite-one-piece"), ("gloo", "gloo")]
+    return _ideal_grid(RING, systems, ("hoplite", "hoplite / gloo time"),
+                       ("cores (hoplite / gloo)", ["hoplite", "gloo"]))
+
+
+def peers_n4_n8_table() -> list[str]:
+    systems = [("hoplite", "hoplite"), ("hoplite-c10d", "hoplite-c10d"), ("gloo", "gloo"), ("mpi", "Open MPI")]
+    return _ideal_grid(PEERS_N4_N8, systems, None, ("cores", [system for system, _ in systems]))
+
+
 def readme_lines() -> list[str]:
     paragraphs = [emulated_table(), same_host_lines(), rpc_lines(), workload_lines()]
     return "\n\n".join("\n".join(p) for p in paragraphs).split("\n")
@@ -356,7 +453,11 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("README", "how-fast", readme_lines),
     ("BENCH_README", "p2p", p2p_table),
     ("BENCH_README", "same-host", same_host_table),
+    ("BENCH_README", "loopback-tcp", loopback_tcp_table),
+    ("BENCH_README", "reduce-tree", reduce_tree_table),
+    ("BENCH_README", "ring", ring_table),
     ("BENCH_README", "issue6-targets", issue6_targets_table),
+    ("BENCH_README", "peers-n4-n8", peers_n4_n8_table),
     ("BENCH_README", "peers", peers_table),
     ("BENCH_README", "asynchrony", asynchrony_table),
     ("BENCH_README", "rpc", rpc_table),
