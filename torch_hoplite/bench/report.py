@@ -38,6 +38,12 @@ DLRM_SERVING = "workloads-dlrm-serving_emulated_1gbit.json"
 LOOPBACK_TCP = "collectives.json"  # one host, every byte over loopback TCP, with the reduce-tree ablation
 RING = "allreduce_ring_emulated_1gbit.json"
 PEERS_N4_N8 = "peers_emulated_1gbit.json"
+C10D = "c10d_emulated_1gbit.json"
+C10D_ALLGATHER = "c10d_allgather_emulated_1gbit.json"
+C10D_LOOPBACK = "c10d_loopback.json"
+C10D_CUBIC = "c10d_n8_emulated_1gbit_cubic.json"  # the committed chains, 10 trials
+# The backend's allreduce against gloo's, trial by trial: (file, what ran).
+PAIRED_RUNS = [("c10d_allreduce_n8_paired_cubic.json", "CUBIC, allreduce only"), (C10D_CUBIC, "CUBIC, the run above")]
 OPS = ("broadcast", "reduce", "allreduce", "gather", "allgather")
 # Issue #28's split of Node: the same harness with the extension before ({} = before) and after it,
 # back to back, and what each pair ran.
@@ -56,7 +62,7 @@ NODE_SPLIT_LOOPBACK_PAIRS = [
 def result_files() -> list[str]:
     """Every result file the blocks read."""
     singles = [PEERS, ISSUE6_TARGETS, ASYNCHRONY, SAME_HOST, P2P, RPC, WORKLOADS, DLRM_SERVING, LOOPBACK_TCP, RING,
-               PEERS_N4_N8]
+               PEERS_N4_N8, C10D, C10D_ALLGATHER, C10D_LOOPBACK] + [name for name, _ in PAIRED_RUNS]
     pairs = NODE_SPLIT_PAIRS + NODE_SPLIT_LOOPBACK_PAIRS
     return singles + [pattern.format(side) for pattern, _ in pairs for side in ("before", "after")]
 
@@ -368,6 +374,16 @@ def _spread(r: dict) -> str:
     return f"{r['ratio_to_ideal']:.3f}× ({r['min_s'] / r['ideal_s']:.3f}–{r['max_s'] / r['ideal_s']:.3f})"
 
 
+def _signed(value: float, places: int) -> str:
+    return f"{value:+.{places}f}".replace("-", "−")
+
+
+def _paired_diff(paired: dict, places: int) -> str:
+    """A `paired_vs_gloo`'s mean difference from gloo's time and its 95% interval."""
+    low, high = paired["ci95_diff_ms"]
+    return f"{_signed(paired['mean_diff_ms'], places)} ms ({_signed(low, places)} to {_signed(high, places)})"
+
+
 def _op_rows(res: Result, system: str) -> tuple[str, list[tuple[str, dict]]]:
     """The head of the key columns ("op | N", or "N" for a file of one op) and a row (label, match) for each op
     and node count `system` ran."""
@@ -443,6 +459,45 @@ def peers_n4_n8_table() -> list[str]:
     return _ideal_grid(PEERS_N4_N8, systems, None, ("cores", [system for system, _ in systems]))
 
 
+def c10d_table() -> list[str]:
+    systems = [("hoplite-c10d", "hoplite-c10d"), ("hoplite", "hoplite"), ("gloo", "gloo")]
+    return _ideal_grid(C10D, systems, ("hoplite-c10d", "c10d / gloo time"), ("cores", ["hoplite-c10d", "gloo"]))
+
+
+def c10d_allgather_table() -> list[str]:
+    allgather = result(C10D_ALLGATHER)
+    return _sourced(allgather, _size_table(allgather, *_op_rows(allgather, "hoplite-c10d"),
+                                           lambda r: f"{_x(r['ratio_to_ideal'])} ({_x(r['time_vs_gloo'])})"),
+                    ": the backend's time over the ideal (over gloo's time)")
+
+
+def c10d_loopback_table() -> list[str]:
+    loopback = result(C10D_LOOPBACK)
+    return _sourced(loopback, _size_table(loopback, *_op_rows(loopback, "hoplite-c10d"), _time_vs_gloo))
+
+
+def c10d_cubic_table() -> list[str]:
+    cubic = result(C10D_CUBIC)
+    lines = _head(["op", "hoplite-c10d", "gloo", "time ratio",
+                   "trial by trial (median ratio; mean difference, 95% CI; faster)", "cores"])
+    for c10d in cubic.where(system="hoplite-c10d"):
+        gloo, paired = cubic.one(op=c10d["op"], system="gloo"), c10d["paired_vs_gloo"]
+        lines.append(_row([c10d["op"], _spread(c10d), _spread(gloo), f"{c10d['time_vs_gloo']:.3f}",
+                           f"{paired['median_ratio']:.3f}; {_paired_diff(paired, 1)}; "
+                           f"{paired['faster_trials']} of {paired['trials']}",
+                           f"{c10d['cpu_cores']:.2f} / {gloo['cpu_cores']:.2f}"]))
+    return _sourced(cubic, lines)
+
+
+def paired_table() -> list[str]:
+    lines = _head(["run", "trials", "hoplite-c10d − gloo, mean (95% CI)", "median ratio", "faster"])
+    for name, what in PAIRED_RUNS:
+        paired = result(name).one(op="allreduce", system="hoplite-c10d")["paired_vs_gloo"]
+        lines.append(_row([what, str(paired["trials"]), _paired_diff(paired, 2), f"{paired['median_ratio']:.4f}",
+                           f"{paired['faster_trials']} of {paired['trials']}"]))
+    return [" and ".join(result(name).source() for name, _ in PAIRED_RUNS) + ":", ""] + lines
+
+
 def readme_lines() -> list[str]:
     paragraphs = [emulated_table(), same_host_lines(), rpc_lines(), workload_lines()]
     return "\n\n".join("\n".join(p) for p in paragraphs).split("\n")
@@ -460,6 +515,11 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("BENCH_README", "peers-n4-n8", peers_n4_n8_table),
     ("BENCH_README", "peers", peers_table),
     ("BENCH_README", "asynchrony", asynchrony_table),
+    ("BENCH_README", "c10d", c10d_table),
+    ("BENCH_README", "c10d-allgather", c10d_allgather_table),
+    ("BENCH_README", "c10d-loopback", c10d_loopback_table),
+    ("BENCH_README", "c10d-cubic", c10d_cubic_table),
+    ("BENCH_README", "paired", paired_table),
     ("BENCH_README", "rpc", rpc_table),
     ("BENCH_README", "parameter-server", parameter_server_table),
     ("BENCH_README", "dlrm", dlrm_table),
