@@ -54,3 +54,8 @@ def test_the_command_prints_every_block():
     assert out == report.render()
     for attr, name, _ in report.BLOCKS:
         assert f"== {os.path.basename(getattr(report, attr))}: {name} ==" in out
+
+
+def test_milliseconds_are_rounded_to_three_digits_without_an_exponent():
+    assert [report._ms3(ms / 1000) for ms in (0.5404, 26.0, 147.6, 1011.55, 1271.66)] == \
+        ["0.54 ms", "26 ms", "148 ms", "1012 ms", "1272 ms"]

@@ -44,6 +44,8 @@ C10D_LOOPBACK = "c10d_loopback.json"
 C10D_CUBIC = "c10d_n8_emulated_1gbit_cubic.json"  # the committed chains, 10 trials
 # The backend's allreduce against gloo's, trial by trial: (file, what ran).
 PAIRED_RUNS = [("c10d_allreduce_n8_paired_cubic.json", "CUBIC, allreduce only"), (C10D_CUBIC, "CUBIC, the run above")]
+GPU = "gpu.json"
+EMULATED = "collectives_emulated_1gbit.json"
 OPS = ("broadcast", "reduce", "allreduce", "gather", "allgather")
 # Issue #28's split of Node: the same harness with the extension before ({} = before) and after it,
 # back to back, and what each pair ran.
@@ -62,7 +64,7 @@ NODE_SPLIT_LOOPBACK_PAIRS = [
 def result_files() -> list[str]:
     """Every result file the blocks read."""
     singles = [PEERS, ISSUE6_TARGETS, ASYNCHRONY, SAME_HOST, P2P, RPC, WORKLOADS, DLRM_SERVING, LOOPBACK_TCP, RING,
-               PEERS_N4_N8, C10D, C10D_ALLGATHER, C10D_LOOPBACK] + [name for name, _ in PAIRED_RUNS]
+               PEERS_N4_N8, C10D, C10D_ALLGATHER, C10D_LOOPBACK, GPU, EMULATED] + [name for name, _ in PAIRED_RUNS]
     pairs = NODE_SPLIT_PAIRS + NODE_SPLIT_LOOPBACK_PAIRS
     return singles + [pattern.format(side) for pattern, _ in pairs for side in ("before", "after")]
 
@@ -498,6 +500,24 @@ def paired_table() -> list[str]:
     return [" and ".join(result(name).source() for name, _ in PAIRED_RUNS) + ":", ""] + lines
 
 
+def gpu_table() -> list[str]:
+    gpu = result(GPU)
+    rows = [(label, dict(op=op, system="hoplite-cuda"))
+            for op, label in (("p2p", "p2p round trip"), ("broadcast", "broadcast"), ("allreduce", "allreduce"))]
+    return _sourced(gpu, _size_table(gpu, "op (cuda / cpu time)", rows, lambda r: f"{r['time_vs_cpu']:.2f}"))
+
+
+def gpu_c10d_table() -> list[str]:
+    gpu = result(GPU)
+    rows = [(f"{device}: hoplite / gloo", dict(system=f"c10d-hoplite-{device}")) for device in ("cpu", "cuda")]
+    return _sourced(gpu, _size_table(gpu, "tensors", rows, lambda r: f"{r['time_vs_gloo']:.2f}"))
+
+
+def emulated_collectives_table() -> list[str]:
+    return _ideal_grid(EMULATED, [("hoplite", "torch_hoplite"), ("gloo", "gloo")],
+                       ("hoplite", "hoplite time / gloo time"), ("cores (hoplite / gloo)", ["hoplite", "gloo"]))
+
+
 def readme_lines() -> list[str]:
     paragraphs = [emulated_table(), same_host_lines(), rpc_lines(), workload_lines()]
     return "\n\n".join("\n".join(p) for p in paragraphs).split("\n")
@@ -524,7 +544,10 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("BENCH_README", "parameter-server", parameter_server_table),
     ("BENCH_README", "dlrm", dlrm_table),
     ("BENCH_README", "serving", serving_table),
+    ("BENCH_README", "gpu", gpu_table),
+    ("BENCH_README", "gpu-c10d", gpu_c10d_table),
     ("BENCH_README", "node-split", node_split_table),
+    ("BENCH_README", "emulated-collectives", emulated_collectives_table),
 ]
 
 
