@@ -50,7 +50,7 @@ struct UcxConnection::ReceiveOp {
   std::shared_ptr<Inbound> in;  // keeps the destination's keepalive until UCX is done with it
 };
 
-struct UcxConnection::CloseOp {
+struct UcxConnection::FlushOp {
   std::shared_ptr<UcxConnection> conn;
 };
 
@@ -64,7 +64,7 @@ UcxConnection::UcxConnection(std::shared_ptr<UcxWorker> worker, std::string peer
 
 UcxConnection::~UcxConnection() {
   // Freed by UCX once closed; nothing of ours is referenced any more.
-  if (ep_ != nullptr && !closeRequested_) closeEndpoint(true);
+  if (ep_ != nullptr && !endpointClosed_ && !worker_->stopped()) closeEndpoint();
 }
 
 void UcxConnection::attach(ucp_ep_h ep) {
@@ -143,7 +143,11 @@ void UcxConnection::onSent(void* request, ucs_status_t status, void* user) {
 
 void UcxConnection::sent(SendOp& op, ucs_status_t status) {
   bytesInFlight_ -= op.dataBytes;
-  if (closed_ || ending_) return;
+  if (closed_) return;
+  if (ending_) {
+    if (status != UCS_OK) fail(endWhy_);  // the end message cannot go: nothing to wait for
+    return;
+  }
   if (status != UCS_OK) {
     fail(Status(Code::kPeerFailed, ucxError(("send to " + describe()).c_str(), status)));
     return;
@@ -155,11 +159,16 @@ void UcxConnection::sent(SendOp& op, ucs_status_t status) {
 
 ucs_status_t UcxConnection::onAm(UcxAm id, const void* header, size_t headerSize, void* data, size_t size,
                                  const ucp_am_recv_param_t* param) {
-  if (closed_ || ending_ || failing_) return UCS_OK;  // dropped, as TCP drops input while ending
+  if (closed_ || failing_) return UCS_OK;
   if (id == kUcxAcceptedAm) {
     established_ = true;
     return UCS_OK;
   }
+  if (id == kUcxEndAm) {  // after every frame the peer sent: it sends nothing more
+    fail(ending_ ? endWhy_ : Status(Code::kPeerFailed, "connection closed by " + describe()));
+    return UCS_OK;
+  }
+  if (ending_) return UCS_OK;  // dropped until the peer's end, as TCP drops input while ending
   const bool isData = id == kUcxDataAm;
   const size_t subheader = isData ? wire::kDataSubheaderSize : 0;
   const wire::FrameLimits limits = trusted_ ? worker_->options().limits : wire::FrameLimits{kHandshakeLimit, 0};
@@ -197,7 +206,12 @@ ucs_status_t UcxConnection::onAm(UcxAm id, const void* header, size_t headerSize
 }
 
 void UcxConnection::onEndpointError(ucs_status_t status) {
-  if (closed_ || ending_) return;  // a graceful close ends with its own request
+  peerGone_ = true;
+  if (closed_) return;
+  if (ending_) {  // the peer's end or its failure: either ends the graceful close
+    fail(endWhy_);
+    return;
+  }
   const char* what = established_ ? "connection to " : "connect to ";
   fail(Status(Code::kPeerFailed, ucxError((what + describe()).c_str(), status)));
 }
@@ -339,31 +353,42 @@ void UcxConnection::abandonData(uint64_t request) {
 }
 
 // ---------------------------------------------------------------- closing
+//
+// Endpoints are only ever closed by force (UCX cannot destroy a worker while a
+// flushing close is pending, and a hung peer would leave one pending). So that
+// nothing handed to UCX is lost, a close from this side first flushes the
+// endpoint (its sends have landed), and a graceful close sends an end message
+// after its last frame and waits for the peer's end, or its failure, as TCP
+// waits for the peer's FIN after its own.
 
-void UcxConnection::closeEndpoint(bool force) {
-  closeRequested_ = true;
+void UcxConnection::closeEndpoint() {
+  if (endpointClosed_) return;
+  endpointClosed_ = true;
   worker_->remove(ep_);
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-  if (!force) {
-    param.op_attr_mask |= UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    param.cb.send = &UcxConnection::onCloseDone;
-    param.user_data = new CloseOp{shared_from_this()};
-  }
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
   ucs_status_ptr_t request = ucp_ep_close_nbx(ep_, &param);
-  if (UCS_PTR_IS_PTR(request)) {
-    if (force) ucp_request_free(request);  // released by UCX when done
-  } else if (!force) {
-    std::unique_ptr<CloseOp> op(static_cast<CloseOp*>(param.user_data));
-    op->conn->close(endWhy_);
+  if (UCS_PTR_IS_PTR(request)) worker_->closing(request);
+}
+
+void UcxConnection::flushThenCloseEndpoint() {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = &UcxConnection::onFlushed;
+  auto* op = new FlushOp{shared_from_this()};
+  param.user_data = op;
+  ucs_status_ptr_t request = ucp_ep_flush_nbx(ep_, &param);
+  if (!UCS_PTR_IS_PTR(request)) {
+    delete op;
+    closeEndpoint();
   }
 }
 
-void UcxConnection::onCloseDone(void* request, ucs_status_t, void* user) {
-  std::unique_ptr<CloseOp> op(static_cast<CloseOp*>(user));
+void UcxConnection::onFlushed(void* request, ucs_status_t, void* user) {
+  std::unique_ptr<FlushOp> op(static_cast<FlushOp*>(user));
   ucp_request_free(request);
-  op->conn->close(op->conn->endWhy_);
+  op->conn->closeEndpoint();
 }
 
 void UcxConnection::close(const Status& why) {
@@ -373,28 +398,40 @@ void UcxConnection::close(const Status& why) {
   for (auto& in : inbox_) release(*in);
   inbox_.clear();
   queued_.clear();
-  if (ep_ != nullptr && !closeRequested_) {
-    closeEndpoint(true);
+  if (ep_ != nullptr && !endpointClosed_) {
+    // Ending or failed: the peer sends nothing more, or cannot receive.
+    if (ending_ || peerGone_) {
+      closeEndpoint();
+    } else {
+      flushThenCloseEndpoint();
+    }
     worker_->progressSoon();
   }
   observer_->onClosed(*this, why);
 }
 
+void UcxConnection::abort() {
+  closed_ = true;
+  for (auto& in : inbox_) release(*in);
+  inbox_.clear();
+  queued_.clear();
+  if (ep_ != nullptr) closeEndpoint();  // a flush still under way is cancelled
+}
+
 void UcxConnection::closeGracefully(const Status& why) {
   if (closed_ || ending_) return;
-  // What was handed to UCX is flushed by the close; what waits for the
-  // window is dropped (its senders were not told it was sent), as on TCP.
+  if (ep_ == nullptr || failing_) {
+    close(why);
+    return;
+  }
+  // What waits for the window is dropped (its senders were not told it was
+  // sent), as on TCP; what was handed to UCX goes before the end message.
   ending_ = true;
   endWhy_ = why;
   queued_.clear();
   for (auto& in : inbox_) release(*in);
   inbox_.clear();
-  if (ep_ == nullptr) {
-    close(why);
-    return;
-  }
-  closeEndpoint(false);
-  worker_->progressSoon();
+  post(kUcxEndAm, std::make_unique<SendOp>(), nullptr, 0);
 }
 
 }  // namespace hoplite

@@ -47,6 +47,9 @@ class UcxConnection : public Connection, public std::enable_shared_from_this<Ucx
                     const ucp_am_recv_param_t* param);
   void onEndpointError(ucs_status_t status);
   void sendAccepted();  // server side, once attached
+  // The worker is shutting down: the endpoint is closed at once and nothing
+  // more is told to the observer.
+  void abort();
   // From the worker after the progress pass: hands over what is in order.
   void deliver();
 
@@ -54,7 +57,7 @@ class UcxConnection : public Connection, public std::enable_shared_from_this<Ucx
   struct Inbound;
   struct SendOp;
   struct ReceiveOp;
-  struct CloseOp;
+  struct FlushOp;
   struct QueuedData {
     uint64_t request, offset;
     const uint8_t* data;
@@ -75,9 +78,9 @@ class UcxConnection : public Connection, public std::enable_shared_from_this<Ucx
   // The connection ends with `why` once what arrived before is handed over.
   void fail(const Status& why);
   void markReady();
-  // Force: at once, no callback. Otherwise flushed first, then close(endWhy_).
-  void closeEndpoint(bool force);
-  static void onCloseDone(void* request, ucs_status_t status, void* user);
+  void closeEndpoint();  // by force: operations still under way are cancelled
+  void flushThenCloseEndpoint();
+  static void onFlushed(void* request, ucs_status_t status, void* user);
 
   std::shared_ptr<UcxWorker> worker_;
   std::string peerAddress_;
@@ -87,7 +90,8 @@ class UcxConnection : public Connection, public std::enable_shared_from_this<Ucx
   bool trusted_ = false;
   bool closed_ = false;
   bool ending_ = false;
-  bool closeRequested_ = false;  // ucp_ep_close_nbx was called
+  bool endpointClosed_ = false;  // ucp_ep_close_nbx was called
+  bool peerGone_ = false;        // UCX reported the endpoint failed
   bool failing_ = false;         // an end is in the inbox
   bool readyMarked_ = false;     // on the worker's ready list for this pass
   Status endWhy_;

@@ -54,7 +54,7 @@ class UcxListener : public Listener {
   int port() const override { return port_; }
   void close() override {
     if (listener_ == nullptr) return;
-    ucp_listener_destroy(listener_);
+    if (!worker_->stopped()) ucp_listener_destroy(listener_);  // else gone with the worker
     listener_ = nullptr;
   }
 
@@ -104,6 +104,8 @@ class UcxTransport : public Transport {
     worker_ = std::make_shared<UcxWorker>(loop, options);
     worker_->open();
   }
+  // After the node's loop has stopped: nothing of UCX may outlive the node.
+  ~UcxTransport() override { worker_->shutdown(); }
 
   // Called before the loop starts (or on its thread): the worker is serialized, not locked.
   std::unique_ptr<Listener> listen(const std::string& host, int port, ConnectionObserver* observer,

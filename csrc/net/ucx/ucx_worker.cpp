@@ -1,5 +1,6 @@
 #include "net/ucx/ucx_worker.h"
 
+#include <chrono>
 #include <stdexcept>
 
 #include "common/logging.h"
@@ -20,7 +21,9 @@ void check(ucs_status_t status, const char* what) {
 }  // namespace
 
 UcxWorker::UcxWorker(EventLoop& loop, const TransportOptions& options)
-    : loop_(loop), options_(options), amRoutes_{{{this, kUcxControlAm}, {this, kUcxDataAm}, {this, kUcxAcceptedAm}}} {
+    : loop_(loop),
+      options_(options),
+      amRoutes_{{{this, kUcxControlAm}, {this, kUcxDataAm}, {this, kUcxAcceptedAm}, {this, kUcxEndAm}}} {
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "UCX: reading its configuration (UCX_* variables)");
   ucp_params_t params{};
@@ -56,10 +59,30 @@ UcxWorker::UcxWorker(EventLoop& loop, const TransportOptions& options)
   }
 }
 
-UcxWorker::~UcxWorker() {
+UcxWorker::~UcxWorker() { shutdown(); }
+
+void UcxWorker::shutdown() {
+  if (worker_ == nullptr) return;
+  stopping_ = true;
+  auto connections = std::move(connections_);
+  for (auto& [ep, weak] : connections) {
+    if (auto conn = weak.lock()) conn->abort();
+  }
+  ready_.clear();
+  // Cancelled operations complete (their callbacks see closed connections),
+  // and the closes finish, bounded: a close waits on nothing remote.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  do {
+    progressQuietly();
+    reapClosed();
+  } while (!closing_.empty() && std::chrono::steady_clock::now() < deadline);
+  if (!closing_.empty()) HLOG(kWarn, "UCX: %zu endpoint closes did not finish", closing_.size());
   if (eventFd_ >= 0) loop_.removeFd(eventFd_);
+  eventFd_ = -1;
   ucp_worker_destroy(worker_);
+  worker_ = nullptr;
   ucp_cleanup(context_);
+  context_ = nullptr;
 }
 
 void UcxWorker::open() {
@@ -74,7 +97,7 @@ void UcxWorker::open() {
 void UcxWorker::handleEvents(uint32_t) { progress(); }
 
 void UcxWorker::progressSoon() {
-  if (progressQueued_) return;
+  if (progressQueued_ || stopping_) return;
   progressQueued_ = true;
   loop_.runSoon([self = shared_from_this()] {
     self->progressQueued_ = false;
@@ -88,15 +111,26 @@ void UcxWorker::progressQuietly() {
 }
 
 void UcxWorker::progress() {
-  if (progressing_) return;  // a pass is under way further up this stack: it goes on
+  if (progressing_ || stopping_) return;  // a pass is under way further up this stack: it goes on
   progressing_ = true;
   for (;;) {
     progressQuietly();
+    reapClosed();
     deliver();
     // Busy: events came in since the last progress; progress again before sleeping.
     if (ucp_worker_arm(worker_) != UCS_ERR_BUSY) break;
   }
   progressing_ = false;
+}
+
+void UcxWorker::closing(void* request) { closing_.push_back(request); }
+
+void UcxWorker::reapClosed() {
+  std::erase_if(closing_, [](void* request) {
+    if (ucp_request_check_status(request) == UCS_INPROGRESS) return false;
+    ucp_request_free(request);
+    return true;
+  });
 }
 
 void UcxWorker::deliver() {
@@ -107,11 +141,15 @@ void UcxWorker::deliver() {
   }
 }
 
-void UcxWorker::add(ucp_ep_h ep, const std::shared_ptr<UcxConnection>& conn) { connections_[ep] = conn; }
+void UcxWorker::add(ucp_ep_h ep, const std::shared_ptr<UcxConnection>& conn) {
+  if (!stopping_) connections_[ep] = conn;
+}
 
 void UcxWorker::remove(ucp_ep_h ep) { connections_.erase(ep); }
 
-void UcxWorker::markReady(const std::shared_ptr<UcxConnection>& conn) { ready_.push_back(conn); }
+void UcxWorker::markReady(const std::shared_ptr<UcxConnection>& conn) {
+  if (!stopping_) ready_.push_back(conn);
+}
 
 UcxConnection* UcxWorker::connectionOf(const ucp_am_recv_param_t* param) {
   if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return nullptr;
@@ -130,10 +168,16 @@ ucs_status_t UcxWorker::onAm(void* arg, const void* header, size_t headerSize, v
 }
 
 void UcxWorker::onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  // UCX calls this from its own async thread too (a peer's disconnect seen
+  // by the connection manager): the loop thread takes it from here.
   auto* self = static_cast<UcxWorker*>(arg);
-  auto it = self->connections_.find(ep);
-  if (it == self->connections_.end()) return;
-  if (auto conn = it->second.lock()) conn->onEndpointError(status);
+  self->loop_.post([weak = self->weak_from_this(), ep, status] {
+    auto worker = weak.lock();
+    if (!worker || worker->stopping_) return;
+    auto it = worker->connections_.find(ep);
+    if (it == worker->connections_.end()) return;
+    if (auto conn = it->second.lock()) conn->onEndpointError(status);
+  });
 }
 
 }  // namespace hoplite

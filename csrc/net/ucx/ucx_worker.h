@@ -28,6 +28,7 @@ enum UcxAm : unsigned {
   kUcxControlAm = 1,
   kUcxDataAm = 2,
   kUcxAcceptedAm = 3,  // server -> client once its endpoint exists: the connection is established
+  kUcxEndAm = 4,       // after a graceful close's last frame: nothing more comes
 };
 
 // Names a UCS status in errors.
@@ -43,6 +44,12 @@ class UcxWorker : public EventHandler, public std::enable_shared_from_this<UcxWo
 
   // Registers the event fd with the loop; call once after construction.
   void open();
+  // The transport is going away (its loop has stopped): endpoints still open
+  // are closed at once without telling their observers, then the worker and
+  // the context are destroyed, so that UCX's threads are gone before the
+  // process may exit. Connections outliving it are closed and inert.
+  void shutdown();
+  bool stopped() const { return worker_ == nullptr; }
 
   ucp_worker_h handle() const { return worker_; }
   EventLoop& loop() { return loop_; }
@@ -54,6 +61,9 @@ class UcxWorker : public EventHandler, public std::enable_shared_from_this<UcxWo
   // Progresses without handing anything to the observers (abandonData waits so).
   void progressQuietly();
 
+  // An endpoint's close under way: the worker is not destroyed before it
+  // completes (UCX's connection manager may still use the endpoint).
+  void closing(void* request);
   void add(ucp_ep_h ep, const std::shared_ptr<UcxConnection>& conn);
   void remove(ucp_ep_h ep);
   // A connection with something to hand to its observer after this pass.
@@ -67,6 +77,7 @@ class UcxWorker : public EventHandler, public std::enable_shared_from_this<UcxWo
  private:
   void progress();
   void deliver();
+  void reapClosed();  // frees the close requests that completed
   UcxConnection* connectionOf(const ucp_am_recv_param_t* param);
   // Every active message id's handler; `arg` is its AmRoute.
   static ucs_status_t onAm(void* arg, const void* header, size_t headerSize, void* data, size_t size,
@@ -81,11 +92,13 @@ class UcxWorker : public EventHandler, public std::enable_shared_from_this<UcxWo
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int eventFd_ = -1;
+  bool stopping_ = false;
   bool progressing_ = false;
   bool progressQueued_ = false;
   std::unordered_map<ucp_ep_h, std::weak_ptr<UcxConnection>> connections_;
   std::vector<std::shared_ptr<UcxConnection>> ready_;
-  std::array<AmRoute, 3> amRoutes_;
+  std::vector<void*> closing_;  // close requests not yet complete
+  std::array<AmRoute, 4> amRoutes_;
 };
 
 }  // namespace hoplite
