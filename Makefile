@@ -12,7 +12,13 @@ SOURCES := $(shell find csrc cuda -name '*.cpp' -o -name '*.h' -o -name '*.inc' 
 	$(PIP) install -q ninja pytest pytest-timeout "setuptools>=64" wheel
 	touch $@
 
-.stamp-build: .stamp-deps $(SOURCES)
+# UCX's headers, so that the UCX transport (torch_hoplite/_transport_ucx*.so) is
+# built: Debian's libucx-dev (UCX 1.13 with verbs for RDMA; see docs/architecture.md).
+.stamp-ucx-deps: Makefile
+	test -f /usr/include/ucp/api/ucp.h || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libucx-dev)
+	touch $@
+
+.stamp-build: .stamp-deps .stamp-ucx-deps $(SOURCES)
 	MAX_JOBS=2 $(PIP) install -q --no-build-isolation -e .
 	touch $@
 
