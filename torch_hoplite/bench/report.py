@@ -42,6 +42,11 @@ C10D = "c10d_emulated_1gbit.json"
 C10D_ALLGATHER = "c10d_allgather_emulated_1gbit.json"
 C10D_LOOPBACK = "c10d_loopback.json"
 C10D_CUBIC = "c10d_n8_emulated_1gbit_cubic.json"  # the committed chains, 10 trials
+# Earlier runs of that command, every node on CUBIC and on the host's default BBR, by the commit that ran them:
+# later runs reused their names, so their files were restored from git under these.
+CONGESTION_RUNS = ("910bf0a", "a8a55bf", "a65b094")
+CONGESTION = [("c10d_n8_emulated_1gbit_cubic_{}.json", "CUBIC", "CUBIC"),
+              ("c10d_n8_emulated_1gbit_bbr_{}.json", "BBR (host default)", "BBR")]  # (file, first row, rest)
 # The backend's allreduce against gloo's, trial by trial: (file, what ran).
 PAIRED_RUNS = [("c10d_allreduce_n8_paired_cubic.json", "CUBIC, allreduce only"), (C10D_CUBIC, "CUBIC, the run above")]
 GPU = "gpu.json"
@@ -66,7 +71,8 @@ def result_files() -> list[str]:
     singles = [PEERS, ISSUE6_TARGETS, ASYNCHRONY, SAME_HOST, P2P, RPC, WORKLOADS, DLRM_SERVING, LOOPBACK_TCP, RING,
                PEERS_N4_N8, C10D, C10D_ALLGATHER, C10D_LOOPBACK, GPU, EMULATED] + [name for name, _ in PAIRED_RUNS]
     pairs = NODE_SPLIT_PAIRS + NODE_SPLIT_LOOPBACK_PAIRS
-    return singles + [pattern.format(side) for pattern, _ in pairs for side in ("before", "after")]
+    congestion = [pattern.format(run) for run in CONGESTION_RUNS for pattern, _, _ in CONGESTION]
+    return singles + [pattern.format(side) for pattern, _ in pairs for side in ("before", "after")] + congestion
 
 
 class Result:
@@ -406,9 +412,10 @@ def _size_table(res: Result, head: str, rows: list[tuple[str, dict]], cell: Call
     return lines
 
 
-def _sourced(res: Result, lines: list[str], what: str = "") -> list[str]:
-    """`lines` under the name of their file (and `what` they show)."""
-    return [f"{res.source()}{what}:", ""] + lines
+def _sourced(res: Result | list[Result], lines: list[str], what: str = "") -> list[str]:
+    """`lines` under the names of their file or files (and `what` they show)."""
+    sources = " and ".join(r.source() for r in (res if isinstance(res, list) else [res]))
+    return [f"{sources}{what}:", ""] + lines
 
 
 def _ideal_grid(name: str, systems: list[tuple[str, str]], timed: Optional[tuple[str, str]],
@@ -478,17 +485,37 @@ def c10d_loopback_table() -> list[str]:
     return _sourced(loopback, _size_table(loopback, *_op_rows(loopback, "hoplite-c10d"), _time_vs_gloo))
 
 
+def _against_gloo(res: Result, lead: Callable[[int], list[str]] = lambda i: [],
+                  paired: Callable[[dict], list[str]] = lambda c10d: []) -> list[str]:
+    """A row per op of the backend's in `res`: the op, `lead`'s cells for the row's index, the backend's and
+    gloo's time over the ideal (fastest–slowest trial) and the ratio of their times, `paired`'s cells for the
+    backend's record, and the CPU cores of both."""
+    lines = []
+    for i, c10d in enumerate(res.where(system="hoplite-c10d")):
+        gloo = res.one(op=c10d["op"], system="gloo")
+        lines.append(_row([c10d["op"]] + lead(i) + [_spread(c10d), _spread(gloo), f"{c10d['time_vs_gloo']:.3f}"] +
+                          paired(c10d) + [f"{c10d['cpu_cores']:.2f} / {gloo['cpu_cores']:.2f}"]))
+    return lines
+
+
 def c10d_cubic_table() -> list[str]:
+    def trial_by_trial(c10d: dict) -> list[str]:
+        paired = c10d["paired_vs_gloo"]
+        return [f"{paired['median_ratio']:.3f}; {_paired_diff(paired, 1)}; "
+                f"{paired['faster_trials']} of {paired['trials']}"]
+
     cubic = result(C10D_CUBIC)
     lines = _head(["op", "hoplite-c10d", "gloo", "time ratio",
                    "trial by trial (median ratio; mean difference, 95% CI; faster)", "cores"])
-    for c10d in cubic.where(system="hoplite-c10d"):
-        gloo, paired = cubic.one(op=c10d["op"], system="gloo"), c10d["paired_vs_gloo"]
-        lines.append(_row([c10d["op"], _spread(c10d), _spread(gloo), f"{c10d['time_vs_gloo']:.3f}",
-                           f"{paired['median_ratio']:.3f}; {_paired_diff(paired, 1)}; "
-                           f"{paired['faster_trials']} of {paired['trials']}",
-                           f"{c10d['cpu_cores']:.2f} / {gloo['cpu_cores']:.2f}"]))
-    return _sourced(cubic, lines)
+    return _sourced(cubic, lines + _against_gloo(cubic, paired=trial_by_trial))
+
+
+def congestion_table(run: str) -> list[str]:
+    """The run of the commit `run` on CUBIC and on BBR: the backend against gloo at N = 8, 256 MB."""
+    lines = _head(["op", "congestion control", "hoplite-c10d", "gloo", "time ratio", "cores"])
+    for pattern, first, rest in CONGESTION:
+        lines += _against_gloo(result(pattern.format(run)), lambda i: [rest if i else first])
+    return _sourced([result(pattern.format(run)) for pattern, _, _ in CONGESTION], lines)
 
 
 def paired_table() -> list[str]:
@@ -497,7 +524,7 @@ def paired_table() -> list[str]:
         paired = result(name).one(op="allreduce", system="hoplite-c10d")["paired_vs_gloo"]
         lines.append(_row([what, str(paired["trials"]), _paired_diff(paired, 2), f"{paired['median_ratio']:.4f}",
                            f"{paired['faster_trials']} of {paired['trials']}"]))
-    return [" and ".join(result(name).source() for name, _ in PAIRED_RUNS) + ":", ""] + lines
+    return _sourced([result(name) for name, _ in PAIRED_RUNS], lines)
 
 
 def gpu_table() -> list[str]:
@@ -536,8 +563,11 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("BENCH_README", "peers", peers_table),
     ("BENCH_README", "asynchrony", asynchrony_table),
     ("BENCH_README", "c10d", c10d_table),
+    ("BENCH_README", "congestion-910bf0a", functools.partial(congestion_table, "910bf0a")),
     ("BENCH_README", "c10d-allgather", c10d_allgather_table),
+    ("BENCH_README", "congestion-a8a55bf", functools.partial(congestion_table, "a8a55bf")),
     ("BENCH_README", "c10d-loopback", c10d_loopback_table),
+    ("BENCH_README", "congestion-a65b094", functools.partial(congestion_table, "a65b094")),
     ("BENCH_README", "c10d-cubic", c10d_cubic_table),
     ("BENCH_README", "paired", paired_table),
     ("BENCH_README", "rpc", rpc_table),
