@@ -15,7 +15,7 @@
 #include <stdexcept>
 
 #include "common/logging.h"
-#include "net/ip_address.h"
+#include "net/sockets.h"
 #include "net/tcp/tcp_connection.h"
 
 namespace hoplite {
@@ -128,35 +128,21 @@ void configureSocket(int fd, const TransportOptions& options) {
 
 std::unique_ptr<Listener> TcpTransport::listen(const std::string& host, int port, ConnectionObserver* observer,
                                                AcceptCallback onAccept) {
-  sockaddr_in addr = makeAddress(host, port);
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 1024) != 0) {
-    int err = errno;
-    ::close(fd);
-    throw std::runtime_error("listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(err));
-  }
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  auto listener = std::make_unique<TcpListener>(loop_, fd, host, ntohs(addr.sin_port), observer,
-                                                std::move(onAccept), options_);
+  int boundPort = 0;
+  const int fd = listeningSocket(host, port, &boundPort);
+  auto listener = std::make_unique<TcpListener>(loop_, fd, host, boundPort, observer, std::move(onAccept), options_);
   loop_.addFd(fd, EPOLLIN, listener.get());
   return listener;
 }
 
 std::shared_ptr<Connection> TcpTransport::connect(const std::string& host, int port, ConnectionObserver* observer) {
   sockaddr_in addr = makeAddress(host, port);
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
-  configureSocket(fd, options_);
-  int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  int err = rc == 0 ? 0 : errno;
-  bool connecting = rc != 0 && err == EINPROGRESS;
+  bool connecting = false;
+  int err = 0;
+  const int fd = connectingSocket(addr, [this](int s) { configureSocket(s, options_); }, &connecting, &err);
   auto conn = std::make_shared<TcpConnection>(loop_, fd, true, addressString(addr), observer, options_);
   conn->open();
-  if (rc != 0 && !connecting) {
+  if (err != 0) {
     // Report the failure from the loop, after the caller has stored the connection.
     Status why(Code::kPeerFailed, "connect to " + addressString(addr) + ": " + std::strerror(err));
     loop_.post([conn, why] { conn->close(why); });

@@ -15,7 +15,8 @@ std::atomic<uint64_t> gNextConnectionId{1u << 30};  // apart from TCP's, for log
 // rendezvous pipeline busy, small enough that a new flow's frames get their
 // share soon (the rest wait in the fair queue).
 constexpr size_t kWindowBytes = 8u << 20;
-constexpr uint64_t kHandshakeLimit = 4096;  // as on TCP: a stranger sends only small control frames
+constexpr uint64_t kHandshakeLimit = 4096;
+constexpr size_t kSeqSize = 8;  // every message's number in its connection, from 0  // as on TCP: a stranger sends only small control frames
 // How long abandonData waits for a rendezvous already writing into the memory.
 constexpr double kAbandonWaitSeconds = 1.0;
 
@@ -38,8 +39,14 @@ struct UcxConnection::Inbound {
 
 struct UcxConnection::SendOp {
   std::shared_ptr<UcxConnection> conn;
-  uint8_t header[wire::kHeaderSize + wire::kDataSubheaderSize];
-  size_t headerSize = 0;
+  UcxAm id = kUcxControlAm;
+  // The receiver's connection id, the sequence number, then the frame header
+  // (and sub-header).
+  uint8_t header[kUcxIdSize + kSeqSize + wire::kHeaderSize + wire::kDataSubheaderSize];
+  size_t frameHeaderSize = 0;
+  uint8_t* frameHeader() { return header + kUcxIdSize + kSeqSize; }
+  const void* data = nullptr;
+  size_t size = 0;
   std::string payload;                    // control frames
   std::shared_ptr<const void> keepalive;  // data frames
   size_t dataBytes = 0;                   // data frames: counted in flight
@@ -54,22 +61,28 @@ struct UcxConnection::FlushOp {
   std::shared_ptr<UcxConnection> conn;
 };
 
-UcxConnection::UcxConnection(std::shared_ptr<UcxWorker> worker, std::string peerAddress, bool dialed,
-                             ConnectionObserver* observer)
+UcxConnection::UcxConnection(std::shared_ptr<UcxWorker> worker, std::string peerAddress, ConnectionObserver* observer)
     : Connection(gNextConnectionId++),
       worker_(std::move(worker)),
       peerAddress_(std::move(peerAddress)),
       observer_(observer),
-      established_(!dialed) {}
+      localId_(worker_->newConnectionId()) {}
 
 UcxConnection::~UcxConnection() {
   // Freed by UCX once closed; nothing of ours is referenced any more.
   if (ep_ != nullptr && !endpointClosed_ && !worker_->stopped()) closeEndpoint();
 }
 
-void UcxConnection::attach(ucp_ep_h ep) {
+void UcxConnection::attach(ucp_ep_h ep, uint64_t remoteId) {
   ep_ = ep;
-  worker_->add(ep, shared_from_this());
+  remoteId_ = remoteId;
+  established_ = true;
+  worker_->add(localId_, ep, shared_from_this());
+  // What was sent while the hellos were exchanged goes first, in order.
+  std::deque<std::unique_ptr<SendOp>> early;
+  early.swap(early_);
+  for (auto& op : early) post(std::move(op));
+  sendQueuedData();
 }
 
 std::string UcxConnection::describe() const {
@@ -82,15 +95,13 @@ std::string UcxConnection::describe() const {
 void UcxConnection::sendControl(wire::MsgType type, std::string payload) {
   if (closed_ || ending_) return;
   auto op = std::make_unique<SendOp>();
-  wire::encodeHeader(op->header, type, payload.size());
-  op->headerSize = wire::kHeaderSize;
+  wire::encodeHeader(op->frameHeader(), type, payload.size());
+  op->frameHeaderSize = wire::kHeaderSize;
   op->payload = std::move(payload);
-  const void* data = op->payload.data();
-  const size_t size = op->payload.size();
-  post(kUcxControlAm, std::move(op), data, size);
+  op->data = op->payload.data();
+  op->size = op->payload.size();
+  post(std::move(op));
 }
-
-void UcxConnection::sendAccepted() { post(kUcxAcceptedAm, std::make_unique<SendOp>(), nullptr, 0); }
 
 void UcxConnection::sendData(uint64_t flow, uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
                              std::shared_ptr<const void> keepalive) {
@@ -102,32 +113,42 @@ void UcxConnection::sendData(uint64_t flow, uint64_t request, uint64_t offset, c
 
 void UcxConnection::sendQueuedData() {
   // At least one frame in flight, whatever its size.
-  while (!queued_.empty() && !closed_ && (bytesInFlight_ == 0 || bytesInFlight_ < kWindowBytes)) {
+  while (!queued_.empty() && !closed_ && ep_ != nullptr && (bytesInFlight_ == 0 || bytesInFlight_ < kWindowBytes)) {
     auto next = queued_.begin();
     sentTag_ = next->first;
     QueuedData frame = std::move(next->second);
     queued_.erase(next);
     auto op = std::make_unique<SendOp>();
-    wire::encodeHeader(op->header, wire::MsgType::kData, wire::kDataSubheaderSize + frame.size);
-    wire::encodeDataSubheader(op->header + wire::kHeaderSize, frame.request, frame.offset);
-    op->headerSize = wire::kHeaderSize + wire::kDataSubheaderSize;
+    op->id = kUcxDataAm;
+    wire::encodeHeader(op->frameHeader(), wire::MsgType::kData, wire::kDataSubheaderSize + frame.size);
+    wire::encodeDataSubheader(op->frameHeader() + wire::kHeaderSize, frame.request, frame.offset);
+    op->frameHeaderSize = wire::kHeaderSize + wire::kDataSubheaderSize;
     op->keepalive = std::move(frame.keepalive);
+    op->data = frame.data;
+    op->size = frame.size;
     op->dataBytes = frame.size;
     bytesInFlight_ += frame.size;
-    post(kUcxDataAm, std::move(op), frame.data, frame.size);
+    post(std::move(op));
   }
 }
 
-void UcxConnection::post(UcxAm id, std::unique_ptr<SendOp> op, const void* data, size_t size) {
+void UcxConnection::post(std::unique_ptr<SendOp> op) {
+  if (ep_ == nullptr) {  // dialing: the peer's hello has not come yet
+    early_.push_back(std::move(op));
+    return;
+  }
   op->conn = shared_from_this();
+  std::memcpy(op->header, &remoteId_, kUcxIdSize);
+  const uint64_t seq = sentSeq_++;
+  std::memcpy(op->header + kUcxIdSize, &seq, kSeqSize);
   ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_AM_SEND_FLAG_REPLY;  // the receiver finds this connection by its reply endpoint
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = &UcxConnection::onSent;
   SendOp* raw = op.release();
   param.user_data = raw;
   // The header must stay valid until the send completes: it lives in the op.
-  ucs_status_ptr_t request = ucp_am_send_nbx(ep_, id, raw->header, raw->headerSize, data, size, &param);
+  ucs_status_ptr_t request = ucp_am_send_nbx(ep_, raw->id, raw->header, kUcxIdSize + kSeqSize + raw->frameHeaderSize, raw->data,
+                                             raw->size, &param);
   if (!UCS_PTR_IS_PTR(request)) {  // done at once, or failed at once: no callback comes
     std::unique_ptr<SendOp> done(raw);
     sent(*done, UCS_PTR_STATUS(request));
@@ -160,15 +181,30 @@ void UcxConnection::sent(SendOp& op, ucs_status_t status) {
 ucs_status_t UcxConnection::onAm(UcxAm id, const void* header, size_t headerSize, void* data, size_t size,
                                  const ucp_am_recv_param_t* param) {
   if (closed_ || failing_) return UCS_OK;
-  if (id == kUcxAcceptedAm) {
-    established_ = true;
+  uint64_t seq = 0;
+  if (headerSize < kSeqSize) {
+    fail(Status(Code::kProtocol, "message without a sequence number from " + describe()));
     return UCS_OK;
   }
-  if (id == kUcxEndAm) {  // after every frame the peer sent: it sends nothing more
-    fail(ending_ ? endWhy_ : Status(Code::kPeerFailed, "connection closed by " + describe()));
+  std::memcpy(&seq, header, kSeqSize);
+  header = static_cast<const uint8_t*>(header) + kSeqSize;
+  headerSize -= kSeqSize;
+  if (seq < nextSeq_ || inbox_.count(seq) != 0) {
+    fail(Status(Code::kProtocol, "message sequence number reused by " + describe()));
     return UCS_OK;
   }
-  if (ending_) return UCS_OK;  // dropped until the peer's end, as TCP drops input while ending
+  if (ending_) {  // dropped until the peer's end (or failure), as TCP drops input while ending
+    if (id == kUcxEndAm) fail(endWhy_);
+    return UCS_OK;
+  }
+  if (id == kUcxEndAm) {  // after every frame the peer sent (in sequence): it sends nothing more
+    auto end = std::make_shared<Inbound>();
+    end->kind = Inbound::Kind::kEnd;
+    end->why = Status(Code::kPeerFailed, "connection closed by " + describe());
+    inbox_.emplace(seq, std::move(end));
+    markReady();
+    return UCS_OK;
+  }
   const bool isData = id == kUcxDataAm;
   const size_t subheader = isData ? wire::kDataSubheaderSize : 0;
   const wire::FrameLimits limits = trusted_ ? worker_->options().limits : wire::FrameLimits{kHandshakeLimit, 0};
@@ -200,7 +236,7 @@ ucs_status_t UcxConnection::onAm(UcxAm id, const void* header, size_t headerSize
     in->control.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + size);
     keep = UCS_OK;
   }
-  inbox_.push_back(std::move(in));
+  inbox_.emplace(seq, std::move(in));
   markReady();
   return keep;
 }
@@ -217,13 +253,10 @@ void UcxConnection::onEndpointError(ucs_status_t status) {
 }
 
 void UcxConnection::fail(const Status& why) {
-  // After what arrived before it, as a TCP stream's end comes after its bytes.
+  // After what arrived in order before it, as a TCP stream's end comes after its bytes.
   if (failing_) return;
   failing_ = true;
-  auto end = std::make_shared<Inbound>();
-  end->kind = Inbound::Kind::kEnd;
-  end->why = why;
-  inbox_.push_back(std::move(end));
+  failWhy_ = why;
   markReady();
 }
 
@@ -298,8 +331,11 @@ void UcxConnection::release(Inbound& in) {
 void UcxConnection::deliver() {
   readyMarked_ = false;
   auto self = shared_from_this();  // an observer may drop its last reference
-  while (!inbox_.empty() && !closed_) {
-    std::shared_ptr<Inbound> in = inbox_.front();
+  // In the sender's order (UCX may hand over a rendezvous after a later message).
+  while (!closed_) {
+    auto next = inbox_.find(nextSeq_);
+    if (next == inbox_.end()) break;
+    std::shared_ptr<Inbound> in = next->second;
     if (in->kind == Inbound::Kind::kEnd) {
       close(in->why);
       return;
@@ -310,7 +346,8 @@ void UcxConnection::deliver() {
     if (closed_) return;
     if (in->kind == Inbound::Kind::kData && in->state != Inbound::State::kLanded) break;
     if (in->kind == Inbound::Kind::kControl && in->rendezvous && in->state != Inbound::State::kLanded) break;
-    inbox_.pop_front();
+    inbox_.erase(next);
+    ++nextSeq_;
     if (in->kind == Inbound::Kind::kControl) {
       observer_->onFrame(*this, in->type, payloadOf(*in), in->size);
       release(*in);
@@ -318,18 +355,28 @@ void UcxConnection::deliver() {
       observer_->onDataReceived(*this, in->request, in->offset + in->size);
     }
   }
-  // The data frames right behind the one still landing are received meanwhile
-  // (their destinations are known: no control frame comes between).
-  for (size_t i = 1; i < inbox_.size() && !closed_; ++i) {
-    std::shared_ptr<Inbound> in = inbox_[i];
-    if (in->kind != Inbound::Kind::kData) break;
-    if (in->state == Inbound::State::kWaiting) startReceive(*in, in);
+  if (closed_) return;
+  // The data frames right behind a data frame still landing are received
+  // meanwhile (their destinations are known: no control frame comes between).
+  auto landing = inbox_.find(nextSeq_);
+  if (landing != inbox_.end() && landing->second->kind == Inbound::Kind::kData) {
+    for (uint64_t seq = nextSeq_ + 1; !closed_; ++seq) {
+      auto it = inbox_.find(seq);
+      if (it == inbox_.end() || it->second->kind != Inbound::Kind::kData) break;
+      std::shared_ptr<Inbound> in = it->second;
+      if (in->state == Inbound::State::kWaiting) startReceive(*in, in);
+    }
+  }
+  // A failure ends the connection once nothing in order is still landing
+  // (what comes after a gap never will).
+  if (!closed_ && failing_ && (landing == inbox_.end() || landing->second->state != Inbound::State::kReceiving)) {
+    close(failWhy_);
   }
 }
 
 void UcxConnection::abandonData(uint64_t request) {
   std::vector<std::shared_ptr<Inbound>> landing;
-  for (auto& in : inbox_) {
+  for (auto& [seq, in] : inbox_) {
     if (in->kind != Inbound::Kind::kData || in->request != request || in->state == Inbound::State::kWaiting) continue;
     in->abandoned = true;
     if (in->state == Inbound::State::kReceiving) landing.push_back(in);
@@ -364,7 +411,7 @@ void UcxConnection::abandonData(uint64_t request) {
 void UcxConnection::closeEndpoint() {
   if (endpointClosed_) return;
   endpointClosed_ = true;
-  worker_->remove(ep_);
+  worker_->remove(localId_, ep_);
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = UCP_EP_CLOSE_FLAG_FORCE;
@@ -395,9 +442,10 @@ void UcxConnection::close(const Status& why) {
   if (closed_) return;
   auto self = shared_from_this();
   closed_ = true;
-  for (auto& in : inbox_) release(*in);
+  for (auto& [seq, in] : inbox_) release(*in);
   inbox_.clear();
   queued_.clear();
+  early_.clear();
   if (ep_ != nullptr && !endpointClosed_) {
     // Ending or failed: the peer sends nothing more, or cannot receive.
     if (ending_ || peerGone_) {
@@ -412,9 +460,10 @@ void UcxConnection::close(const Status& why) {
 
 void UcxConnection::abort() {
   closed_ = true;
-  for (auto& in : inbox_) release(*in);
+  for (auto& [seq, in] : inbox_) release(*in);
   inbox_.clear();
   queued_.clear();
+  early_.clear();
   if (ep_ != nullptr) closeEndpoint();  // a flush still under way is cancelled
 }
 
@@ -429,9 +478,12 @@ void UcxConnection::closeGracefully(const Status& why) {
   ending_ = true;
   endWhy_ = why;
   queued_.clear();
-  for (auto& in : inbox_) release(*in);
+  early_.clear();
+  for (auto& [seq, in] : inbox_) release(*in);
   inbox_.clear();
-  post(kUcxEndAm, std::make_unique<SendOp>(), nullptr, 0);
+  auto end = std::make_unique<SendOp>();
+  end->id = kUcxEndAm;
+  post(std::move(end));
 }
 
 }  // namespace hoplite

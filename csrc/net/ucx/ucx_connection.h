@@ -1,11 +1,12 @@
 // A connection over one UCP endpoint. Control frames are active messages sent
 // at once; data frames wait in a fair queue (FlowTags) and go out as active
 // messages while fewer than a window's bytes are in flight, so that flows
-// share the endpoint as on TCP. What arrives is kept in arrival order in an
-// inbox and handed to the observer in that order: a rendezvous payload is
-// received straight into the buffer the observer names (started as soon as
-// every control frame before it was handed over), and the frames after it wait
-// until it has landed, as bytes on a TCP stream would.
+// share the endpoint as on TCP. Every message carries its sequence number:
+// what arrives waits in an inbox and is handed to the observer in the
+// sender's order (UCX may deliver a rendezvous after a later message). A
+// rendezvous payload is received straight into the buffer the observer names
+// (started once every control frame before it was handed over), and the
+// frames after it wait until it has landed, as bytes on a TCP stream would.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -24,11 +25,15 @@ namespace hoplite {
 
 class UcxConnection : public Connection, public std::enable_shared_from_this<UcxConnection> {
  public:
-  UcxConnection(std::shared_ptr<UcxWorker> worker, std::string peerAddress, bool dialed, ConnectionObserver* observer);
+  // Not yet established: frames sent meanwhile wait for attach().
+  UcxConnection(std::shared_ptr<UcxWorker> worker, std::string peerAddress, ConnectionObserver* observer);
   ~UcxConnection() override;
 
-  // Takes the endpoint (created with the worker's error handler) and joins the worker.
-  void attach(ucp_ep_h ep);
+  // This side's id of the connection, for its bootstrap hello.
+  uint64_t localId() const { return localId_; }
+  // The endpoint to the peer (made with the worker's error handler) and the
+  // peer's id of the connection: established; what waited is sent.
+  void attach(ucp_ep_h ep, uint64_t remoteId);
 
   void sendControl(wire::MsgType type, std::string payload) override;
   void sendData(uint64_t flow, uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
@@ -46,7 +51,6 @@ class UcxConnection : public Connection, public std::enable_shared_from_this<Ucx
   ucs_status_t onAm(UcxAm id, const void* header, size_t headerSize, void* data, size_t size,
                     const ucp_am_recv_param_t* param);
   void onEndpointError(ucs_status_t status);
-  void sendAccepted();  // server side, once attached
   // The worker is shutting down: the endpoint is closed at once and nothing
   // more is told to the observer.
   void abort();
@@ -65,7 +69,7 @@ class UcxConnection : public Connection, public std::enable_shared_from_this<Ucx
     std::shared_ptr<const void> keepalive;
   };
 
-  void post(UcxAm id, std::unique_ptr<SendOp> op, const void* data, size_t size);
+  void post(std::unique_ptr<SendOp> op);
   static void onSent(void* request, ucs_status_t status, void* user);
   void sent(SendOp& op, ucs_status_t status);
   void sendQueuedData();
@@ -86,7 +90,9 @@ class UcxConnection : public Connection, public std::enable_shared_from_this<Ucx
   std::string peerAddress_;
   ConnectionObserver* observer_;
   ucp_ep_h ep_ = nullptr;
-  bool established_;  // dialed: once the server's accepted message came
+  uint64_t localId_;
+  uint64_t remoteId_ = 0;
+  bool established_ = false;  // the hellos were exchanged and the endpoint made
   bool trusted_ = false;
   bool closed_ = false;
   bool ending_ = false;
@@ -96,8 +102,12 @@ class UcxConnection : public Connection, public std::enable_shared_from_this<Ucx
   bool readyMarked_ = false;     // on the worker's ready list for this pass
   Status endWhy_;
 
-  std::deque<std::shared_ptr<Inbound>> inbox_;
+  std::map<uint64_t, std::shared_ptr<Inbound>> inbox_;  // by sequence number
+  uint64_t nextSeq_ = 0;  // the next to hand over
+  uint64_t sentSeq_ = 0;  // the next to send
+  Status failWhy_;
 
+  std::deque<std::unique_ptr<SendOp>> early_;  // sent before the endpoint existed
   std::multimap<uint64_t, QueuedData> queued_;  // by start tag
   FlowTags flowTags_;
   uint64_t sentTag_ = 0;  // the start tag of the last data frame handed to UCX

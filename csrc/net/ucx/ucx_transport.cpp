@@ -1,98 +1,105 @@
 // The "ucx" transport: UCP active messages over whatever fabrics UCX finds
 // (UCX_TLS chooses: RDMA, shared memory, TCP, CUDA), built into its own
 // shared object that registers itself when the node first asks for it.
-#include <arpa/inet.h>
+// Workers meet through a TCP bootstrap at the node's listening address
+// (bootstrap.h), then talk over endpoints made from each other's addresses.
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <stdexcept>
 
 #include "common/logging.h"
-#include "net/ip_address.h"
+#include "net/sockets.h"
 #include "net/transport_registry.h"
+#include "net/ucx/bootstrap.h"
 #include "net/ucx/ucx_connection.h"
 #include "net/ucx/ucx_worker.h"
 
 namespace hoplite {
 namespace {
 
-void setErrorHandling(ucp_ep_params_t& params, UcxWorker& worker) {
-  // Peer mode: a peer that dies or closes is reported, not waited for.
-  params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+// Long enough for a loaded peer; a stranger that says nothing is dropped then.
+constexpr double kHelloTimeoutSeconds = 10.0;
+
+// An endpoint to the worker whose address the peer's hello gave, with peer
+// error handling: a peer that dies or closes is reported, not waited for.
+ucs_status_t endpointTo(UcxWorker& worker, const std::string& address, ucp_ep_h* ep) {
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &UcxWorker::onEndpointError;
   params.err_handler.arg = &worker;
+  return ucp_ep_create(worker.handle(), &params, ep);
 }
 
-class UcxListener : public Listener {
+class UcxListener : public Listener, public EventHandler {
  public:
   UcxListener(std::shared_ptr<UcxWorker> worker, std::string host, int port, ConnectionObserver* observer,
               AcceptCallback onAccept)
       : worker_(std::move(worker)), host_(std::move(host)), observer_(observer), onAccept_(std::move(onAccept)) {
-    sockaddr_in addr = makeAddress(host_, port);
-    ucp_listener_params_t params{};
-    params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-    params.sockaddr.addrlen = sizeof(addr);
-    params.conn_handler.cb = &UcxListener::onConnectionRequest;
-    params.conn_handler.arg = this;
-    ucs_status_t status = ucp_listener_create(worker_->handle(), &params, &listener_);
-    if (status != UCS_OK) {
-      throw std::runtime_error(ucxError(("UCX: listen on " + host_ + ":" + std::to_string(port)).c_str(), status));
-    }
-    ucp_listener_attr_t attr{};
-    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-    status = ucp_listener_query(listener_, &attr);
-    if (status != UCS_OK) {
-      ucp_listener_destroy(listener_);
-      throw std::runtime_error(ucxError("UCX: ucp_listener_query", status));
-    }
-    port_ = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+    fd_ = listeningSocket(host_, port, &port_);
+    worker_->loop().addFd(fd_, EPOLLIN, this);
   }
   ~UcxListener() override { close(); }
 
   std::string host() const override { return host_; }
   int port() const override { return port_; }
   void close() override {
-    if (listener_ == nullptr) return;
-    if (!worker_->stopped()) ucp_listener_destroy(listener_);  // else gone with the worker
-    listener_ = nullptr;
+    if (fd_ < 0) return;
+    worker_->loop().removeFd(fd_);
+    ::close(fd_);
+    fd_ = -1;
+  }
+
+  void handleEvents(uint32_t) override {
+    while (fd_ >= 0) {
+      sockaddr_in peer{};
+      socklen_t len = sizeof(peer);
+      const int fd = ::accept4(fd_, reinterpret_cast<sockaddr*>(&peer), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) HLOG(kWarn, "UCX bootstrap accept: %s", std::strerror(errno));
+        return;
+      }
+      respond(fd, addressString(peer));
+    }
   }
 
  private:
-  static void onConnectionRequest(ucp_conn_request_h request, void* arg) {
-    static_cast<UcxListener*>(arg)->accept(request);
-  }
-
-  void accept(ucp_conn_request_h request) {
-    if (listener_ == nullptr) return;
-    std::string peer = "unknown address";
-    ucp_conn_request_attr_t attr{};
-    attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-    if (ucp_conn_request_query(request, &attr) == UCS_OK && attr.client_address.ss_family == AF_INET) {
-      peer = addressString(*reinterpret_cast<const sockaddr_in*>(&attr.client_address));
-    }
-    ucp_ep_params_t params{};
-    params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
-    params.conn_request = request;
-    setErrorHandling(params, *worker_);
-    ucp_ep_h ep = nullptr;
-    const ucs_status_t status = ucp_ep_create(worker_->handle(), &params, &ep);
-    if (status != UCS_OK) {
-      HLOG(kWarn, "%s", ucxError(("UCX: accepting " + peer).c_str(), status).c_str());
-      return;
-    }
-    auto conn = std::make_shared<UcxConnection>(worker_, peer, false, observer_);
-    conn->attach(ep);
-    conn->sendAccepted();
-    onAccept_(conn);
+  // The peer's hello first: the connection and its endpoint exist, and take
+  // messages, before this side's hello tells the peer it may send.
+  void respond(int fd, const std::string& peer) {
+    auto conn = std::make_shared<UcxConnection>(worker_, peer, observer_);
+    auto reply = [worker = worker_, conn, peer](const BootstrapHello& hello) {
+      ucp_ep_h ep = nullptr;
+      const ucs_status_t status = endpointTo(*worker, hello.workerAddress, &ep);
+      if (status != UCS_OK) {
+        HLOG(kWarn, "%s", ucxError(("UCX: endpoint to " + peer).c_str(), status).c_str());
+        return BootstrapHello{};  // an empty hello: the peer gives up
+      }
+      conn->attach(ep, hello.connectionId);
+      return BootstrapHello{conn->localId(), worker->address()};
+    };
+    auto done = [conn, onAccept = onAccept_](const Status& why, const BootstrapHello&) {
+      if (why.ok() && conn->wasEstablished()) {
+        onAccept(conn);
+      } else {
+        conn->abort();  // never handed to the node: nobody to tell
+      }
+    };
+    BootstrapExchange::respond(worker_->loop(), fd, peer, std::move(reply), kHelloTimeoutSeconds, std::move(done));
   }
 
   std::shared_ptr<UcxWorker> worker_;
   std::string host_;
   int port_ = 0;
+  int fd_ = -1;
   ConnectionObserver* observer_;
   AcceptCallback onAccept_;
-  ucp_listener_h listener_ = nullptr;
 };
 
 class UcxTransport : public Transport {
@@ -107,31 +114,46 @@ class UcxTransport : public Transport {
   // After the node's loop has stopped: nothing of UCX may outlive the node.
   ~UcxTransport() override { worker_->shutdown(); }
 
-  // Called before the loop starts (or on its thread): the worker is serialized, not locked.
   std::unique_ptr<Listener> listen(const std::string& host, int port, ConnectionObserver* observer,
                                    AcceptCallback onAccept) override {
     return std::make_unique<UcxListener>(worker_, host, port, observer, std::move(onAccept));
   }
 
+  // Must be called on the loop thread.
   std::shared_ptr<Connection> connect(const std::string& host, int port, ConnectionObserver* observer) override {
-    sockaddr_in addr = makeAddress(host, port);
-    auto conn = std::make_shared<UcxConnection>(worker_, addressString(addr), true, observer);
-    ucp_ep_params_t params{};
-    params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
-    params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-    params.sockaddr.addrlen = sizeof(addr);
-    setErrorHandling(params, *worker_);
-    ucp_ep_h ep = nullptr;
-    const ucs_status_t status = ucp_ep_create(worker_->handle(), &params, &ep);
-    if (status != UCS_OK) {
+    const sockaddr_in addr = makeAddress(host, port);
+    const std::string where = addressString(addr);
+    auto conn = std::make_shared<UcxConnection>(worker_, where, observer);
+    bool inProgress = false;
+    int err = 0;
+    const int fd = connectingSocket(addr, nullptr, &inProgress, &err);
+    if (err != 0) {
+      ::close(fd);
       // Reported from the loop, after the caller has stored the connection.
-      Status why(Code::kPeerFailed, ucxError(("connect to " + conn->describe()).c_str(), status));
+      Status why(Code::kPeerFailed, "connect to " + where + ": " + std::strerror(err));
       worker_->loop().post([conn, why] { conn->close(why); });
       return conn;
     }
-    conn->attach(ep);
-    worker_->progressSoon();
+    auto done = [worker = worker_, conn, where](const Status& why, const BootstrapHello& hello) {
+      if (!conn->isOpen()) return;  // closed meanwhile
+      if (!why.ok()) {
+        conn->close(why);  // not established: the node may dial again
+        return;
+      }
+      if (hello.workerAddress.empty()) {
+        conn->close(Status(Code::kPeerFailed, "UCX at " + where + " could not reach this worker"));
+        return;
+      }
+      ucp_ep_h ep = nullptr;
+      const ucs_status_t status = endpointTo(*worker, hello.workerAddress, &ep);
+      if (status != UCS_OK) {
+        conn->close(Status(Code::kPeerFailed, ucxError(("UCX: endpoint to " + where).c_str(), status)));
+        return;
+      }
+      conn->attach(ep, hello.connectionId);
+    };
+    BootstrapExchange::dial(worker_->loop(), fd, where, BootstrapHello{conn->localId(), worker_->address()},
+                            kHelloTimeoutSeconds, std::move(done));
     return conn;
   }
 

@@ -1,6 +1,7 @@
 #include "net/ucx/ucx_worker.h"
 
 #include <chrono>
+#include <cstring>
 #include <stdexcept>
 
 #include "common/logging.h"
@@ -23,7 +24,8 @@ void check(ucs_status_t status, const char* what) {
 UcxWorker::UcxWorker(EventLoop& loop, const TransportOptions& options)
     : loop_(loop),
       options_(options),
-      amRoutes_{{{this, kUcxControlAm}, {this, kUcxDataAm}, {this, kUcxAcceptedAm}, {this, kUcxEndAm}}} {
+      ids_(std::random_device{}()),
+      amRoutes_{{{this, kUcxControlAm}, {this, kUcxDataAm}, {this, kUcxEndAm}}} {
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "UCX: reading its configuration (UCX_* variables)");
   ucp_params_t params{};
@@ -52,6 +54,15 @@ UcxWorker::UcxWorker(EventLoop& loop, const TransportOptions& options)
     handler.arg = &route;
     status = ucp_worker_set_am_recv_handler(worker_, &handler);
   }
+  if (status == UCS_OK) {
+    ucp_address_t* address = nullptr;
+    size_t size = 0;
+    status = ucp_worker_get_address(worker_, &address, &size);
+    if (status == UCS_OK) {
+      address_.assign(reinterpret_cast<const char*>(address), size);
+      ucp_worker_release_address(worker_, address);
+    }
+  }
   if (status != UCS_OK) {
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
     ucp_cleanup(context_);
@@ -65,7 +76,8 @@ void UcxWorker::shutdown() {
   if (worker_ == nullptr) return;
   stopping_ = true;
   auto connections = std::move(connections_);
-  for (auto& [ep, weak] : connections) {
+  endpoints_.clear();
+  for (auto& [id, weak] : connections) {
     if (auto conn = weak.lock()) conn->abort();
   }
   ready_.clear();
@@ -141,19 +153,31 @@ void UcxWorker::deliver() {
   }
 }
 
-void UcxWorker::add(ucp_ep_h ep, const std::shared_ptr<UcxConnection>& conn) {
-  if (!stopping_) connections_[ep] = conn;
+uint64_t UcxWorker::newConnectionId() {
+  uint64_t id;
+  do {
+    id = ids_();
+  } while (id == 0 || connections_.count(id) != 0);
+  return id;
 }
 
-void UcxWorker::remove(ucp_ep_h ep) { connections_.erase(ep); }
+void UcxWorker::add(uint64_t id, ucp_ep_h ep, const std::shared_ptr<UcxConnection>& conn) {
+  if (stopping_) return;
+  connections_[id] = conn;
+  if (ep != nullptr) endpoints_[ep] = id;
+}
+
+void UcxWorker::remove(uint64_t id, ucp_ep_h ep) {
+  connections_.erase(id);
+  endpoints_.erase(ep);
+}
 
 void UcxWorker::markReady(const std::shared_ptr<UcxConnection>& conn) {
   if (!stopping_) ready_.push_back(conn);
 }
 
-UcxConnection* UcxWorker::connectionOf(const ucp_am_recv_param_t* param) {
-  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return nullptr;
-  auto it = connections_.find(param->reply_ep);
+UcxConnection* UcxWorker::connectionOf(uint64_t id) {
+  auto it = connections_.find(id);
   if (it == connections_.end()) return nullptr;
   auto conn = it->second.lock();
   return conn.get();  // the ready list or the owner keeps it alive past this pass
@@ -162,9 +186,12 @@ UcxConnection* UcxWorker::connectionOf(const ucp_am_recv_param_t* param) {
 ucs_status_t UcxWorker::onAm(void* arg, const void* header, size_t headerSize, void* data, size_t size,
                              const ucp_am_recv_param_t* param) {
   const auto* route = static_cast<const AmRoute*>(arg);
-  UcxConnection* conn = route->worker->connectionOf(param);
-  if (conn == nullptr) return UCS_OK;  // its connection is closed: dropped
-  return conn->onAm(route->id, header, headerSize, data, size, param);
+  uint64_t id = 0;
+  if (headerSize >= kUcxIdSize) std::memcpy(&id, header, kUcxIdSize);
+  UcxConnection* conn = route->worker->connectionOf(id);
+  if (conn == nullptr) return UCS_OK;  // its connection is closed (or never was): dropped
+  return conn->onAm(route->id, static_cast<const uint8_t*>(header) + kUcxIdSize, headerSize - kUcxIdSize, data, size,
+                    param);
 }
 
 void UcxWorker::onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
@@ -174,9 +201,9 @@ void UcxWorker::onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   self->loop_.post([weak = self->weak_from_this(), ep, status] {
     auto worker = weak.lock();
     if (!worker || worker->stopping_) return;
-    auto it = worker->connections_.find(ep);
-    if (it == worker->connections_.end()) return;
-    if (auto conn = it->second.lock()) conn->onEndpointError(status);
+    auto it = worker->endpoints_.find(ep);
+    if (it == worker->endpoints_.end()) return;
+    if (auto conn = worker->connectionOf(it->second)) conn->onEndpointError(status);
   });
 }
 

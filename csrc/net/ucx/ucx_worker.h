@@ -10,6 +10,7 @@
 
 #include <array>
 #include <memory>
+#include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -21,15 +22,16 @@ namespace hoplite {
 
 class UcxConnection;
 
-// Active message ids. Each carries a wire frame header (magic, version, type,
-// length) so that a frame is checked as on TCP; data frames add the data
-// sub-header. The payload is the message's data.
+// Active message ids. Each header starts with the receiver's id of the
+// connection (u64, from the bootstrap hello), then a wire frame header
+// (magic, version, type, length) so that a frame is checked as on TCP; data
+// frames add the data sub-header. The payload is the message's data.
 enum UcxAm : unsigned {
   kUcxControlAm = 1,
   kUcxDataAm = 2,
-  kUcxAcceptedAm = 3,  // server -> client once its endpoint exists: the connection is established
-  kUcxEndAm = 4,       // after a graceful close's last frame: nothing more comes
+  kUcxEndAm = 3,  // after a graceful close's last frame: nothing more comes
 };
+constexpr size_t kUcxIdSize = 8;
 
 // Names a UCS status in errors.
 std::string ucxError(const char* what, ucs_status_t status);
@@ -52,6 +54,10 @@ class UcxWorker : public EventHandler, public std::enable_shared_from_this<UcxWo
   bool stopped() const { return worker_ == nullptr; }
 
   ucp_worker_h handle() const { return worker_; }
+  // This worker's address, for the bootstrap hello.
+  const std::string& address() const { return address_; }
+  // A fresh id for a connection: random, so that a peer cannot name another's.
+  uint64_t newConnectionId();
   EventLoop& loop() { return loop_; }
   const TransportOptions& options() const { return options_; }
 
@@ -61,11 +67,11 @@ class UcxWorker : public EventHandler, public std::enable_shared_from_this<UcxWo
   // Progresses without handing anything to the observers (abandonData waits so).
   void progressQuietly();
 
-  // An endpoint's close under way: the worker is not destroyed before it
-  // completes (UCX's connection manager may still use the endpoint).
+  // An endpoint's close under way: the worker is not destroyed before it completes.
   void closing(void* request);
-  void add(ucp_ep_h ep, const std::shared_ptr<UcxConnection>& conn);
-  void remove(ucp_ep_h ep);
+  // Messages naming `id` go to `conn`; errors of `ep` too.
+  void add(uint64_t id, ucp_ep_h ep, const std::shared_ptr<UcxConnection>& conn);
+  void remove(uint64_t id, ucp_ep_h ep);
   // A connection with something to hand to its observer after this pass.
   void markReady(const std::shared_ptr<UcxConnection>& conn);
 
@@ -78,7 +84,7 @@ class UcxWorker : public EventHandler, public std::enable_shared_from_this<UcxWo
   void progress();
   void deliver();
   void reapClosed();  // frees the close requests that completed
-  UcxConnection* connectionOf(const ucp_am_recv_param_t* param);
+  UcxConnection* connectionOf(uint64_t id);
   // Every active message id's handler; `arg` is its AmRoute.
   static ucs_status_t onAm(void* arg, const void* header, size_t headerSize, void* data, size_t size,
                            const ucp_am_recv_param_t* param);
@@ -95,10 +101,13 @@ class UcxWorker : public EventHandler, public std::enable_shared_from_this<UcxWo
   bool stopping_ = false;
   bool progressing_ = false;
   bool progressQueued_ = false;
-  std::unordered_map<ucp_ep_h, std::weak_ptr<UcxConnection>> connections_;
+  std::string address_;
+  std::mt19937_64 ids_;
+  std::unordered_map<uint64_t, std::weak_ptr<UcxConnection>> connections_;
+  std::unordered_map<ucp_ep_h, uint64_t> endpoints_;  // -> connection id, for errors
   std::vector<std::shared_ptr<UcxConnection>> ready_;
   std::vector<void*> closing_;  // close requests not yet complete
-  std::array<AmRoute, 4> amRoutes_;
+  std::array<AmRoute, 3> amRoutes_;
 };
 
 }  // namespace hoplite

@@ -1,0 +1,64 @@
+#include "net/sockets.h"
+
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <stdexcept>
+
+namespace hoplite {
+
+sockaddr_in makeAddress(const std::string& host, int port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    throw std::runtime_error("not an IPv4 address: '" + host + "'");
+  }
+  return addr;
+}
+
+std::string addressString(const sockaddr_in& addr) {
+  char buf[INET_ADDRSTRLEN] = {0};
+  inet_ntop(AF_INET, &addr.sin_addr, buf, sizeof(buf));
+  return std::string(buf) + ":" + std::to_string(ntohs(addr.sin_port));
+}
+
+int listeningSocket(const std::string& host, int port, int* boundPort) {
+  sockaddr_in addr = makeAddress(host, port);
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 1024) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw std::runtime_error("listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(err));
+  }
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  *boundPort = ntohs(addr.sin_port);
+  return fd;
+}
+
+int connectingSocket(const sockaddr_in& addr, const std::function<void(int)>& configure, bool* inProgress,
+                     int* error) {
+  *inProgress = false;
+  *error = 0;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  if (configure) configure(fd);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (errno == EINPROGRESS) {
+      *inProgress = true;
+    } else {
+      *error = errno;
+    }
+  }
+  return fd;
+}
+
+}  // namespace hoplite
