@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/logging.h"
+
 #include <stdexcept>
 
 namespace hoplite {
@@ -59,6 +61,47 @@ int connectingSocket(const sockaddr_in& addr, const std::function<void(int)>& co
     }
   }
   return fd;
+}
+
+SocketAcceptor::SocketAcceptor(EventLoop& loop, const std::string& host, int port, OnSocket onSocket)
+    : loop_(loop), onSocket_(std::move(onSocket)) {
+  fd_ = listeningSocket(host, port, &port_);
+  loop_.addFd(fd_, EPOLLIN, this);
+}
+
+SocketAcceptor::~SocketAcceptor() { close(); }
+
+void SocketAcceptor::close() {
+  if (fd_ < 0) return;
+  if (pause_ != 0) loop_.cancelTimer(pause_);
+  pause_ = 0;
+  loop_.removeFd(fd_);
+  ::close(fd_);
+  fd_ = -1;
+}
+
+void SocketAcceptor::handleEvents(uint32_t) {
+  while (fd_ >= 0) {
+    sockaddr_in peer{};
+    socklen_t len = sizeof(peer);
+    const int fd = ::accept4(fd_, reinterpret_cast<sockaddr*>(&peer), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      onSocket_(fd, addressString(peer));
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      HLOG(kWarn, "accept: %s; pausing for 100 ms", std::strerror(errno));
+      loop_.removeFd(fd_);
+      pause_ = loop_.addTimer(0.1, [this] {
+        pause_ = 0;
+        if (fd_ >= 0) loop_.addFd(fd_, EPOLLIN, this);
+      });
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      HLOG(kWarn, "accept: %s", std::strerror(errno));
+    }
+    return;
+  }
 }
 
 }  // namespace hoplite

@@ -6,6 +6,8 @@
 #include <functional>
 #include <string>
 
+#include "net/event_loop.h"
+
 namespace hoplite {
 
 // Throws std::runtime_error if `host` is not a dotted IPv4 address.
@@ -22,5 +24,29 @@ int listeningSocket(const std::string& host, int port, int* boundPort);
 // (0 otherwise). Throws std::runtime_error if no socket can be made.
 int connectingSocket(const sockaddr_in& addr, const std::function<void(int)>& configure, bool* inProgress,
                      int* error);
+
+// A listening socket on a loop: accepts every pending connection and hands
+// each socket (non-blocking) and its peer's address on. Out of descriptors, it
+// stops listening for 100 ms instead of spinning.
+class SocketAcceptor : public EventHandler {
+ public:
+  using OnSocket = std::function<void(int fd, const std::string& peer)>;
+  // Listens at once (so the port is known); throws std::runtime_error if it cannot.
+  SocketAcceptor(EventLoop& loop, const std::string& host, int port, OnSocket onSocket);
+  ~SocketAcceptor() override;
+  SocketAcceptor(const SocketAcceptor&) = delete;
+  SocketAcceptor& operator=(const SocketAcceptor&) = delete;
+
+  int port() const { return port_; }
+  void close();  // on the loop thread, or once it has stopped
+  void handleEvents(uint32_t events) override;
+
+ private:
+  EventLoop& loop_;
+  int fd_ = -1;
+  int port_ = 0;
+  OnSocket onSocket_;
+  EventLoop::TimerId pause_ = 0;
+};
 
 }  // namespace hoplite

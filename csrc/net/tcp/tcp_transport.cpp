@@ -21,65 +21,25 @@
 namespace hoplite {
 namespace {
 
-class TcpListener : public Listener, public EventHandler {
+class TcpListener : public Listener {
  public:
-  TcpListener(EventLoop& loop, int fd, std::string host, int port, ConnectionObserver* observer,
+  TcpListener(EventLoop& loop, const std::string& host, int port, ConnectionObserver* observer,
               AcceptCallback onAccept, TransportOptions options)
-      : loop_(loop),
-        fd_(fd),
-        host_(std::move(host)),
-        port_(port),
-        observer_(observer),
-        onAccept_(std::move(onAccept)),
-        options_(options) {}
-  ~TcpListener() override {
-    if (fd_ >= 0) ::close(fd_);
-  }
+      : host_(host), acceptor_(loop, host, port, [&loop, observer, onAccept, options](int fd, const std::string& peer) {
+          configureSocket(fd, options);
+          auto conn = std::make_shared<TcpConnection>(loop, fd, false, peer, observer, options);
+          conn->open();
+          onAccept(conn);
+        }) {}
 
   std::string host() const override { return host_; }
-  int port() const override { return port_; }
+  int port() const override { return acceptor_.port(); }
   // Called on the loop thread.
-  void close() override {
-    if (fd_ < 0) return;
-    loop_.removeFd(fd_);
-    ::close(fd_);
-    fd_ = -1;
-  }
-
-  void handleEvents(uint32_t) override {
-    while (fd_ >= 0) {
-      sockaddr_in peer{};
-      socklen_t len = sizeof(peer);
-      int fd = ::accept4(fd_, reinterpret_cast<sockaddr*>(&peer), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          // Out of descriptors: stop listening for a moment instead of spinning.
-          HLOG(kWarn, "accept: %s; pausing for 100 ms", std::strerror(errno));
-          loop_.removeFd(fd_);
-          loop_.addTimer(0.1, [this] {
-            if (fd_ >= 0) loop_.addFd(fd_, EPOLLIN, this);
-          });
-        } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
-          HLOG(kWarn, "accept: %s", std::strerror(errno));
-        }
-        return;
-      }
-      configureSocket(fd, options_);
-      auto conn = std::make_shared<TcpConnection>(loop_, fd, false, addressString(peer), observer_, options_);
-      conn->open();
-      onAccept_(conn);
-    }
-  }
+  void close() override { acceptor_.close(); }
 
  private:
-  EventLoop& loop_;
-  int fd_;
   std::string host_;
-  int port_;
-  ConnectionObserver* observer_;
-  AcceptCallback onAccept_;
-  TransportOptions options_;
+  SocketAcceptor acceptor_;
 };
 
 bool setCongestion(int fd, const std::string& name) {
@@ -128,11 +88,7 @@ void configureSocket(int fd, const TransportOptions& options) {
 
 std::unique_ptr<Listener> TcpTransport::listen(const std::string& host, int port, ConnectionObserver* observer,
                                                AcceptCallback onAccept) {
-  int boundPort = 0;
-  const int fd = listeningSocket(host, port, &boundPort);
-  auto listener = std::make_unique<TcpListener>(loop_, fd, host, boundPort, observer, std::move(onAccept), options_);
-  loop_.addFd(fd, EPOLLIN, listener.get());
-  return listener;
+  return std::make_unique<TcpListener>(loop_, host, port, observer, std::move(onAccept), options_);
 }
 
 std::shared_ptr<Connection> TcpTransport::connect(const std::string& host, int port, ConnectionObserver* observer) {

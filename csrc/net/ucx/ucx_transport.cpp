@@ -36,38 +36,19 @@ ucs_status_t endpointTo(UcxWorker& worker, const std::string& address, ucp_ep_h*
   return ucp_ep_create(worker.handle(), &params, ep);
 }
 
-class UcxListener : public Listener, public EventHandler {
+class UcxListener : public Listener {
  public:
-  UcxListener(std::shared_ptr<UcxWorker> worker, std::string host, int port, ConnectionObserver* observer,
+  UcxListener(std::shared_ptr<UcxWorker> worker, const std::string& host, int port, ConnectionObserver* observer,
               AcceptCallback onAccept)
-      : worker_(std::move(worker)), host_(std::move(host)), observer_(observer), onAccept_(std::move(onAccept)) {
-    fd_ = listeningSocket(host_, port, &port_);
-    worker_->loop().addFd(fd_, EPOLLIN, this);
-  }
-  ~UcxListener() override { close(); }
+      : worker_(std::move(worker)),
+        host_(host),
+        observer_(observer),
+        onAccept_(std::move(onAccept)),
+        acceptor_(worker_->loop(), host, port, [this](int fd, const std::string& peer) { respond(fd, peer); }) {}
 
   std::string host() const override { return host_; }
-  int port() const override { return port_; }
-  void close() override {
-    if (fd_ < 0) return;
-    worker_->loop().removeFd(fd_);
-    ::close(fd_);
-    fd_ = -1;
-  }
-
-  void handleEvents(uint32_t) override {
-    while (fd_ >= 0) {
-      sockaddr_in peer{};
-      socklen_t len = sizeof(peer);
-      const int fd = ::accept4(fd_, reinterpret_cast<sockaddr*>(&peer), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) HLOG(kWarn, "UCX bootstrap accept: %s", std::strerror(errno));
-        return;
-      }
-      respond(fd, addressString(peer));
-    }
-  }
+  int port() const override { return acceptor_.port(); }
+  void close() override { acceptor_.close(); }
 
  private:
   // The peer's hello first: the connection and its endpoint exist, and take
@@ -96,10 +77,9 @@ class UcxListener : public Listener, public EventHandler {
 
   std::shared_ptr<UcxWorker> worker_;
   std::string host_;
-  int port_ = 0;
-  int fd_ = -1;
   ConnectionObserver* observer_;
   AcceptCallback onAccept_;
+  SocketAcceptor acceptor_;  // last: its handler uses the members above
 };
 
 class UcxTransport : public Transport {
