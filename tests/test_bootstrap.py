@@ -3,6 +3,7 @@ MASTER_PORT / RANK / WORLD_SIZE, or from an initialized default process group.""
 
 import multiprocessing as mp
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -105,7 +106,8 @@ def test_torchrun_shares_one_rendezvous_with_rpc(order):
            "--master-port", str(free_port()), TORCHRUN_SCRIPT, order]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
-    lines = sorted(line for line in run.stdout.splitlines() if line.startswith("rank "))
+    # The ranks share torchrun's stdout: a line may land inside another's.
+    lines = sorted(re.findall(r"rank \d+: rpc \d+ hoplite \d+", run.stdout))
     assert lines == [f"rank {r}: rpc {r + 1} hoplite {(r + 1) % 3}" for r in range(3)], run.stdout
     assert "failed to bind" not in run.stderr and "EADDRINUSE" not in run.stderr, run.stderr
 
@@ -139,6 +141,18 @@ def _init_and_report(rank: int, world_size: int, port: int, queue) -> None:
         queue.put((rank, type(e).__name__, str(e), time.monotonic() - start))
 
 
+def _clients_of(port: int) -> int:
+    """Established connections on this host (IPv4 and IPv6) whose remote end is `port`."""
+    count = 0
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(path) as table:
+            for line in list(table)[1:]:
+                fields = line.split()
+                remote, state = fields[2], fields[3]
+                count += state == "01" and int(remote.rsplit(":", 1)[1], 16) == port
+    return count
+
+
 def test_losing_the_store_host_during_init_says_so():
     """Rank 0 hosts the store and dies while rank 2 never comes (rank 0 waits
     for it, rank 1 for rank 0's address): rank 1 learns at once that the store
@@ -148,10 +162,14 @@ def test_losing_the_store_host_during_init_says_so():
     port = free_port()
     host = ctx.Process(target=_init_and_report, args=(0, 3, port, queue))
     host.start()
-    time.sleep(1.0)
     waiter = ctx.Process(target=_init_and_report, args=(1, 3, port, queue))
     waiter.start()
-    time.sleep(3.0)
+    # Killed only once both are its clients (rank 0's own and rank 1's), however
+    # slowly the processes start, and rank 1 has had a moment to start waiting.
+    deadline = time.monotonic() + 60
+    while _clients_of(port) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
     host.kill()
     waiter.join(60)
     host.join(10)
