@@ -14,6 +14,9 @@ do the hoplite-tcp systems (a node's path is fixed when it starts).
              get(copy=False), for tensors the program leaves unmodified.
              "hoplite-tcp", "hoplite-tcp-zero-copy": the same with
              HOPLITE_SAME_HOST=0, every byte through loopback TCP.
+             "hoplite-ucx", "hoplite-ucx-zero-copy": the same over the UCX
+             transport (HOPLITE_SAME_HOST=0, UCX_TLS=tcp unless set), in a
+             pair of their own; listed when this build has UCX.
              Objects are deleted after each trial, outside the timed region.
              Each record's "path" says what carried the bytes (from the
              nodes' counters).
@@ -43,6 +46,13 @@ from torch_hoplite.bench import common
 
 SYSTEMS = ["hoplite", "hoplite-zero-copy", "gloo", "hoplite-tcp", "hoplite-tcp-zero-copy", "torch-rpc"]
 TCP_ONLY = ("hoplite-tcp", "hoplite-tcp-zero-copy")  # nodes started with same_host=False
+UCX = ("hoplite-ucx", "hoplite-ucx-zero-copy")  # nodes started with transport="ucx", same_host=False
+
+
+def known_systems() -> list[str]:
+    import torch_hoplite as hop
+
+    return SYSTEMS + (list(UCX) if "ucx" in hop.transports() else [])
 
 
 def trials_for(size: int, minimum: int) -> int:
@@ -112,8 +122,11 @@ def worker(rank, port, systems, sizes, warmup, minimum, queue):
     # gloo's process group also provides the barrier between trials.
     dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=2)
     if any(s.startswith("hoplite") for s in systems):
-        same_host = not any(s in TCP_ONLY for s in systems)
-        hop.init(dist.PrefixStore("hoplite", store), rank=rank, world_size=2, same_host=same_host)
+        same_host = not any(s in TCP_ONLY + UCX for s in systems)
+        transport = "ucx" if any(s in UCX for s in systems) else "tcp"
+        if transport == "ucx":
+            os.environ.setdefault("UCX_TLS", "tcp")
+        hop.init(dist.PrefixStore("hoplite", store), rank=rank, world_size=2, same_host=same_host, transport=transport)
     if "torch-rpc" in systems:
         opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port + 1}", rpc_timeout=600)
         rpc.init_rpc(f"w{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
@@ -122,6 +135,8 @@ def worker(rank, port, systems, sizes, warmup, minimum, queue):
         "hoplite-zero-copy": Hoplite(zero_copy=True),
         "hoplite-tcp": Hoplite(zero_copy=False),
         "hoplite-tcp-zero-copy": Hoplite(zero_copy=True),
+        "hoplite-ucx": Hoplite(zero_copy=False),
+        "hoplite-ucx-zero-copy": Hoplite(zero_copy=True),
         "gloo": Gloo(),
         "torch-rpc": TorchRpc(),
     }
@@ -172,7 +187,8 @@ def measure(systems: list[str], sizes: list[int], warmup: int, minimum: int) -> 
             _, cores1, moved1 = results[1][(system, size)]
             median = statistics.median(times)
             if system.startswith("hoplite"):
-                path = common.data_path("loopback TCP", moved0[0] + moved1[0], moved0[1] + moved1[1])
+                network = f"UCX ({os.environ.get('UCX_TLS', 'tcp')})" if system in UCX else "loopback TCP"
+                path = common.data_path(network, moved0[0] + moved1[0], moved0[1] + moved1[1])
             else:  # TensorPipe picks its own transport and channel (shared memory and CMA where it can)
                 path = "loopback TCP" if system == "gloo" else "TensorPipe's choice"
             records.append(
@@ -222,21 +238,21 @@ def plot(records: list[dict], path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1KB,1MB,64MB,256MB")
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--systems", default=",".join(known_systems()))
     parser.add_argument("--trials", type=int, default=10, help="at least this many timed trials per point")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "p2p"))
     args = parser.parse_args()
     sizes = common.parse_sizes(args.sizes)
     systems = [s for s in args.systems.split(",") if s]
-    unknown = set(systems) - set(SYSTEMS)
+    unknown = set(systems) - set(known_systems())
     if unknown:
-        parser.error(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
+        parser.error(f"unknown systems {sorted(unknown)}; this build has {known_systems()}")
 
     records = []
-    own_pair = ("torch-rpc",) + TCP_ONLY
+    own_pair = ("torch-rpc",) + TCP_ONLY + UCX
     groups = [[s for s in systems if s not in own_pair], [s for s in systems if s in TCP_ONLY],
-              [s for s in systems if s == "torch-rpc"]]
+              [s for s in systems if s in UCX], [s for s in systems if s == "torch-rpc"]]
     for group in filter(None, groups):
         print(f"measuring {', '.join(group)} at {', '.join(map(common.human_size, sizes))} ...", flush=True)
         records += measure(group, sizes, args.warmup, args.trials)

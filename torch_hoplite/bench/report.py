@@ -32,6 +32,7 @@ ISSUE6_TARGETS = "issue6_targets_n8_emulated_1gbit.json"
 ASYNCHRONY = "asynchrony_emulated_1gbit.json"  # ranks ready 0.1 s apart
 SAME_HOST = "collectives_same_host.json"
 P2P = "p2p.json"
+P2P_UCX = "p2p_ucx.json"  # the UCX transport against ours, loopback, UCX_TLS=tcp
 RPC = "rpc_emulated_1gbit.json"
 WORKLOADS = "workloads_emulated_1gbit.json"
 DLRM_SERVING = "workloads-dlrm-serving_emulated_1gbit.json"
@@ -224,6 +225,22 @@ def p2p_table() -> list[str]:
                 cells.append(f"{_ms(r['median_s'])} ({_x(r['time_vs_gloo'])})")
         lines.append(f"| {_size(size)} | " + " | ".join(cells) + " |")
     return lines
+
+
+def ucx_p2p_table() -> list[str]:
+    """UCX's round trip against our TCP's, copying and zero-copy, with gloo's for scale."""
+    run = result(P2P_UCX)
+    lines = ["| size | gloo | hoplite-tcp | hoplite-ucx (x tcp) | hoplite-tcp-zero-copy | hoplite-ucx-zero-copy (x tcp) |",
+             "|---|---|---|---|---|---|"]
+    for size in sorted({r["size_bytes"] for r in run.records}):
+        gloo = run.one(system="gloo", size_bytes=size)["median_s"]
+        cells = [_ms(gloo)]
+        for ours, theirs in (("hoplite-tcp", "hoplite-ucx"), ("hoplite-tcp-zero-copy", "hoplite-ucx-zero-copy")):
+            tcp = run.one(system=ours, size_bytes=size)["median_s"]
+            ucx = run.one(system=theirs, size_bytes=size)["median_s"]
+            cells += [_ms(tcp), f"{_ms(ucx)} ({_x(ucx / tcp)})"]
+        lines.append(f"| {_size(size)} | " + " | ".join(cells) + " |")
+    return _sourced(run, lines, ", round trip, median")
 
 
 def same_host_table() -> list[str]:
@@ -554,6 +571,7 @@ def readme_lines() -> list[str]:
 BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("README", "how-fast", readme_lines),
     ("BENCH_README", "p2p", p2p_table),
+    ("BENCH_README", "ucx-p2p", ucx_p2p_table),
     ("BENCH_README", "same-host", same_host_table),
     ("BENCH_README", "loopback-tcp", loopback_tcp_table),
     ("BENCH_README", "reduce-tree", reduce_tree_table),
