@@ -43,9 +43,8 @@ C10D = "c10d_emulated_1gbit.json"
 C10D_ALLGATHER = "c10d_allgather_emulated_1gbit.json"
 C10D_LOOPBACK = "c10d_loopback.json"
 C10D_CUBIC = "c10d_n8_emulated_1gbit_cubic.json"  # the committed chains, 10 trials
-# Earlier runs of that command, every node on CUBIC and on the host's default BBR, by the commit that ran them:
-# later runs reused their names, so their files were restored from git under these.
-CONGESTION_RUNS = ("910bf0a", "a8a55bf", "a65b094")
+# Earlier runs of that command, every node on CUBIC and on the host's default BBR, by the commit that ran them
+# ({} = the commit): later runs reused their names, so their files were restored from git under these.
 CONGESTION = [("c10d_n8_emulated_1gbit_cubic_{}.json", "CUBIC", "CUBIC"),
               ("c10d_n8_emulated_1gbit_bbr_{}.json", "BBR (host default)", "BBR")]  # (file, first row, rest)
 # The backend's allreduce against gloo's, trial by trial: (file, what ran).
@@ -65,15 +64,6 @@ NODE_SPLIT_LOOPBACK_PAIRS = [
     ("node-split-loopback-{}.json", "Loopback, 5 trials, before then after"),
     ("node-split-loopback-reduce-{}.json", "Loopback reduce again, 9 trials, after then before"),
 ]
-
-
-def result_files() -> list[str]:
-    """Every result file the blocks read."""
-    singles = [PEERS, ISSUE6_TARGETS, ASYNCHRONY, SAME_HOST, P2P, RPC, WORKLOADS, DLRM_SERVING, LOOPBACK_TCP, RING,
-               PEERS_N4_N8, C10D, C10D_ALLGATHER, C10D_LOOPBACK, GPU, EMULATED] + [name for name, _ in PAIRED_RUNS]
-    pairs = NODE_SPLIT_PAIRS + NODE_SPLIT_LOOPBACK_PAIRS
-    congestion = [pattern.format(run) for run in CONGESTION_RUNS for pattern, _, _ in CONGESTION]
-    return singles + [pattern.format(side) for pattern, _ in pairs for side in ("before", "after")] + congestion
 
 
 class Result:
@@ -114,10 +104,20 @@ class Result:
         return r[key]
 
 
-@functools.lru_cache(maxsize=None)
+_read: dict[str, Result] = {}
+
+
 def result(name: str) -> Result:
     """The committed result file `name`, read once."""
-    return Result(name)
+    if name not in _read:
+        _read[name] = Result(name)
+    return _read[name]
+
+
+def result_files() -> list[str]:
+    """Every result file the blocks read (rendering them reads each)."""
+    render()
+    return list(_read)
 
 
 def _x(value: Optional[float]) -> str:
@@ -212,7 +212,7 @@ def p2p_table() -> list[str]:
     columns = [("gloo", "gloo"), ("hoplite", "hoplite (copies)"), ("hoplite-zero-copy", "hoplite-zero-copy"),
                ("hoplite-tcp", "hoplite-tcp (copies)"), ("hoplite-tcp-zero-copy", "hoplite-tcp-zero-copy"),
                ("torch-rpc", "torch-rpc")]
-    lines = ["| size | " + " | ".join(label for _, label in columns) + " |", "|---|" + "---|" * len(columns)]
+    lines = _head(["size"] + [label for _, label in columns])
     for size in sorted({r["size_bytes"] for r in p2p.records}):
         cells = []
         for system, _ in columns:
@@ -223,15 +223,15 @@ def p2p_table() -> list[str]:
                 cells.append(_ms(r["median_s"]))
             else:
                 cells.append(f"{_ms(r['median_s'])} ({_x(r['time_vs_gloo'])})")
-        lines.append(f"| {_size(size)} | " + " | ".join(cells) + " |")
+        lines.append(_row([_size(size)] + cells))
     return lines
 
 
 def ucx_p2p_table() -> list[str]:
     """UCX's round trip against our TCP's, copying and zero-copy, with gloo's for scale."""
     run = result(P2P_UCX)
-    lines = ["| size | gloo | hoplite-tcp | hoplite-ucx (x tcp) | hoplite-tcp-zero-copy | hoplite-ucx-zero-copy (x tcp) |",
-             "|---|---|---|---|---|---|"]
+    lines = _head(["size", "gloo", "hoplite-tcp", "hoplite-ucx (x tcp)", "hoplite-tcp-zero-copy",
+                   "hoplite-ucx-zero-copy (x tcp)"])
     for size in sorted({r["size_bytes"] for r in run.records}):
         gloo = run.one(system="gloo", size_bytes=size)["median_s"]
         cells = [_ms(gloo)]
@@ -239,7 +239,7 @@ def ucx_p2p_table() -> list[str]:
             tcp = run.one(system=ours, size_bytes=size)["median_s"]
             ucx = run.one(system=theirs, size_bytes=size)["median_s"]
             cells += [_ms(tcp), f"{_ms(ucx)} ({_x(ucx / tcp)})"]
-        lines.append(f"| {_size(size)} | " + " | ".join(cells) + " |")
+        lines.append(_row([_size(size)] + cells))
     return _sourced(run, lines, ", round trip, median")
 
 
@@ -252,65 +252,60 @@ def issue6_targets_table() -> list[str]:
     targets = result(ISSUE6_TARGETS)
     systems = [("hoplite", "hoplite"), ("hoplite-zero-copy", "hoplite-zero-copy"),
                ("hoplite-c10d", "hoplite-c10d"), ("gloo", "gloo")]
-    return [f"{targets.source()}: time over the ideal (CPU cores of all eight ranks):", ""] + \
-        _ratio_rows(targets, systems)
+    return _sourced(targets, _ratio_rows(targets, systems), ": time over the ideal (CPU cores of all eight ranks)")
 
 
 def asynchrony_table() -> list[str]:
     arrivals = result(ASYNCHRONY)
     systems = [("hoplite", "hoplite"), ("hoplite-c10d", "hoplite-c10d"), ("gloo", "gloo"), ("mpi", "Open MPI")]
-    lines = [f"{arrivals.source()}: time from the last arrival to the slowest participant's end, median:", "",
-             "| op | " + " | ".join(label for _, label in systems) + " |", "|---|" + "---|" * len(systems)]
+    lines = _head(["op"] + [label for _, label in systems])
     for op in ("broadcast", "reduce", "allreduce"):
         cells = [f"{arrivals.value('median_s', op=op, system=system):.3g} s" for system, _ in systems]
-        lines.append(f"| {op} | " + " | ".join(cells) + " |")
-    return lines
+        lines.append(_row([op] + cells))
+    return _sourced(arrivals, lines, ": time from the last arrival to the slowest participant's end, median")
 
 
 def parameter_server_table() -> list[str]:
     ps = result(WORKLOADS)
-    lines = ["| mode | samples/s | × RPC PS | to MSE 0.006 | samples/s, straggler | × RPC PS | to target, straggler "
-             "| × DDP-gloo |", "|---|---|---|---|---|---|---|---|"]
+    lines = _head(["mode", "samples/s", "× RPC PS", "to MSE 0.006", "samples/s, straggler", "× RPC PS",
+                   "to target, straggler", "× DDP-gloo"])
     for system in ("rpc", "ddp-gloo", "ddp-hoplite", "hoplite"):
         even = ps.one(workload="async_ps", system=system, straggler=False)
         slow = ps.one(workload="async_ps", system=system, straggler=True)
-        lines.append(f"| {system} | {even['samples_per_s']:.0f} | {even['samples_per_s_vs_rpc']:.2f} | "
-                     f"{even['time_to_target_s']:.1f} s | {slow['samples_per_s']:.0f} | "
-                     f"{slow['samples_per_s_vs_rpc']:.2f} | {slow['time_to_target_s']:.1f} s | "
-                     f"{slow['time_to_target_vs_ddp_gloo']:.2f} |")
+        lines.append(_row([system, f"{even['samples_per_s']:.0f}", f"{even['samples_per_s_vs_rpc']:.2f}",
+                           f"{even['time_to_target_s']:.1f} s", f"{slow['samples_per_s']:.0f}",
+                           f"{slow['samples_per_s_vs_rpc']:.2f}", f"{slow['time_to_target_s']:.1f} s",
+                           f"{slow['time_to_target_vs_ddp_gloo']:.2f}"]))
     return lines
 
 
 def dlrm_table() -> list[str]:
     ds = result(DLRM_SERVING)
-    lines = ["| system | rows/s | × rpc | pull p50 | pull p99 | bytes sent per step | step | of which compute |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in ds.records:
-        if r["workload"] != "dlrm":
-            continue
+    lines = _head(["system", "rows/s", "× rpc", "pull p50", "pull p99", "bytes sent per step", "step",
+                   "of which compute"])
+    for r in ds.where(workload="dlrm"):
         # The store's bytes are what its nodes counted; the others send the rows' payload.
         counted = "measured by the nodes" if r["system"] == "hoplite" else "payload"
         rows = f"{r['rows_per_s']:,.0f}".replace(",", " ")
-        lines.append(f"| {r['system']} | {rows} | {r['rows_per_s_vs_rpc']:.2f} | {_ms(r['pull_p50_ms'] / 1000, 0)} | "
-                     f"{_ms(r['pull_p99_ms'] / 1000, 0)} | {r['bytes_per_step'] / 1e6:.0f} MB ({counted}) | "
-                     f"{_ms(r['step_ms'] / 1000, 0, 0)} | {_ms(r['compute_ms'] / 1000, 0, 0)} |")
-    return [f"{ds.source()}:", ""] + lines
+        lines.append(_row([r["system"], rows, f"{r['rows_per_s_vs_rpc']:.2f}", _ms(r["pull_p50_ms"] / 1000, 0),
+                           _ms(r["pull_p99_ms"] / 1000, 0), f"{r['bytes_per_step'] / 1e6:.0f} MB ({counted})",
+                           _ms(r["step_ms"] / 1000, 0, 0), _ms(r["compute_ms"] / 1000, 0, 0)]))
+    return _sourced(ds, lines)
 
 
 def serving_table() -> list[str]:
     serving = result(DLRM_SERVING).one(workload="serving")
-    lines = ["| phase | queries | p50 | p99 |", "|---|---|---|---|"]
+    lines = _head(["phase", "queries", "p50", "p99"])
     for key, phase in (("before_kill", "before the kill"), ("around_kill", "around the kill"),
                        ("after_replacement", "after the replacement")):
         p = serving[key]
-        cells = [_ms(p[q] / 1000, 0, 1000) for q in ("p50_ms", "p99_ms")]
-        lines.append(f"| {phase} | {p['queries']} | {cells[0]} | {cells[1]} |")
+        lines.append(_row([phase, str(p["queries"])] + [_ms(p[q] / 1000, 0, 1000) for q in ("p50_ms", "p99_ms")]))
     return lines + ["", f"{serving['queries_per_s']:.1f} queries/s overall."]
 
 
 def rpc_table() -> list[str]:
     rpc = result(RPC)
-    lines = ["| case | N | S | plain RPC | offload | refs / reduce |", "|---|---|---|---|---|---|"]
+    lines = _head(["case", "N", "S", "plain RPC", "offload", "refs / reduce"])
     for case, label, third in (("fanout", "fan-out", "refs"), ("fanin", "fan-in", "reduce")):
         for nodes in (4, 8):
             for size in (64 * MiB, 256 * MiB):
@@ -319,8 +314,8 @@ def rpc_table() -> list[str]:
                 cell = _x(offload["ratio_to_ideal"])
                 if case == "fanout" and nodes == 8:  # issue #26's target: at least 5× faster than plain RPC
                     cell += f" ({plain['median_s'] / offload['median_s']:.1f}× faster)"
-                lines.append(f"| {label} | {nodes} | {_size(size)} | {_x(plain['ratio_to_ideal'])} | {cell} | "
-                             f"{_x(rpc.value('ratio_to_ideal', system=third, **at))} |")
+                lines.append(_row([label, str(nodes), _size(size), _x(plain["ratio_to_ideal"]), cell,
+                                   _x(rpc.value("ratio_to_ideal", system=third, **at))]))
     return lines
 
 
@@ -331,16 +326,16 @@ def peers_table() -> list[str]:
     return _ratio_rows(peers, systems)
 
 
-def _ratio_rows(result: Result, systems: list[tuple[str, str]]) -> list[str]:
-    present = [(s, label) for s, label in systems if any(r["system"] == s for r in result.records)]
-    lines = ["| op | " + " | ".join(label for _, label in present) + " |", "|---|" + "---|" * len(present)]
+def _ratio_rows(res: Result, systems: list[tuple[str, str]]) -> list[str]:
+    present = [(s, label) for s, label in systems if res.where(system=s)]
+    lines = _head(["op"] + [label for _, label in present])
     for op in OPS:
         cells = []
         for system, _ in present:
-            r = result.find(op=op, system=system, nodes=8, size_bytes=256 * MiB)
+            r = res.find(op=op, system=system, nodes=8, size_bytes=256 * MiB)
             cells.append("—" if r is None else f"{_x(r['ratio_to_ideal'])} ({r['cpu_cores']:.2f})")
         if any(c != "—" for c in cells):
-            lines.append(f"| {op} | " + " | ".join(cells) + " |")
+            lines.append(_row([op] + cells))
     return lines
 
 
@@ -351,8 +346,7 @@ def _pair_tables(pairs: list[tuple[str, str]], caption: str, header: list[str],
     lines = []
     for pattern, what in pairs:
         before, after = result(pattern.format("before")), result(pattern.format("after"))
-        lines += [f"{what}: {before.source()} against {after.source()}. {caption}", "",
-                  "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += [f"{what}: {before.source()} against {after.source()}. {caption}", ""] + _head(header)
         for r in filter(keep, before.records):
             a = after.one(op=r["op"], system=r["system"], nodes=r["nodes"], size_bytes=r["size_bytes"])
             lines.append(row(r, a))
@@ -366,7 +360,7 @@ def node_split_table() -> list[str]:
 
     def loopback(b: dict, a: dict) -> str:
         cells = [f"{_ms(x['median_s'])} ({_x(x['time_vs_gloo'])})" for x in (b, a)]
-        return f"| {b['op']} | {b['nodes']} | {_size(b['size_bytes'])} | {cells[0]} | {cells[1]} |"
+        return _row([b["op"], str(b["nodes"]), _size(b["size_bytes"])] + cells)
 
     lines = _pair_tables(NODE_SPLIT_PAIRS, "Time over the ideal, median (fastest–slowest trial):",
                          ["op", "system", "before", "after"], lambda r: True, emulated)
@@ -529,19 +523,21 @@ def c10d_cubic_table() -> list[str]:
 
 def congestion_table(run: str) -> list[str]:
     """The run of the commit `run` on CUBIC and on BBR: the backend against gloo at N = 8, 256 MB."""
+    runs = [(result(pattern.format(run)), first, rest) for pattern, first, rest in CONGESTION]
     lines = _head(["op", "congestion control", "hoplite-c10d", "gloo", "time ratio", "cores"])
-    for pattern, first, rest in CONGESTION:
-        lines += _against_gloo(result(pattern.format(run)), lambda i: [rest if i else first])
-    return _sourced([result(pattern.format(run)) for pattern, _, _ in CONGESTION], lines)
+    for res, first, rest in runs:
+        lines += _against_gloo(res, lambda i: [rest if i else first])
+    return _sourced([res for res, _, _ in runs], lines)
 
 
 def paired_table() -> list[str]:
+    runs = [(result(name), what) for name, what in PAIRED_RUNS]
     lines = _head(["run", "trials", "hoplite-c10d − gloo, mean (95% CI)", "median ratio", "faster"])
-    for name, what in PAIRED_RUNS:
-        paired = result(name).one(op="allreduce", system="hoplite-c10d")["paired_vs_gloo"]
+    for res, what in runs:
+        paired = res.one(op="allreduce", system="hoplite-c10d")["paired_vs_gloo"]
         lines.append(_row([what, str(paired["trials"]), _paired_diff(paired, 2), f"{paired['median_ratio']:.4f}",
                            f"{paired['faster_trials']} of {paired['trials']}"]))
-    return _sourced([result(name) for name, _ in PAIRED_RUNS], lines)
+    return _sourced([res for res, _ in runs], lines)
 
 
 def gpu_table() -> list[str]:
@@ -563,8 +559,14 @@ def emulated_collectives_table() -> list[str]:
 
 
 def readme_lines() -> list[str]:
-    paragraphs = [emulated_table(), same_host_lines(), rpc_lines(), workload_lines()]
-    return "\n\n".join("\n".join(p) for p in paragraphs).split("\n")
+    lines = []
+    for paragraph in (emulated_table(), same_host_lines(), rpc_lines(), workload_lines()):
+        lines += ([""] if lines else []) + paragraph
+    return lines
+
+
+def _congestion_block(run: str) -> tuple[str, str, Callable[[], list[str]]]:
+    return "BENCH_README", f"congestion-{run}", functools.partial(congestion_table, run)
 
 
 # (the file, by its attribute here; the block's name; what goes into it)
@@ -581,11 +583,11 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("BENCH_README", "peers", peers_table),
     ("BENCH_README", "asynchrony", asynchrony_table),
     ("BENCH_README", "c10d", c10d_table),
-    ("BENCH_README", "congestion-910bf0a", functools.partial(congestion_table, "910bf0a")),
+    _congestion_block("910bf0a"),
     ("BENCH_README", "c10d-allgather", c10d_allgather_table),
-    ("BENCH_README", "congestion-a8a55bf", functools.partial(congestion_table, "a8a55bf")),
+    _congestion_block("a8a55bf"),
     ("BENCH_README", "c10d-loopback", c10d_loopback_table),
-    ("BENCH_README", "congestion-a65b094", functools.partial(congestion_table, "a65b094")),
+    _congestion_block("a65b094"),
     ("BENCH_README", "c10d-cubic", c10d_cubic_table),
     ("BENCH_README", "paired", paired_table),
     ("BENCH_README", "rpc", rpc_table),
