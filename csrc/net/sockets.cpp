@@ -6,10 +6,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <stdexcept>
 
 #include "common/logging.h"
-
-#include <stdexcept>
 
 namespace hoplite {
 
@@ -46,19 +45,13 @@ int listeningSocket(const std::string& host, int port, int* boundPort) {
   return fd;
 }
 
-int connectingSocket(const sockaddr_in& addr, const std::function<void(int)>& configure, bool* inProgress,
-                     int* error) {
-  *inProgress = false;
+int connectingSocket(const sockaddr_in& addr, const std::function<void(int)>& configure, int* error) {
   *error = 0;
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
   if (configure) configure(fd);
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
-    if (errno == EINPROGRESS) {
-      *inProgress = true;
-    } else {
-      *error = errno;
-    }
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 && errno != EINPROGRESS) {
+    *error = errno;
   }
   return fd;
 }

@@ -18,12 +18,11 @@ std::string addressString(const sockaddr_in& addr);
 // A non-blocking socket bound and listening at host:port (0: any port), whose
 // bound port goes to *boundPort. Throws std::runtime_error naming the address.
 int listeningSocket(const std::string& host, int port, int* boundPort);
-// A non-blocking socket connecting to `addr`, given to `configure` first
-// (options that must precede the connect): *inProgress when the connect
-// completes later (EPOLLOUT); a connect that failed at once leaves *error set
-// (0 otherwise). Throws std::runtime_error if no socket can be made.
-int connectingSocket(const sockaddr_in& addr, const std::function<void(int)>& configure, bool* inProgress,
-                     int* error);
+// A non-blocking socket connecting to `addr` (done when it is writable),
+// given to `configure` first (options that must precede the connect). A
+// connect that failed at once leaves *error set (0 otherwise). Throws
+// std::runtime_error if no socket can be made.
+int connectingSocket(const sockaddr_in& addr, const std::function<void(int)>& configure, int* error);
 
 // A listening socket on a loop: accepts every pending connection and hands
 // each socket (non-blocking) and its peer's address on. Out of descriptors, it

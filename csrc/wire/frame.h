@@ -57,6 +57,9 @@ struct FrameLimits {
   uint64_t maxControl;  // bytes of a control payload
   uint64_t maxData;     // object bytes in one data frame
 };
+// What a connection takes before its handshake, on any transport: small
+// control frames only, so that a stranger cannot make us allocate or write.
+constexpr FrameLimits kHandshakeLimits{4096, 0};
 
 void encodeHeader(uint8_t* out, MsgType type, uint64_t length);
 // Checks magic, version, type and length against the limits.

@@ -252,9 +252,7 @@ void TcpConnection::flush() {
 }
 
 void TcpConnection::onHeader() {
-  constexpr uint64_t kHandshakeLimit = 4096;
-  wire::FrameLimits limits = options_.limits;
-  if (!trusted_) limits = wire::FrameLimits{kHandshakeLimit, 0};
+  const wire::FrameLimits limits = trusted_ ? options_.limits : wire::kHandshakeLimits;
   Status s = wire::decodeHeader(header_, limits, &frame_);
   if (!s.ok()) {
     close(Status(Code::kProtocol, s.message + " from " + describe()));

@@ -2,8 +2,6 @@
 
 #include "net/transport_registry.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -14,7 +12,6 @@
 #include <fstream>
 #include <stdexcept>
 
-#include "common/logging.h"
 #include "net/sockets.h"
 #include "net/tcp/tcp_connection.h"
 
@@ -93,9 +90,8 @@ std::unique_ptr<Listener> TcpTransport::listen(const std::string& host, int port
 
 std::shared_ptr<Connection> TcpTransport::connect(const std::string& host, int port, ConnectionObserver* observer) {
   sockaddr_in addr = makeAddress(host, port);
-  bool connecting = false;
   int err = 0;
-  const int fd = connectingSocket(addr, [this](int s) { configureSocket(s, options_); }, &connecting, &err);
+  const int fd = connectingSocket(addr, [this](int s) { configureSocket(s, options_); }, &err);
   auto conn = std::make_shared<TcpConnection>(loop_, fd, true, addressString(addr), observer, options_);
   conn->open();
   if (err != 0) {

@@ -62,22 +62,20 @@ BootstrapExchange::~BootstrapExchange() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::shared_ptr<BootstrapExchange> BootstrapExchange::dial(EventLoop& loop, int fd, std::string describe,
-                                                           BootstrapHello hello, double timeoutSeconds, Done done) {
+void BootstrapExchange::dial(EventLoop& loop, int fd, std::string describe, BootstrapHello hello,
+                             double timeoutSeconds, Done done) {
   std::shared_ptr<BootstrapExchange> exchange(
       new BootstrapExchange(loop, fd, std::move(describe), timeoutSeconds, std::move(done)));
   exchange->out_ = encode(hello);
   exchange->start(true);
-  return exchange;
 }
 
-std::shared_ptr<BootstrapExchange> BootstrapExchange::respond(EventLoop& loop, int fd, std::string describe,
-                                                              Reply reply, double timeoutSeconds, Done done) {
+void BootstrapExchange::respond(EventLoop& loop, int fd, std::string describe, Reply reply, double timeoutSeconds,
+                                Done done) {
   std::shared_ptr<BootstrapExchange> exchange(
       new BootstrapExchange(loop, fd, std::move(describe), timeoutSeconds, std::move(done)));
   exchange->reply_ = std::move(reply);
   exchange->start(false);
-  return exchange;
 }
 
 void BootstrapExchange::start(bool connecting) {
@@ -89,7 +87,8 @@ void BootstrapExchange::start(bool connecting) {
     self->timer_ = 0;
     self->finish(Status(Code::kPeerFailed, "no UCX hello from " + self->describe_ + " in time"));
   });
-  if (!loop_.addFd(fd_, EPOLLIN | EPOLLRDHUP | (connecting ? EPOLLOUT : 0) | (out_.empty() ? 0 : EPOLLOUT), this)) {
+  // Writable: the dialer's connect is done and its hello can go.
+  if (!loop_.addFd(fd_, EPOLLIN | EPOLLRDHUP | (out_.empty() ? 0 : EPOLLOUT), this)) {
     loop_.post([self] { self->finish(Status(Code::kInternal, "cannot watch the UCX hello's socket")); });
   }
 }

@@ -28,13 +28,14 @@ struct BootstrapHello {
 class BootstrapExchange : public EventHandler, public std::enable_shared_from_this<BootstrapExchange> {
  public:
   using Done = std::function<void(const Status&, BootstrapHello)>;
+  using Reply = std::function<BootstrapHello(const BootstrapHello& peer)>;
+  // Both keep the exchange alive themselves until `done` is called.
+  // `dial`: the connecting side, whose hello goes first.
+  static void dial(EventLoop& loop, int fd, std::string describe, BootstrapHello hello, double timeoutSeconds,
+                   Done done);
   // `respond`: the accepting side, which reads the peer's hello first and
   // asks `reply` for its own (made once it knows the peer).
-  static std::shared_ptr<BootstrapExchange> dial(EventLoop& loop, int fd, std::string describe, BootstrapHello hello,
-                                                 double timeoutSeconds, Done done);
-  using Reply = std::function<BootstrapHello(const BootstrapHello& peer)>;
-  static std::shared_ptr<BootstrapExchange> respond(EventLoop& loop, int fd, std::string describe, Reply reply,
-                                                    double timeoutSeconds, Done done);
+  static void respond(EventLoop& loop, int fd, std::string describe, Reply reply, double timeoutSeconds, Done done);
   ~BootstrapExchange() override;
 
   void handleEvents(uint32_t events) override;

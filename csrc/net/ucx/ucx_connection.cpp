@@ -15,8 +15,7 @@ std::atomic<uint64_t> gNextConnectionId{1u << 30};  // apart from TCP's, for log
 // rendezvous pipeline busy, small enough that a new flow's frames get their
 // share soon (the rest wait in the fair queue).
 constexpr size_t kWindowBytes = 8u << 20;
-constexpr uint64_t kHandshakeLimit = 4096;
-constexpr size_t kSeqSize = 8;  // every message's number in its connection, from 0  // as on TCP: a stranger sends only small control frames
+constexpr size_t kSeqSize = 8;  // every message's number in its connection, from 0
 // How long abandonData waits for a rendezvous already writing into the memory.
 constexpr double kAbandonWaitSeconds = 1.0;
 
@@ -32,9 +31,8 @@ struct UcxConnection::Inbound {
   uint64_t request = 0, offset = 0;   // data frames
   uint8_t* dest = nullptr;            // where a data frame goes (nullptr: dropped)
   std::shared_ptr<const void> keepalive;
-  std::vector<uint8_t> control;       // a control payload received by rendezvous
+  std::vector<uint8_t> control;       // a control payload received by rendezvous (or copied)
   bool abandoned = false;
-  Status why;  // kEnd
 };
 
 struct UcxConnection::SendOp {
@@ -49,7 +47,7 @@ struct UcxConnection::SendOp {
   size_t size = 0;
   std::string payload;                    // control frames
   std::shared_ptr<const void> keepalive;  // data frames
-  size_t dataBytes = 0;                   // data frames: counted in flight
+  size_t bytesInFlight() const { return id == kUcxDataAm ? size : 0; }
 };
 
 struct UcxConnection::ReceiveOp {
@@ -126,7 +124,6 @@ void UcxConnection::sendQueuedData() {
     op->keepalive = std::move(frame.keepalive);
     op->data = frame.data;
     op->size = frame.size;
-    op->dataBytes = frame.size;
     bytesInFlight_ += frame.size;
     post(std::move(op));
   }
@@ -147,8 +144,8 @@ void UcxConnection::post(std::unique_ptr<SendOp> op) {
   SendOp* raw = op.release();
   param.user_data = raw;
   // The header must stay valid until the send completes: it lives in the op.
-  ucs_status_ptr_t request = ucp_am_send_nbx(ep_, raw->id, raw->header, kUcxIdSize + kSeqSize + raw->frameHeaderSize, raw->data,
-                                             raw->size, &param);
+  const size_t headerSize = kUcxIdSize + kSeqSize + raw->frameHeaderSize;
+  ucs_status_ptr_t request = ucp_am_send_nbx(ep_, raw->id, raw->header, headerSize, raw->data, raw->size, &param);
   if (!UCS_PTR_IS_PTR(request)) {  // done at once, or failed at once: no callback comes
     std::unique_ptr<SendOp> done(raw);
     sent(*done, UCS_PTR_STATUS(request));
@@ -163,7 +160,7 @@ void UcxConnection::onSent(void* request, ucs_status_t status, void* user) {
 }
 
 void UcxConnection::sent(SendOp& op, ucs_status_t status) {
-  bytesInFlight_ -= op.dataBytes;
+  bytesInFlight_ -= op.bytesInFlight();
   if (closed_) return;
   if (ending_) {
     if (status != UCS_OK) fail(endWhy_);  // the end message cannot go: nothing to wait for
@@ -200,14 +197,13 @@ ucs_status_t UcxConnection::onAm(UcxAm id, const void* header, size_t headerSize
   if (id == kUcxEndAm) {  // after every frame the peer sent (in sequence): it sends nothing more
     auto end = std::make_shared<Inbound>();
     end->kind = Inbound::Kind::kEnd;
-    end->why = Status(Code::kPeerFailed, "connection closed by " + describe());
     inbox_.emplace(seq, std::move(end));
     markReady();
     return UCS_OK;
   }
   const bool isData = id == kUcxDataAm;
   const size_t subheader = isData ? wire::kDataSubheaderSize : 0;
-  const wire::FrameLimits limits = trusted_ ? worker_->options().limits : wire::FrameLimits{kHandshakeLimit, 0};
+  const wire::FrameLimits limits = trusted_ ? worker_->options().limits : wire::kHandshakeLimits;
   wire::FrameHeader frame;
   Status s = headerSize == wire::kHeaderSize + subheader
                  ? wire::decodeHeader(static_cast<const uint8_t*>(header), limits, &frame)
@@ -282,9 +278,9 @@ void UcxConnection::startReceive(Inbound& in, const std::shared_ptr<Inbound>& ho
     dest = in.dest;
     if (closed_) return;
   }
-  if (!in.rendezvous) {  // eager: in UCX's buffer already
-    if (in.kind == Inbound::Kind::kData && dest != nullptr) std::memcpy(dest, payloadOf(in), in.size);
-    if (in.kind == Inbound::Kind::kData) release(in);
+  if (!in.rendezvous) {  // an eager data frame, in UCX's buffer already
+    if (dest != nullptr) std::memcpy(dest, payloadOf(in), in.size);
+    release(in);
     in.state = Inbound::State::kLanded;
     return;
   }
@@ -337,7 +333,7 @@ void UcxConnection::deliver() {
     if (next == inbox_.end()) break;
     std::shared_ptr<Inbound> in = next->second;
     if (in->kind == Inbound::Kind::kEnd) {
-      close(in->why);
+      close(Status(Code::kPeerFailed, "connection closed by " + describe()));
       return;
     }
     if (in->state == Inbound::State::kWaiting && (in->kind == Inbound::Kind::kData || in->rendezvous)) {

@@ -73,7 +73,7 @@ class UcxConnection : public Connection, public std::enable_shared_from_this<Ucx
   static void onSent(void* request, ucs_status_t status, void* user);
   void sent(SendOp& op, ucs_status_t status);
   void sendQueuedData();
-  // Names the destination and starts a rendezvous (or copies an eager payload).
+  // Names the destination and starts a rendezvous (or copies an eager data frame).
   void startReceive(Inbound& in, const std::shared_ptr<Inbound>& hold);
   static void onReceived(void* request, ucs_status_t status, size_t length, void* user);
   void received(ReceiveOp& op, ucs_status_t status);
@@ -98,7 +98,7 @@ class UcxConnection : public Connection, public std::enable_shared_from_this<Ucx
   bool ending_ = false;
   bool endpointClosed_ = false;  // ucp_ep_close_nbx was called
   bool peerGone_ = false;        // UCX reported the endpoint failed
-  bool failing_ = false;         // an end is in the inbox
+  bool failing_ = false;         // ends with failWhy_ once what is in order is handed over
   bool readyMarked_ = false;     // on the worker's ready list for this pass
   Status endWhy_;
 

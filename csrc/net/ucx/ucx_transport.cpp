@@ -104,9 +104,8 @@ class UcxTransport : public Transport {
     const sockaddr_in addr = makeAddress(host, port);
     const std::string where = addressString(addr);
     auto conn = std::make_shared<UcxConnection>(worker_, where, observer);
-    bool inProgress = false;
     int err = 0;
-    const int fd = connectingSocket(addr, nullptr, &inProgress, &err);
+    const int fd = connectingSocket(addr, nullptr, &err);
     if (err != 0) {
       ::close(fd);
       // Reported from the loop, after the caller has stored the connection.

@@ -195,8 +195,8 @@ ucs_status_t UcxWorker::onAm(void* arg, const void* header, size_t headerSize, v
 }
 
 void UcxWorker::onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
-  // UCX calls this from its own async thread too (a peer's disconnect seen
-  // by the connection manager): the loop thread takes it from here.
+  // UCX calls this from its own async thread too (seen with its connection
+  // manager): the loop thread takes it from here.
   auto* self = static_cast<UcxWorker*>(arg);
   self->loop_.post([weak = self->weak_from_this(), ep, status] {
     auto worker = weak.lock();

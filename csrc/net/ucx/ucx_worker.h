@@ -1,9 +1,9 @@
 // One UCP context and worker per transport, driven by the node's event loop:
 // the worker's event fd sits in epoll (no busy polling), and every pass
 // progresses the worker, hands what arrived to the connections, and re-arms.
-// Active messages arrive here and go to the connection of their reply
-// endpoint; observer callbacks run only after ucp_worker_progress returns, so
-// the node may send or close from them.
+// Active messages arrive here and go to the connection their header names;
+// observer callbacks run only after ucp_worker_progress returns, so the node
+// may send or close from them.
 #pragma once
 
 #include <ucp/api/ucp.h>
