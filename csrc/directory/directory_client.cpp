@@ -45,7 +45,6 @@ void DirectoryClient::moveShardFrom(int rank) {
   }
   for (const auto& obj : moved) {
     wire::Register reg;
-    reg.request = newRequest();
     reg.id = obj->id();
     reg.meta = obj->meta();
     reg.holder = config_.rank;
@@ -57,8 +56,7 @@ void DirectoryClient::moveShardFrom(int rank) {
       reg.hasInline = true;
       reg.inlineData.assign(reinterpret_cast<const char*>(obj->data()), obj->size());
     }
-    std::string id = reg.id;
-    requestShard(id, wire::MsgType::kRegister, wire::encode(reg), reg.request, [this, id](const Status& s) {
+    requestRegister(std::move(reg), [id = obj->id()](const Status& s) {
       if (!s.ok()) HLOG(kDebug, "re-registering %s: %s", printableId(id).c_str(), s.message.c_str());
     });
   }
@@ -120,6 +118,11 @@ void DirectoryClient::updateHolder(const std::string& id, wire::HolderState stat
 void DirectoryClient::requestDelete(const std::string& id, bool retract, StatusCallback cb) {
   const uint64_t request = newRequest();
   requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, retract}), request, std::move(cb));
+}
+
+void DirectoryClient::requestRegister(wire::Register reg, StatusCallback cb) {
+  reg.request = newRequest();
+  requestShard(reg.id, wire::MsgType::kRegister, wire::encode(reg), reg.request, std::move(cb));
 }
 
 void DirectoryClient::probe(int rank, std::string padding, StatusCallback cb) {

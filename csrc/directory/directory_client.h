@@ -50,16 +50,15 @@ class DirectoryClient : public DirectoryAccess {
   RequestTracker& requests() { return requests_; }
   // Sends a request to `rank`; `cb` runs once, with its StatusReply or a failure.
   void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb);
-  // A request to the id's directory shard, sent again to its successor if
-  // that shard fails before answering.
-  void requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request,
-                    StatusCallback cb);
   uint64_t requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
                          LookupCallback cb, int preferred = -1) override;
   void updateHolder(const std::string& id, wire::HolderState state, int sender = -1) override;
   // Deletes `id` everywhere (`retract`: it is being recomputed, see
-  // wire::IdRequest); `cb` runs once every holder dropped its copy.
+  // wire::IdRequest); `cb` runs once: with the shard's answer, which comes
+  // after every holder dropped its copy, or with a failure.
   void requestDelete(const std::string& id, bool retract, StatusCallback cb);
+  // Registers `reg` (its request id is given here) at its id's shard.
+  void requestRegister(wire::Register reg, StatusCallback cb);
   // Fire and forget.
   void deleteEverywhere(const std::string& id) {
     requestDelete(id, /*retract=*/false, [](const Status&) {});
@@ -73,6 +72,10 @@ class DirectoryClient : public DirectoryAccess {
   void failAll(const Status& why) { requests_.failRank(-1, why); }
 
  private:
+  // A request to the id's directory shard, sent again to its successor if
+  // that shard fails before answering.
+  void requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request,
+                    StatusCallback cb);
   void sendLookup(const wire::Lookup& msg, LookupCallback cb);
   Status closedError() const;
 

@@ -61,10 +61,8 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
   auto decided = std::make_shared<std::atomic<int>>(0);
   auto registered = startOnLoop(loop_, [this, reg = std::move(reg), obj, decided](std::function<void(Status)> done) mutable {
     if (reg.complete) obj->advance(obj->size());
-    uint64_t request = directory_->newRequest();
-    reg.request = request;
     std::string id = reg.id;
-    directory_->requestShard(id, wire::MsgType::kRegister, wire::encode(reg), request, [this, id, decided, done](const Status& s) {
+    directory_->requestRegister(std::move(reg), [this, id, decided, done](const Status& s) {
       if (decided->exchange(1) == 2 && s.ok()) directory_->deleteEverywhere(id);  // the put timed out before this answer came
       done(s);
     });

@@ -15,14 +15,14 @@
 #include "net/peer_links.h"
 #include "net/transport.h"
 #include "store/local_object.h"
-#include "transfer/client.h"
 #include "wire/messages.h"
 
 namespace hoplite {
 
 class ReduceServices {
  public:
-  using FetchCallback = TransferClient::FetchCallback;
+  // A local copy of an object (complete or still arriving), and the rank it is pulled from (-1: none).
+  using FetchCallback = std::function<void(const Status&, std::shared_ptr<LocalObject>, int sender)>;
 
   virtual ~ReduceServices() = default;
 

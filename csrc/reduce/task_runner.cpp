@@ -95,27 +95,25 @@ void ReduceTaskRunner::startTask(uint64_t taskId, std::shared_ptr<LocalObject> i
   node_.serveParkedPulls(task.output);
   task.children.assign(msg.childIds.size(), nullptr);
   wire::Register reg;
-  reg.request = node_.directory().newRequest();
   reg.id = msg.outputId;
   reg.meta = msg.meta;
   reg.holder = rank_;
   reg.complete = false;
   reg.recomputable = msg.root;
   task.registration = ReduceTaskState::Registration::kRegistering;
-  node_.directory().requestShard(msg.outputId, wire::MsgType::kRegister, wire::encode(reg), reg.request,
-                     [this, taskId, state = tasks_.at(taskId)](const Status& s) {
-                       using Registration = ReduceTaskState::Registration;
-                       state->registration = s.ok() ? Registration::kRegistered : Registration::kUnregistered;
-                       auto it = tasks_.find(taskId);
-                       if (it == tasks_.end()) {  // failed meanwhile
-                         if (state->closing) return closeRoot(state);
-                         if (s.ok()) node_.directory().deleteEverywhere(state->msg.outputId);  // free the id
-                         return;
-                       }
-                       if (!s.ok()) return failTask(taskId, s);
-                       answerTask(*it->second, Status());
-                       startTaskInputs(taskId);
-                     });
+  node_.directory().requestRegister(std::move(reg), [this, taskId, state = tasks_.at(taskId)](const Status& s) {
+    using Registration = ReduceTaskState::Registration;
+    state->registration = s.ok() ? Registration::kRegistered : Registration::kUnregistered;
+    auto it = tasks_.find(taskId);
+    if (it == tasks_.end()) {  // failed meanwhile
+      if (state->closing) return closeRoot(state);
+      if (s.ok()) node_.directory().deleteEverywhere(state->msg.outputId);  // free the id
+      return;
+    }
+    if (!s.ok()) return failTask(taskId, s);
+    answerTask(*it->second, Status());
+    startTaskInputs(taskId);
+  });
 }
 
 // Watches the input and fetches the children; any of these may end the task
