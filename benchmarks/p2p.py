@@ -124,22 +124,12 @@ def worker(rank, port, systems, sizes, warmup, minimum, queue):
     if any(s.startswith("hoplite") for s in systems):
         same_host = not any(s in TCP_ONLY + UCX for s in systems)
         transport = "ucx" if any(s in UCX for s in systems) else "tcp"
-        if transport == "ucx":
-            os.environ.setdefault("UCX_TLS", "tcp")
         hop.init(dist.PrefixStore("hoplite", store), rank=rank, world_size=2, same_host=same_host, transport=transport)
     if "torch-rpc" in systems:
         opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port + 1}", rpc_timeout=600)
         rpc.init_rpc(f"w{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
-    impls = {
-        "hoplite": Hoplite(zero_copy=False),
-        "hoplite-zero-copy": Hoplite(zero_copy=True),
-        "hoplite-tcp": Hoplite(zero_copy=False),
-        "hoplite-tcp-zero-copy": Hoplite(zero_copy=True),
-        "hoplite-ucx": Hoplite(zero_copy=False),
-        "hoplite-ucx-zero-copy": Hoplite(zero_copy=True),
-        "gloo": Gloo(),
-        "torch-rpc": TorchRpc(),
-    }
+    impls = {s: Hoplite(zero_copy=s.endswith("-zero-copy")) for s in systems if s.startswith("hoplite")}
+    impls.update(gloo=Gloo(), **{"torch-rpc": TorchRpc()})
     results = {}
     for size in sizes:
         x = torch.arange(size // 4, dtype=torch.float32)  # a pattern: misplaced bytes show
@@ -187,7 +177,7 @@ def measure(systems: list[str], sizes: list[int], warmup: int, minimum: int) -> 
             _, cores1, moved1 = results[1][(system, size)]
             median = statistics.median(times)
             if system.startswith("hoplite"):
-                network = f"UCX ({os.environ.get('UCX_TLS', 'tcp')})" if system in UCX else "loopback TCP"
+                network = f"UCX ({os.environ['UCX_TLS']})" if system in UCX else "loopback TCP"
                 path = common.data_path(network, moved0[0] + moved1[0], moved0[1] + moved1[1])
             else:  # TensorPipe picks its own transport and channel (shared memory and CMA where it can)
                 path = "loopback TCP" if system == "gloo" else "TensorPipe's choice"
@@ -238,16 +228,18 @@ def plot(records: list[dict], path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1KB,1MB,64MB,256MB")
-    parser.add_argument("--systems", default=",".join(known_systems()))
+    known = known_systems()
+    parser.add_argument("--systems", default=",".join(known))
     parser.add_argument("--trials", type=int, default=10, help="at least this many timed trials per point")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "p2p"))
     args = parser.parse_args()
     sizes = common.parse_sizes(args.sizes)
     systems = [s for s in args.systems.split(",") if s]
-    unknown = set(systems) - set(known_systems())
+    unknown = set(systems) - set(known)
     if unknown:
-        parser.error(f"unknown systems {sorted(unknown)}; this build has {known_systems()}")
+        parser.error(f"unknown systems {sorted(unknown)}; this build has {known}")
+    os.environ.setdefault("UCX_TLS", "tcp")  # what the UCX systems use, inherited by their processes
 
     records = []
     own_pair = ("torch-rpc",) + TCP_ONLY + UCX
