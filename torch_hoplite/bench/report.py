@@ -33,6 +33,7 @@ ASYNCHRONY = "asynchrony_emulated_1gbit.json"  # ranks ready 0.1 s apart
 SAME_HOST = "collectives_same_host.json"
 P2P = "p2p.json"
 P2P_UCX = "p2p_ucx.json"  # the UCX transport against ours, loopback, UCX_TLS=tcp
+P2P_UCX_H100 = "p2p_ucx_h100.json"  # the same on the 16 cores of the GPU machine, UCX 1.22, without gloo
 RPC = "rpc_emulated_1gbit.json"
 WORKLOADS = "workloads_emulated_1gbit.json"
 DLRM_SERVING = "workloads-dlrm-serving_emulated_1gbit.json"
@@ -227,14 +228,14 @@ def p2p_table() -> list[str]:
     return lines
 
 
-def ucx_p2p_table() -> list[str]:
-    """UCX's round trip against our TCP's, copying and zero-copy, with gloo's for scale."""
-    run = result(P2P_UCX)
+def ucx_p2p_table(name: str) -> list[str]:
+    """UCX's round trip against our TCP's, copying and zero-copy, with gloo's for scale where it ran."""
+    run = result(name)
     lines = _head(["size", "gloo", "hoplite-tcp", "hoplite-ucx (x tcp)", "hoplite-tcp-zero-copy",
                    "hoplite-ucx-zero-copy (x tcp)"])
     for size in sorted({r["size_bytes"] for r in run.records}):
-        gloo = run.one(system="gloo", size_bytes=size)["median_s"]
-        cells = [_ms(gloo)]
+        gloo = run.find(system="gloo", size_bytes=size)
+        cells = [_ms(gloo["median_s"]) if gloo else "—"]
         for ours, theirs in (("hoplite-tcp", "hoplite-ucx"), ("hoplite-tcp-zero-copy", "hoplite-ucx-zero-copy")):
             tcp = run.one(system=ours, size_bytes=size)["median_s"]
             ucx = run.one(system=theirs, size_bytes=size)["median_s"]
@@ -573,7 +574,8 @@ def _congestion_block(run: str) -> tuple[str, str, Callable[[], list[str]]]:
 BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("README", "how-fast", readme_lines),
     ("BENCH_README", "p2p", p2p_table),
-    ("BENCH_README", "ucx-p2p", ucx_p2p_table),
+    ("BENCH_README", "ucx-p2p", functools.partial(ucx_p2p_table, P2P_UCX)),
+    ("BENCH_README", "ucx-p2p-h100", functools.partial(ucx_p2p_table, P2P_UCX_H100)),
     ("BENCH_README", "same-host", same_host_table),
     ("BENCH_README", "loopback-tcp", loopback_tcp_table),
     ("BENCH_README", "reduce-tree", reduce_tree_table),
