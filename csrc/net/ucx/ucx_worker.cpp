@@ -126,7 +126,10 @@ void UcxWorker::progress() {
   if (progressing_ || stopping_) return;  // a pass is under way further up this stack: it goes on
   progressing_ = true;
   for (;;) {
-    progressQuietly();
+    // Frames are handed over between passes, not once UCX has nothing left:
+    // a rendezvous starts only when its frame is delivered, and a stream of
+    // them keeps ucp_worker_progress busy until the window drains.
+    while (ucp_worker_progress(worker_) != 0) deliver();
     reapClosed();
     deliver();
     // Busy: events came in since the last progress; progress again before sleeping.
