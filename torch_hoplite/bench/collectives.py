@@ -43,6 +43,11 @@ bottleneck: --rate runs on the emulated cluster (emulated_cluster.py), after
 checking the rate a single TCP flow gets through it; without root or network
 namespaces it says so and measures on loopback instead.
 
+--transport ucx runs the torch_hoplite systems over the UCX transport
+(UCX_TLS=tcp unless set; on the emulated cluster UCX_NET_DEVICES=eth0, the
+node's veth) instead of our TCP; gloo is unchanged, so two runs, one per
+transport, compare through their gloo rows and ratios to the ideal.
+
 Asynchrony (the Hoplite paper's Fig. 8): with --arrival-interval T rank r
 becomes ready T*r seconds after the common start (for hoplite: rank 0 puts or
 starts the reduce at once, rank r puts or gets at its time); each point is then
@@ -228,13 +233,13 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival
     return results
 
 
-def _path(system: str, network: str, runs: list) -> str:
+def _path(system: str, network: str, hoplite_network: str, runs: list) -> str:
     """What carried a system's bytes (torch_hoplite's: from its nodes'
     counters, summed over its trials on every rank)."""
     if not system.startswith("hoplite"):
         return network
     moved = [trial[3] for run in runs for trial in run]
-    return common.data_path(network, sum(m[0] for m in moved), sum(m[1] for m in moved))
+    return common.data_path(hoplite_network, sum(m[0] for m in moved), sum(m[1] for m in moved))
 
 
 def _progress(total: int, what: str):
@@ -332,9 +337,11 @@ def ideal_and_factor(op: str, world: int) -> tuple[float, float]:
     }[op]
 
 
-def summarize(per_rank: dict, world: int, path: str, rate_bps: float, arrival: float = 0.0) -> list[dict]:
+def summarize(per_rank: dict, world: int, path: str, rate_bps: float, arrival: float = 0.0,
+              hoplite_path: Optional[str] = None) -> list[dict]:
     """Per point: times from the common start (with staggered arrivals: from
-    the last arrival) to the slowest participant's end."""
+    the last arrival) to the slowest participant's end. `path` is the network,
+    `hoplite_path` what carried torch_hoplite's bytes over it (default: the same)."""
     records = []
     for key in per_rank[0]:
         op, system, size = key
@@ -358,7 +365,7 @@ def summarize(per_rank: dict, world: int, path: str, rate_bps: float, arrival: f
                 "system": system,
                 "op": op,
                 "nodes": world,
-                "path": _path(system, path, runs),
+                "path": _path(system, path, hoplite_path or path, runs),
                 "size_bytes": size,
                 "arrival_interval_s": arrival,
                 "ideal_s": ideal,
@@ -533,12 +540,19 @@ def main() -> None:
                         help="seconds every rank of every system waits between the barrier and its timed call, so "
                              "that all have left the barrier before any starts (emulated nodes share this host's "
                              "cores: a rank that starts early slows the others' exit from the barrier); default 0")
+    parser.add_argument("--transport", default="tcp", choices=["tcp", "ucx"],
+                        help="what carries the torch_hoplite systems' bytes (gloo's are always its own TCP)")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--master", default="127.0.0.1", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.settle < 0:
         parser.error("--settle: seconds, at least 0")
     os.environ[common.SETTLE_ENV] = str(args.settle)  # every rank process inherits it
+    os.environ["HOPLITE_TRANSPORT"] = args.transport  # so does this, read by hop.init
+    if args.transport == "ucx":
+        os.environ.setdefault("UCX_TLS", "tcp")
+        if args.rate:  # a namespace's loopback is its own: only the veth reaches the others
+            os.environ.setdefault("UCX_NET_DEVICES", "eth0")
     systems = [s for s in args.systems.split(",") if s]
     if set(systems) - set(SYSTEMS) or ("gloo" not in systems and args.worker is None):
         parser.error(f"--systems: choose from {SYSTEMS}, gloo included (ratios are to it)")
@@ -585,7 +599,8 @@ def main() -> None:
             print(f"measuring {','.join(ops)} with {world} processes ...", flush=True)
             per_rank = run_loopback(world, ops, sizes, args.trials, args.warmup, systems, args.arrival_interval)
             path, rate_bps = "loopback TCP", 0.0
-        records += summarize(per_rank, world, path, rate_bps, args.arrival_interval)
+        carrier = path if args.transport == "tcp" else f"{path}, over UCX ({os.environ['UCX_TLS']})"
+        records += summarize(per_rank, world, path, rate_bps, args.arrival_interval, carrier)
     gloo = {(r["op"], r["nodes"], r["size_bytes"]): r for r in records if r["system"] == "gloo"}
     for r in records:
         twin = gloo[(r["op"], r["nodes"], r["size_bytes"])]
@@ -610,7 +625,8 @@ def main() -> None:
                   f"median ratio {p['median_ratio']:.4f}, mean difference {p['mean_diff_ms']:+.2f} ms "
                   f"(95% CI {ci}), faster in {p['faster_trials']} of {p['trials']}")
     settings = {"ops": ops, "sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup,
-                "rate": rate, "requested_rate": args.rate, "systems": systems,
+                "rate": rate, "requested_rate": args.rate, "systems": systems, "transport": args.transport,
+                "ucx_env": {k: v for k, v in os.environ.items() if k.startswith("UCX_")},
                 "arrival_interval_s": args.arrival_interval, "settle_s": args.settle,
                 "link_check_bps": {str(n): bps for n, bps in link_checks.items()},
                 "tcp_congestion": {str(n): cc for n, cc in congestion_used.items()}}

@@ -34,6 +34,8 @@ SAME_HOST = "collectives_same_host.json"
 P2P = "p2p.json"
 P2P_UCX = "p2p_ucx.json"  # the UCX transport against ours, loopback, UCX_TLS=tcp
 P2P_UCX_H100 = "p2p_ucx_h100.json"  # the same on the 16 cores of the GPU machine, UCX 1.22, without gloo
+# The emulated cluster, the same command with --transport tcp and then ucx ({} = the transport).
+UCX_EMULATED = "ucx_vs_tcp_{}_emulated_1gbit.json"
 RPC = "rpc_emulated_1gbit.json"
 WORKLOADS = "workloads_emulated_1gbit.json"
 DLRM_SERVING = "workloads-dlrm-serving_emulated_1gbit.json"
@@ -242,6 +244,24 @@ def ucx_p2p_table(name: str) -> list[str]:
             cells += [_ms(tcp), f"{_ms(ucx)} ({_x(ucx / tcp)})"]
         lines.append(_row([_size(size)] + cells))
     return _sourced(run, lines, ", round trip, median")
+
+
+def ucx_emulated_table() -> list[str]:
+    """Time over the ideal of torch_hoplite over our TCP and over UCX, by op, N and size, each with its run's gloo."""
+    tcp, ucx = result(UCX_EMULATED.format("tcp")), result(UCX_EMULATED.format("ucx"))
+    sizes = sorted({r["size_bytes"] for r in tcp.records})
+    lines = _head(["op", "N"] + [f"{_size(s)}: {col}" for s in sizes
+                                for col in ("our TCP", "UCX", "UCX / TCP time", "gloo (TCP run / UCX run)")])
+    for op in dict.fromkeys(r["op"] for r in tcp.records):
+        for n in sorted({r["nodes"] for r in tcp.records}):
+            cells = [op, str(n)]
+            for size in sizes:
+                ours, theirs = (run.one(system="hoplite", op=op, nodes=n, size_bytes=size) for run in (tcp, ucx))
+                gloo = [run.one(system="gloo", op=op, nodes=n, size_bytes=size)["ratio_to_ideal"] for run in (tcp, ucx)]
+                cells += [_x(ours["ratio_to_ideal"]), _x(theirs["ratio_to_ideal"]),
+                          f"{theirs['median_s'] / ours['median_s']:.2f}", f"{_x(gloo[0])} / {_x(gloo[1])}"]
+            lines.append(_row(cells))
+    return _sourced([tcp, ucx], lines, ", time over the ideal (median)")
 
 
 def same_host_table() -> list[str]:
@@ -576,6 +596,7 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("BENCH_README", "p2p", p2p_table),
     ("BENCH_README", "ucx-p2p", functools.partial(ucx_p2p_table, P2P_UCX)),
     ("BENCH_README", "ucx-p2p-h100", functools.partial(ucx_p2p_table, P2P_UCX_H100)),
+    ("BENCH_README", "ucx-emulated", ucx_emulated_table),
     ("BENCH_README", "same-host", same_host_table),
     ("BENCH_README", "loopback-tcp", loopback_tcp_table),
     ("BENCH_README", "reduce-tree", reduce_tree_table),
