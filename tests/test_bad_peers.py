@@ -18,7 +18,7 @@ from cluster import Cluster
 MAGIC = 0x544C5048
 
 
-VERSION = 9  # csrc/wire/frame.h kVersion
+VERSION = 10  # csrc/wire/frame.h kVersion
 
 
 def frame(msg_type: int, payload: bytes, version: int = VERSION) -> bytes:
@@ -35,19 +35,21 @@ def hello(rank: int, cluster: bytes, nonce: bytes = b"n" * 16, host: bytes = b"1
     return frame(1, body)
 
 
-def read_frame(sock: socket.socket) -> tuple[int, bytes]:
-    def exactly(n: int) -> bytes:
-        out = b""
-        while len(out) < n:
-            chunk = sock.recv(n - len(out))
-            if not chunk:
-                raise ConnectionError("closed")
-            out += chunk
-        return out
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    """`n` bytes from `sock`; ConnectionError if the peer closes first."""
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError("closed")
+        out += chunk
+    return out
 
-    magic, _version, msg_type, _reserved, length = struct.unpack("<IBBHQ", exactly(16))
+
+def read_frame(sock: socket.socket) -> tuple[int, bytes]:
+    magic, _version, msg_type, _reserved, length = struct.unpack("<IBBHQ", recv_exactly(sock, 16))
     assert magic == MAGIC
-    return msg_type, exactly(length)
+    return msg_type, recv_exactly(sock, length)
 
 
 def closed_by_peer(sock: socket.socket, timeout: float = 5.0) -> bool:
@@ -111,16 +113,19 @@ def test_silent_connection_does_not_block_the_node_and_is_dropped():
 
 
 def _proof(secret: bytes, role: bytes, cluster: bytes, client_nonce: bytes, server_nonce: bytes, client: int,
-           server: int) -> bytes:
+           server: int, listen: bytes) -> bytes:
+    """As Peers::handshakeProof; `listen` is the hello's claim, b"host:port/incarnation"."""
     message = role + b"\0" + cluster + b"\0" + client_nonce + server_nonce + f"{client}:{server}".encode()
-    return hmac.new(secret, message, hashlib.sha256).digest()
+    return hmac.new(secret, message + b"\0" + listen, hashlib.sha256).digest()
 
 
-def handshake_as_rank_1(s: socket.socket, secret: bytes) -> bool:
+def handshake_as_rank_1(s: socket.socket, secret: bytes, prove_port_offset: int = 0) -> bool:
     """Runs the client side of the handshake with this process's node (rank 0)
     on `s`, as rank 1 at rank 1's listening address (a new address would mean
     rank 1 restarted there). Returns whether the server proved it knows
-    `secret`; the server's answer to the proof is left to read."""
+    `secret`, for the hello as sent; the server's answer to the proof is left
+    to read. `prove_port_offset` != 0: the client's proof is for a hello that
+    named another port (as if the hello had been altered on the way)."""
     rt = api._rt()
     cluster = rt._rendezvous.cluster_id().encode()
     rank1_host, rank1_port = rt._rendezvous.store.get("addr/1").decode().rsplit(":", 1)
@@ -129,8 +134,10 @@ def handshake_as_rank_1(s: socket.socket, secret: bytes) -> bool:
     msg_type, payload = read_frame(s)
     assert msg_type == 17  # challenge: server nonce, server proof
     server_nonce, server_proof = payload[4:20], payload[24:56]
-    s.sendall(frame(18, string(_proof(secret, b"client", cluster, nonce, server_nonce, 1, 0))))
-    return server_proof == _proof(secret, b"server", cluster, nonce, server_nonce, 1, 0)
+    sent = f"{rank1_host}:{rank1_port}/0".encode()
+    proved = f"{rank1_host}:{int(rank1_port) + prove_port_offset}/0".encode()
+    s.sendall(frame(18, string(_proof(secret, b"client", cluster, nonce, server_nonce, 1, 0, proved))))
+    return server_proof == _proof(secret, b"server", cluster, nonce, server_nonce, 1, 0, sent)
 
 
 def test_handshake_needs_the_secret():
@@ -152,6 +159,13 @@ def test_handshake_needs_the_secret():
                 else:
                     assert closed_by_peer(s)
         assert hop.stats()["handshakes_refused"] == refused_before + 1
+        # A member's hello whose listen address was changed after it was
+        # proved (the proof names another port) is refused too: otherwise
+        # whoever altered it would redirect rank 1's traffic.
+        with socket.create_connection((host, port), timeout=5) as s:
+            assert handshake_as_rank_1(s, rt._rendezvous.secret(None).encode(), prove_port_offset=1)
+            assert closed_by_peer(s)
+        assert hop.stats()["handshakes_refused"] == refused_before + 2
         ref = c.call(1, workers.put, torch.arange(10.0), "after-impostor")
         assert torch.equal(hop.get(ref, timeout=30).wait(), torch.arange(10.0))
     finally:

@@ -2,7 +2,11 @@
 asked for, and the transport-independent tests run over it (UCX_TLS=tcp)."""
 
 import glob
+import hashlib
+import hmac
 import os
+import socket
+import struct
 import subprocess
 import sys
 
@@ -10,7 +14,9 @@ import pytest
 import torch
 
 import torch_hoplite as hop
+import torch_hoplite.api as api
 from cluster import Cluster
+from test_bad_peers import recv_exactly
 
 import workers
 
@@ -58,6 +64,65 @@ def test_tcp_options_are_refused_over_ucx():
     with pytest.raises(ValueError, match="tcp_congestion applies to the tcp transport, not to ucx"):
         Cluster(1, options={"transport": "ucx", "tcp_congestion": "reno"})
     assert not hop.is_initialized()
+
+
+def _message(kind: int, body: bytes) -> bytes:
+    """A UCX bootstrap message (net/ucx/bootstrap.cpp): magic, version 2, kind, length, body."""
+    return struct.pack("<IBBI", 0x58435548, 2, kind, len(body)) + body
+
+
+def _read_message(s: socket.socket) -> tuple[int, bytes]:
+    magic, version, kind, length = struct.unpack("<IBBI", recv_exactly(s, 10))
+    assert (magic, version) == (0x58435548, 2)
+    return kind, recv_exactly(s, length)
+
+
+def _bootstrap_proof(secret: bytes, role: bytes, cluster: bytes, dialer_nonce: bytes, responder_nonce: bytes,
+                     connection_id: int, address: bytes) -> bytes:
+    message = role + b"\0" + cluster + b"\0" + dialer_nonce + responder_nonce + struct.pack("<Q", connection_id)
+    return hmac.new(secret, message + address, hashlib.sha256).digest()
+
+
+@needs_ucx
+def test_the_bootstrap_tells_nothing_to_a_stranger_and_refuses_it(monkeypatch):
+    """A stranger dialing the UCX bootstrap gets a nonce and no worker address;
+    its hello with a proof under another secret is refused (it is told, then
+    dropped) and counted, and the node makes no endpoint for it. A hello proved with the secret gets the
+    node's hello, whose proof checks under the secret."""
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    c = Cluster(2, options={"transport": "ucx", "same_host": False}, env={"UCX_TLS": "tcp"})
+    try:
+        rt = api._rt()
+        host, port = rt.address
+        secret, cluster = rt._rendezvous.secret(None).encode(), rt._rendezvous.cluster_id().encode()
+        refused_before = hop.stats()["handshakes_refused"]
+        for key, accepted in ((b"another secret", False), (secret, True)):
+            with socket.create_connection((host, port), timeout=10) as s:
+                nonce = os.urandom(16)
+                s.sendall(_message(1, nonce))
+                kind, node_nonce = _read_message(s)
+                assert kind == 1 and len(node_nonce) == 16
+                address = b""  # (a member's would be its worker's; UCX would parse it)
+                proof = _bootstrap_proof(key, b"ucx-dialer", cluster, nonce, node_nonce, 7, address)
+                s.sendall(_message(2, struct.pack("<Q", 7) + proof + address))
+                if not accepted:
+                    assert _read_message(s) == (3, b"")  # refused, and told so
+                    with pytest.raises(ConnectionError):
+                        _read_message(s)
+                    continue
+                # Nothing to reach: the node's hello says so (no address) and
+                # proves that it comes from a member.
+                kind, body = _read_message(s)
+                assert kind == 2
+                (node_id,), node_proof, node_address = struct.unpack("<Q", body[:8]), body[8:40], body[40:]
+                assert node_address == b""
+                assert node_proof == _bootstrap_proof(secret, b"ucx-responder", cluster, nonce, node_nonce, node_id,
+                                                      node_address)
+        assert hop.stats()["handshakes_refused"] == refused_before + 1
+        ref = c.call(1, workers.put, torch.arange(10.0), "after-stranger")
+        assert torch.equal(hop.get(ref, timeout=30).wait(), torch.arange(10.0))
+    finally:
+        c.close()
 
 
 @needs_ucx

@@ -82,6 +82,10 @@ struct TransportOptions {
   wire::FrameLimits limits;
   int socketBufferBytes = 0;  // 0: leave the kernel's autotuning on
   std::string congestion;     // TCP congestion control (TCP_CONGESTION); empty: the system's
+  // The cluster's, for a transport that must admit a peer before the node's
+  // handshake can run (ucx's bootstrap): the peer proves it knows them first.
+  std::string secret;
+  std::string clusterId;
 };
 
 class Listener {
@@ -101,6 +105,9 @@ class Transport {
                                            AcceptCallback onAccept) = 0;
   // Starts connecting; failures arrive as observer->onClosed.
   virtual std::shared_ptr<Connection> connect(const std::string& host, int port, ConnectionObserver* observer) = 0;
+  // Peers refused before the node's handshake for not knowing the secret
+  // (any thread).
+  virtual uint64_t peersRefused() const { return 0; }
 };
 
 }  // namespace hoplite

@@ -51,7 +51,8 @@ Node::Node(NodeConfig config)
     throw std::invalid_argument("heartbeat interval must be positive and shorter than the heartbeat timeout");
   }
   setLogRank(config_.rank);
-  TransportOptions options{limits_, config_.socketBufferBytes, config_.tcpCongestion};
+  TransportOptions options{limits_, config_.socketBufferBytes, config_.tcpCongestion, config_.secret,
+                           config_.clusterId};
   peers_ = std::make_unique<Peers>(
       loop_, makeTransport(config_.transport, loop_, options), router_, static_cast<PeerEvents&>(*this),
       PeersConfig{.rank = config_.rank,
@@ -259,7 +260,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"messages_deferred", messages.deferred.load()},
       {"messages_withdrawn", messages.withdrawn.load()},
       {"mailbox_bytes", messages.waitingBytes.load()},
-      {"handshakes_refused", peers_->counters().handshakesRefused.load()},
+      {"handshakes_refused", peers_->handshakesRefused()},
       {"inline_gets", client_->counters().inlineGets.load()},
       {"local_gets", client_->counters().localGets.load()},
       {"remote_gets", client_->counters().remoteGets.load()},

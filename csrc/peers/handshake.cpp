@@ -12,6 +12,10 @@
 namespace hoplite {
 namespace {
 std::string bytesOf(const Digest& d) { return std::string(d.begin(), d.end()); }
+// The hello's claim of where the client listens, as the proofs cover it.
+std::string listenClaim(const std::string& host, uint32_t port, uint64_t incarnation) {
+  return host + ':' + std::to_string(port) + '/' + std::to_string(incarnation);
+}
 }  // namespace
 
 void Peers::sendHello(Peer& peer) {
@@ -23,14 +27,21 @@ void Peers::sendHello(Peer& peer) {
   hello.nonce = peer.helloNonce;
   hello.host = config_.host;
   hello.port = static_cast<uint32_t>(port());
-  hello.incarnation = config_.incarnation;
+  hello.incarnation = config_.incarnation;  // (myListenClaim: these three)
   peer.conn->sendControl(wire::MsgType::kHello, wire::encode(hello));
 }
 
 Digest Peers::handshakeProof(const char* role, const std::string& clientNonce, const std::string& serverNonce,
-                             int clientRank, int serverRank) const {
+                             int clientRank, int serverRank, const std::string& clientListen) const {
   return hmacSha256(config_.secret, std::string(role) + '\0' + config_.clusterId + '\0' + clientNonce + serverNonce +
-                                        std::to_string(clientRank) + ':' + std::to_string(serverRank));
+                                        std::to_string(clientRank) + ':' + std::to_string(serverRank) + '\0' +
+                                        clientListen);
+}
+
+std::string Peers::myListenClaim() const { return listenClaim(config_.host, port(), config_.incarnation); }
+
+std::string Peers::listenClaimOf(const Handshake& hs) {
+  return listenClaim(hs.host, static_cast<uint32_t>(hs.port), hs.incarnation);
 }
 
 void Peers::handleHello(Connection& conn, const wire::Hello& msg) {
@@ -49,8 +60,8 @@ void Peers::handleHello(Connection& conn, const wire::Hello& msg) {
   }
   Handshake hs{msg.rank, msg.nonce, randomBytes(wire::kNonceSize), msg.host, static_cast<int>(msg.port),
                msg.incarnation};
-  wire::Challenge challenge{hs.serverNonce,
-                            bytesOf(handshakeProof("server", hs.clientNonce, hs.serverNonce, hs.rank, config_.rank))};
+  wire::Challenge challenge{hs.serverNonce, bytesOf(handshakeProof("server", hs.clientNonce, hs.serverNonce, hs.rank,
+                                                                   config_.rank, listenClaimOf(hs)))};
   handshakes_[conn.id()] = std::move(hs);
   conn.sendControl(wire::MsgType::kChallenge, wire::encode(challenge));
 }
@@ -62,15 +73,18 @@ void Peers::handleChallenge(Connection& conn, const wire::Challenge& msg) {
     return;
   }
   Peer& peer = it->second;
-  if (!equalDigests(handshakeProof("server", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank()), msg.proof)) {
+  if (!equalDigests(handshakeProof("server", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank(), myListenClaim()),
+                    msg.proof)) {
     counters_.handshakesRefused++;
     HLOG(kWarn, "%s does not know the cluster secret: refusing it", peerName(conn.peerRank()).c_str());
-    conn.close(Status(Code::kProtocol, "it failed authentication (a different HOPLITE_SECRET?)"));
+    conn.close(Status(Code::kProtocol,
+                      "it failed authentication (a different HOPLITE_SECRET, or our hello was altered on the way?)"));
     return;
   }
   peer.verified = true;
   conn.markTrusted();  // data frames from it are accepted from now on
-  wire::Auth auth{bytesOf(handshakeProof("client", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank()))};
+  wire::Auth auth{bytesOf(
+      handshakeProof("client", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank(), myListenClaim()))};
   peer.helloNonce.clear();
   conn.sendControl(wire::MsgType::kAuth, wire::encode(auth));
 }
@@ -78,9 +92,12 @@ void Peers::handleChallenge(Connection& conn, const wire::Challenge& msg) {
 void Peers::handleAuth(Connection& conn, const wire::Auth& msg) {
   Handshake hs = std::move(handshakes_[conn.id()]);
   handshakes_.erase(conn.id());
-  if (!equalDigests(handshakeProof("client", hs.clientNonce, hs.serverNonce, hs.rank, config_.rank), msg.proof)) {
+  if (!equalDigests(handshakeProof("client", hs.clientNonce, hs.serverNonce, hs.rank, config_.rank, listenClaimOf(hs)),
+                    msg.proof)) {
     counters_.handshakesRefused++;
-    HLOG(kWarn, "refused connection from %s claiming rank %d: it does not know the cluster secret (HOPLITE_SECRET)",
+    HLOG(kWarn,
+         "refused connection from %s claiming rank %d: it does not know the cluster secret (HOPLITE_SECRET), or its "
+         "hello was altered on the way",
          conn.describe().c_str(), hs.rank);
     conn.close(Status(Code::kProtocol, "authentication failed"));
     return;

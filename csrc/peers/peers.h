@@ -93,7 +93,9 @@ class Peers : public PeerLinks, public ConnectionObserver {
   bool sameHostEnabled() const { return !hostIdentity_.empty(); }
   // The memory of a ready peer on this host that this node can read; null otherwise.
   std::shared_ptr<same_host::PeerMemory> memoryOf(int rank) const;
-  const Counters& counters() const { return counters_; }
+  // Peers that could not prove they know the secret, in the handshake or
+  // before it in the transport (any thread).
+  uint64_t handshakesRefused() const { return counters_.handshakesRefused + transport_->peersRefused(); }
 
   // Shutdown: every connection ends gracefully (what was sent still arrives);
   // then, from the caller's thread, waits up to `lingerSeconds` for peers to
@@ -155,8 +157,12 @@ class Peers : public PeerLinks, public ConnectionObserver {
 
   // --- the handshake (handshake.cpp): see wire::Hello ---
   void sendHello(Peer& peer);
+  // Both proofs cover where the client says it listens (`clientListen`, see
+  // listenClaim), so a hello whose address was altered on the way fails them.
   Digest handshakeProof(const char* role, const std::string& clientNonce, const std::string& serverNonce,
-                        int clientRank, int serverRank) const;
+                        int clientRank, int serverRank, const std::string& clientListen) const;
+  std::string myListenClaim() const;                   // what this node's hellos claim
+  static std::string listenClaimOf(const Handshake& hs);  // what a client's hello claimed
   void handleHello(Connection& conn, const wire::Hello& msg);
   void handleChallenge(Connection& conn, const wire::Challenge& msg);
   void handleAuth(Connection& conn, const wire::Auth& msg);

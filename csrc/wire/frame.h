@@ -13,9 +13,10 @@ namespace hoplite {
 namespace wire {
 
 constexpr uint32_t kMagic = 0x544c5048;  // "HPLT" little-endian
-constexpr uint8_t kVersion = 9;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
-                                 // 5: message kinds; 6: message withdrawal; 7: same-host reads;
-                                 // 8: status kMoved (a copy handed to a get); 9: a lookup's preferred sender
+constexpr uint8_t kVersion = 10;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
+                                  // 5: message kinds; 6: message withdrawal; 7: same-host reads;
+                                  // 8: status kMoved (a copy handed to a get); 9: a lookup's preferred sender;
+                                  // 10: the proofs cover the hello's listen address
 constexpr size_t kHeaderSize = 16;
 constexpr size_t kDataSubheaderSize = 16;
 

@@ -32,7 +32,8 @@ struct Hello {
   std::string cluster;  // id of the cluster this node joined; mismatches are refused
   std::string nonce;    // kNonceSize random bytes
   // Where the client listens: a rank restarted elsewhere is reached there from
-  // now on (applied only once the client proved it knows the secret).
+  // now on (applied only once the client proved it knows the secret; both
+  // proofs cover it).
   std::string host;
   uint32_t port = 0;
   uint64_t incarnation = 0;  // random per process: a new one from the same address is a restart

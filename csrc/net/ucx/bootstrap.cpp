@@ -6,12 +6,15 @@
 #include <cerrno>
 #include <cstring>
 
+#include "wire/messages.h"
+
 namespace hoplite {
 namespace {
 
 constexpr uint32_t kMagic = 0x58435548;  // "HUCX" little-endian
-constexpr uint8_t kVersion = 1;
-constexpr size_t kHead = 4 + 1 + 8 + 4;
+constexpr uint8_t kVersion = 2;
+constexpr size_t kHead = 4 + 1 + 1 + 4;  // magic, version, kind, body length
+constexpr size_t kHelloFixed = 8 + wire::kProofSize;  // connection id, proof; the address follows
 constexpr uint32_t kMaxAddress = 16u << 10;  // UCP worker addresses are hundreds of bytes
 
 template <typename T>
@@ -26,60 +29,43 @@ T read(const std::string& in, size_t at) {
   return value;
 }
 
-// An empty address says the sender could not make its endpoint to us.
-std::string encode(const BootstrapHello& hello) {
-  std::string out;
-  append(out, kMagic);
-  append(out, kVersion);
-  append(out, hello.connectionId);
-  append(out, static_cast<uint32_t>(hello.workerAddress.size()));
-  return out + hello.workerAddress;
-}
-
-// Whether `in` holds a whole hello; a malformed one is an error.
-Status decode(const std::string& in, bool* complete, BootstrapHello* hello) {
-  *complete = false;
-  if (in.size() < kHead) return {};
-  if (read<uint32_t>(in, 0) != kMagic || read<uint8_t>(in, 4) != kVersion) {
-    return Status(Code::kProtocol, "not a hoplite UCX hello");
-  }
-  const uint32_t length = read<uint32_t>(in, 13);
-  if (length > kMaxAddress) return Status(Code::kProtocol, "UCX hello with a bad address length");
-  if (in.size() < kHead + length) return {};
-  if (in.size() > kHead + length) return Status(Code::kProtocol, "bytes after the UCX hello");
-  hello->connectionId = read<uint64_t>(in, 5);
-  hello->workerAddress = in.substr(kHead, length);
-  *complete = true;
-  return {};
-}
-
 }  // namespace
 
-BootstrapExchange::BootstrapExchange(EventLoop& loop, int fd, std::string describe, double timeoutSeconds, Done done)
-    : loop_(loop), fd_(fd), describe_(std::move(describe)), timeoutSeconds_(timeoutSeconds), done_(std::move(done)) {}
+BootstrapExchange::BootstrapExchange(EventLoop& loop, int fd, std::string describe, BootstrapKey key, bool dialer,
+                                     double timeoutSeconds, Done done)
+    : loop_(loop),
+      fd_(fd),
+      describe_(std::move(describe)),
+      key_(std::move(key)),
+      dialer_(dialer),
+      timeoutSeconds_(timeoutSeconds),
+      done_(std::move(done)),
+      connecting_(dialer),
+      expected_(Kind::kNonce),
+      myNonce_(randomBytes(wire::kNonceSize)) {}
 
 BootstrapExchange::~BootstrapExchange() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void BootstrapExchange::dial(EventLoop& loop, int fd, std::string describe, BootstrapHello hello,
+void BootstrapExchange::dial(EventLoop& loop, int fd, std::string describe, BootstrapKey key, BootstrapHello hello,
                              double timeoutSeconds, Done done) {
   std::shared_ptr<BootstrapExchange> exchange(
-      new BootstrapExchange(loop, fd, std::move(describe), timeoutSeconds, std::move(done)));
-  exchange->out_ = encode(hello);
-  exchange->start(true);
+      new BootstrapExchange(loop, fd, std::move(describe), std::move(key), true, timeoutSeconds, std::move(done)));
+  exchange->mine_ = std::move(hello);
+  exchange->queue(Kind::kNonce, exchange->myNonce_);
+  exchange->start();
 }
 
-void BootstrapExchange::respond(EventLoop& loop, int fd, std::string describe, Reply reply, double timeoutSeconds,
-                                Done done) {
+void BootstrapExchange::respond(EventLoop& loop, int fd, std::string describe, BootstrapKey key, Reply reply,
+                                double timeoutSeconds, Done done) {
   std::shared_ptr<BootstrapExchange> exchange(
-      new BootstrapExchange(loop, fd, std::move(describe), timeoutSeconds, std::move(done)));
+      new BootstrapExchange(loop, fd, std::move(describe), std::move(key), false, timeoutSeconds, std::move(done)));
   exchange->reply_ = std::move(reply);
-  exchange->start(false);
+  exchange->start();
 }
 
-void BootstrapExchange::start(bool connecting) {
-  connecting_ = connecting;
+void BootstrapExchange::start() {
   // The loop's handler table holds a plain pointer: this object keeps itself
   // alive (the timer's and the handler's references) until finish().
   auto self = shared_from_this();
@@ -87,10 +73,35 @@ void BootstrapExchange::start(bool connecting) {
     self->timer_ = 0;
     self->finish(Status(Code::kPeerFailed, "no UCX hello from " + self->describe_ + " in time"));
   });
-  // Writable: the dialer's connect is done and its hello can go.
+  // Writable: the dialer's connect is done and its nonce can go.
   if (!loop_.addFd(fd_, EPOLLIN | EPOLLRDHUP | (out_.empty() ? 0 : EPOLLOUT), this)) {
     loop_.post([self] { self->finish(Status(Code::kInternal, "cannot watch the UCX hello's socket")); });
   }
+}
+
+void BootstrapExchange::queue(Kind kind, const std::string& body) {
+  append(out_, kMagic);
+  append(out_, kVersion);
+  append(out_, static_cast<uint8_t>(kind));
+  append(out_, static_cast<uint32_t>(body.size()));
+  out_ += body;
+}
+
+void BootstrapExchange::queueHello(const BootstrapHello& hello) {
+  std::string body;
+  append(body, hello.connectionId);
+  const Digest digest = proof(dialer_, hello);
+  body.append(reinterpret_cast<const char*>(digest.data()), digest.size());
+  queue(Kind::kHello, body + hello.workerAddress);
+}
+
+Digest BootstrapExchange::proof(bool ofDialer, const BootstrapHello& hello) const {
+  const std::string& dialerNonce = dialer_ ? myNonce_ : peerNonce_;
+  const std::string& responderNonce = dialer_ ? peerNonce_ : myNonce_;
+  std::string message = std::string(ofDialer ? "ucx-dialer" : "ucx-responder") + '\0' + key_.clusterId + '\0' +
+                        dialerNonce + responderNonce;
+  append(message, hello.connectionId);
+  return hmacSha256(key_.secret, message + hello.workerAddress);
 }
 
 void BootstrapExchange::handleEvents(uint32_t events) {
@@ -121,8 +132,8 @@ void BootstrapExchange::writeSome() {
     }
     out_.erase(0, static_cast<size_t>(wrote));
   }
-  if (out_.empty() && gotHello_) {
-    finish({});  // the responder: its reply is out
+  if (out_.empty() && finishWhenSent_) {
+    finish(finishStatus_, finishRefused_);  // the responder: its hello (or refusal) is out
     return;
   }
   loop_.modifyFd(fd_, EPOLLIN | EPOLLRDHUP | (out_.empty() ? 0 : EPOLLOUT), this);
@@ -130,7 +141,7 @@ void BootstrapExchange::writeSome() {
 
 void BootstrapExchange::readSome() {
   char buf[4096];
-  while (fd_ >= 0 && !gotHello_) {
+  while (fd_ >= 0 && !finishWhenSent_) {
     const ssize_t got = ::recv(fd_, buf, sizeof buf, 0);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
@@ -139,24 +150,79 @@ void BootstrapExchange::readSome() {
       return;
     }
     in_.append(buf, static_cast<size_t>(got));
-    bool complete = false;
-    Status s = decode(in_, &complete, &peer_);
-    if (!s.ok()) {
-      finish(Status(s.code, s.message + " from " + describe_));
-      return;
+    while (in_.size() >= kHead) {
+      if (read<uint32_t>(in_, 0) != kMagic || read<uint8_t>(in_, 4) != kVersion) {
+        finish(Status(Code::kProtocol, "not a hoplite UCX hello from " + describe_));
+        return;
+      }
+      const auto kind = static_cast<Kind>(read<uint8_t>(in_, 5));
+      const uint32_t length = read<uint32_t>(in_, 6);
+      if (length > kHelloFixed + kMaxAddress) {
+        finish(Status(Code::kProtocol, "UCX hello with a bad length from " + describe_));
+        return;
+      }
+      if (in_.size() < kHead + length) break;
+      std::string body = in_.substr(kHead, length);
+      in_.erase(0, kHead + length);
+      if (!onMessage(kind, body)) return;
     }
-    if (!complete) continue;
-    gotHello_ = true;
-    if (!reply_) {
-      finish({});  // the dialer: its hello went first
-      return;
-    }
-    out_ = encode(reply_(peer_));
-    writeSome();
   }
 }
 
-void BootstrapExchange::finish(const Status& why) {
+bool BootstrapExchange::onMessage(Kind kind, const std::string& body) {
+  if (dialer_ && kind == Kind::kRefused && expected_ == Kind::kHello) {
+    finish(Status(Code::kProtocol, describe_ + " refused this node's UCX hello: authentication failed (a different "
+                                               "HOPLITE_SECRET?)"),
+           true);
+    return false;
+  }
+  const bool wellFormed = kind == expected_ && (kind == Kind::kNonce ? body.size() == wire::kNonceSize
+                                                                      : body.size() >= kHelloFixed);
+  if (!wellFormed || (kind == Kind::kHello && !in_.empty())) {
+    finish(Status(Code::kProtocol, "malformed or unexpected UCX hello from " + describe_));
+    return false;
+  }
+  if (kind == Kind::kNonce) {
+    peerNonce_ = body;
+    expected_ = Kind::kHello;
+    // The dialer proves itself first; the responder answers a nonce with one.
+    if (dialer_) {
+      queueHello(mine_);
+    } else {
+      queue(Kind::kNonce, myNonce_);
+    }
+    writeSome();
+    return fd_ >= 0;
+  }
+  peer_.connectionId = read<uint64_t>(body, 0);
+  peer_.workerAddress = body.substr(kHelloFixed);
+  if (!equalDigests(proof(!dialer_, peer_), body.substr(8, wire::kProofSize))) {
+    Status why(Code::kProtocol, "UCX hello from " + describe_ + " failed authentication (a different HOPLITE_SECRET?)");
+    if (dialer_) {
+      finish(why, true);
+    } else {  // told, so that the dialer can say why rather than "closed"
+      queue(Kind::kRefused, "");
+      finishWhenSent(why, true);
+    }
+    return false;
+  }
+  if (dialer_) {
+    finish({});  // its hello went before the responder's
+  } else {
+    queueHello(reply_(peer_));
+    finishWhenSent({}, false);
+  }
+  return false;
+}
+
+void BootstrapExchange::finishWhenSent(const Status& why, bool refused) {
+  finishWhenSent_ = true;
+  finishStatus_ = why;
+  finishRefused_ = refused;
+  writeSome();
+}
+
+void BootstrapExchange::finish(const Status& why, bool refused) {
   if (!done_) return;
   auto self = shared_from_this();
   if (timer_ != 0) loop_.cancelTimer(timer_);
@@ -168,7 +234,7 @@ void BootstrapExchange::finish(const Status& why) {
   }
   Done done = std::move(done_);
   done_ = nullptr;
-  done(why, std::move(peer_));
+  done(why, std::move(peer_), refused);
 }
 
 }  // namespace hoplite

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -23,6 +24,10 @@ namespace {
 // Long enough for a loaded peer; a stranger that says nothing is dropped then.
 constexpr double kHelloTimeoutSeconds = 10.0;
 
+using RefusedCount = std::shared_ptr<std::atomic<uint64_t>>;
+
+BootstrapKey keyOf(const UcxWorker& worker) { return {worker.options().secret, worker.options().clusterId}; }
+
 // An endpoint to the worker whose address the peer's hello gave, with peer
 // error handling: a peer that dies or closes is reported, not waited for.
 ucs_status_t endpointTo(UcxWorker& worker, const std::string& address, ucp_ep_h* ep) {
@@ -39,8 +44,9 @@ ucs_status_t endpointTo(UcxWorker& worker, const std::string& address, ucp_ep_h*
 class UcxListener : public Listener {
  public:
   UcxListener(std::shared_ptr<UcxWorker> worker, const std::string& host, int port, ConnectionObserver* observer,
-              AcceptCallback onAccept)
+              AcceptCallback onAccept, RefusedCount refused)
       : worker_(std::move(worker)),
+        refused_(std::move(refused)),
         host_(host),
         observer_(observer),
         onAccept_(std::move(onAccept)),
@@ -51,11 +57,12 @@ class UcxListener : public Listener {
   void close() override { acceptor_.close(); }
 
  private:
-  // The peer's hello first: the connection and its endpoint exist, and take
-  // messages, before this side's hello tells the peer it may send.
+  // The peer's proven hello first: the connection and its endpoint exist, and
+  // take messages, before this side's hello tells the peer it may send.
   void respond(int fd, const std::string& peer) {
     auto conn = std::make_shared<UcxConnection>(worker_, peer, observer_);
     auto reply = [worker = worker_, conn, peer](const BootstrapHello& hello) {
+      if (hello.workerAddress.empty()) return BootstrapHello{};  // nothing to reach: an empty hello, the peer gives up
       ucp_ep_h ep = nullptr;
       const ucs_status_t status = endpointTo(*worker, hello.workerAddress, &ep);
       if (status != UCS_OK) {
@@ -65,17 +72,24 @@ class UcxListener : public Listener {
       conn->attach(ep, hello.connectionId);
       return BootstrapHello{conn->localId(), worker->address()};
     };
-    auto done = [conn, onAccept = onAccept_](const Status& why, const BootstrapHello&) {
+    auto done = [conn, onAccept = onAccept_, refused = refused_](const Status& why, const BootstrapHello&,
+                                                                  bool wrongProof) {
       if (why.ok() && conn->wasEstablished()) {
         onAccept(conn);
-      } else {
-        conn->abort();  // never handed to the node: nobody to tell
+        return;
       }
+      if (wrongProof) {
+        ++*refused;
+        HLOG(kWarn, "%s", why.message.c_str());
+      }
+      conn->abort();  // never handed to the node: nobody to tell
     };
-    BootstrapExchange::respond(worker_->loop(), fd, peer, std::move(reply), kHelloTimeoutSeconds, std::move(done));
+    BootstrapExchange::respond(worker_->loop(), fd, peer, keyOf(*worker_), std::move(reply), kHelloTimeoutSeconds,
+                               std::move(done));
   }
 
   std::shared_ptr<UcxWorker> worker_;
+  RefusedCount refused_;
   std::string host_;
   ConnectionObserver* observer_;
   AcceptCallback onAccept_;
@@ -96,7 +110,7 @@ class UcxTransport : public Transport {
 
   std::unique_ptr<Listener> listen(const std::string& host, int port, ConnectionObserver* observer,
                                    AcceptCallback onAccept) override {
-    return std::make_unique<UcxListener>(worker_, host, port, observer, std::move(onAccept));
+    return std::make_unique<UcxListener>(worker_, host, port, observer, std::move(onAccept), refused_);
   }
 
   // Must be called on the loop thread.
@@ -113,8 +127,14 @@ class UcxTransport : public Transport {
       worker_->loop().post([conn, why] { conn->close(why); });
       return conn;
     }
-    auto done = [worker = worker_, conn, where](const Status& why, const BootstrapHello& hello) {
+    auto done = [worker = worker_, conn, where, refused = refused_](const Status& why, const BootstrapHello& hello,
+                                                                     bool wrongProof) {
+      if (wrongProof) ++*refused;
       if (!conn->isOpen()) return;  // closed meanwhile
+      if (wrongProof) {
+        conn->closeRefused(why);  // final: dialing again would be refused again
+        return;
+      }
       if (!why.ok()) {
         conn->close(why);  // not established: the node may dial again
         return;
@@ -131,13 +151,16 @@ class UcxTransport : public Transport {
       }
       conn->attach(ep, hello.connectionId);
     };
-    BootstrapExchange::dial(worker_->loop(), fd, where, BootstrapHello{conn->localId(), worker_->address()},
-                            kHelloTimeoutSeconds, std::move(done));
+    BootstrapExchange::dial(worker_->loop(), fd, where, keyOf(*worker_),
+                            BootstrapHello{conn->localId(), worker_->address()}, kHelloTimeoutSeconds, std::move(done));
     return conn;
   }
 
+  uint64_t peersRefused() const override { return *refused_; }
+
  private:
   std::shared_ptr<UcxWorker> worker_;
+  RefusedCount refused_ = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 [[maybe_unused]] const bool kRegistered = registerTransport("ucx", [](EventLoop& loop, const TransportOptions& options) {
