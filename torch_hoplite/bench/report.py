@@ -34,6 +34,7 @@ SAME_HOST = "collectives_same_host.json"
 P2P = "p2p.json"
 P2P_UCX = "p2p_ucx.json"  # the UCX transport against ours, loopback, UCX_TLS=tcp
 P2P_UCX_H100 = "p2p_ucx_h100.json"  # the same on the 16 cores of the GPU machine, UCX 1.22, without gloo
+P2P_UCX_H100_BEFORE = "p2p_ucx_h100_dc298f9.json"  # that, before frames were delivered between progress calls
 # The emulated cluster, the same command with --transport tcp and then ucx ({} = the transport).
 UCX_EMULATED = "ucx_vs_tcp_{}_emulated_1gbit.json"
 RPC = "rpc_emulated_1gbit.json"
@@ -595,6 +596,7 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("README", "how-fast", readme_lines),
     ("BENCH_README", "p2p", p2p_table),
     ("BENCH_README", "ucx-p2p", functools.partial(ucx_p2p_table, P2P_UCX)),
+    ("BENCH_README", "ucx-p2p-h100-before", functools.partial(ucx_p2p_table, P2P_UCX_H100_BEFORE)),
     ("BENCH_README", "ucx-p2p-h100", functools.partial(ucx_p2p_table, P2P_UCX_H100)),
     ("BENCH_README", "ucx-emulated", ucx_emulated_table),
     ("BENCH_README", "same-host", same_host_table),
