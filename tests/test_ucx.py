@@ -30,6 +30,8 @@ OVER_UCX = [
     "tests/test_broadcast.py",
     "tests/test_reduce.py",
     "tests/test_peer_failure.py",
+    "tests/test_heartbeat.py",
+    "tests/test_rejoin.py",
     "tests/test_lifecycle.py",
     "tests/test_c10d_backend.py",
     "tests/test_bad_peers.py::test_nodes_with_different_secrets_cannot_talk",

@@ -49,10 +49,11 @@ BootstrapExchange::~BootstrapExchange() {
 }
 
 void BootstrapExchange::dial(EventLoop& loop, int fd, std::string describe, BootstrapKey key, BootstrapHello hello,
-                             double timeoutSeconds, Done done) {
+                             double timeoutSeconds, std::function<void()> connected, Done done) {
   std::shared_ptr<BootstrapExchange> exchange(
       new BootstrapExchange(loop, fd, std::move(describe), std::move(key), true, timeoutSeconds, std::move(done)));
   exchange->mine_ = std::move(hello);
+  exchange->connected_ = std::move(connected);
   exchange->queue(Kind::kNonce, exchange->myNonce_);
   exchange->start();
 }
@@ -116,6 +117,7 @@ void BootstrapExchange::handleEvents(uint32_t events) {
       return;
     }
     connecting_ = false;
+    if (connected_) connected_();
   }
   if (!out_.empty()) writeSome();
   if (fd_ >= 0 && (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) readSome();

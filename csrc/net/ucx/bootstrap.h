@@ -47,9 +47,10 @@ class BootstrapExchange : public EventHandler, public std::enable_shared_from_th
   using Done = std::function<void(const Status&, BootstrapHello peer, bool refused)>;
   using Reply = std::function<BootstrapHello(const BootstrapHello& peer)>;
   // Both keep the exchange alive themselves until `done` is called.
-  // `dial`: the connecting side, whose nonce goes first.
+  // `dial`: the connecting side, whose nonce goes first; `connected` is
+  // called once its TCP connect completes (the peer's host accepted it).
   static void dial(EventLoop& loop, int fd, std::string describe, BootstrapKey key, BootstrapHello hello,
-                   double timeoutSeconds, Done done);
+                   double timeoutSeconds, std::function<void()> connected, Done done);
   // `respond`: the accepting side, which asks `reply` for its hello once the
   // peer's hello proved it knows the secret; `done` follows once that is sent.
   static void respond(EventLoop& loop, int fd, std::string describe, BootstrapKey key, Reply reply,
@@ -83,6 +84,7 @@ class BootstrapExchange : public EventHandler, public std::enable_shared_from_th
   double timeoutSeconds_;
   Done done_;
   Reply reply_;
+  std::function<void()> connected_;
   BootstrapHello mine_;       // the dialer's, sent once the responder's nonce is in
   bool connecting_ = false;   // the dialer until its connect completes
   Kind expected_;             // the peer's next message

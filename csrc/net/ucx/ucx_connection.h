@@ -34,12 +34,9 @@ class UcxConnection : public Connection, public std::enable_shared_from_this<Ucx
   // The endpoint to the peer (made with the worker's error handler) and the
   // peer's id of the connection: established; what waited is sent.
   void attach(ucp_ep_h ep, uint64_t remoteId);
-  // The bootstrap failed because the secrets differ: closed as a peer that
-  // is there and refuses us (wasEstablished), not one that is not up yet.
-  void closeRefused(const Status& why) {
-    refusedByPeer_ = true;
-    close(why);
-  }
+  // The bootstrap's TCP connect completed: a close from now on means the
+  // peer is there and went away or refused us, not that it is not up yet.
+  void markReached() { reached_ = true; }
 
   void sendControl(wire::MsgType type, std::string payload) override;
   void sendData(uint64_t flow, uint64_t request, uint64_t offset, const uint8_t* data, size_t size,
@@ -49,8 +46,8 @@ class UcxConnection : public Connection, public std::enable_shared_from_this<Ucx
   void closeGracefully(const Status& why) override;
   bool isOpen() const override { return !closed_; }
   bool isEnding() const override { return ending_; }
-  // Also when the peer refused this node in the bootstrap: it is there.
-  bool wasEstablished() const override { return established_ || refusedByPeer_; }
+  // As TCP's: once the connect completed, before the hellos too.
+  bool wasEstablished() const override { return established_ || reached_; }
   std::string describe() const override;
   void markTrusted() override { trusted_ = true; }
 
@@ -100,7 +97,7 @@ class UcxConnection : public Connection, public std::enable_shared_from_this<Ucx
   uint64_t localId_;
   uint64_t remoteId_ = 0;
   bool established_ = false;  // the hellos were exchanged and the endpoint made
-  bool refusedByPeer_ = false;  // the bootstrap failed on the secret: not worth dialing again
+  bool reached_ = false;       // the bootstrap's TCP connect completed
   bool trusted_ = false;
   bool closed_ = false;
   bool ending_ = false;

@@ -131,12 +131,8 @@ class UcxTransport : public Transport {
                                                                      bool wrongProof) {
       if (wrongProof) ++*refused;
       if (!conn->isOpen()) return;  // closed meanwhile
-      if (wrongProof) {
-        conn->closeRefused(why);  // final: dialing again would be refused again
-        return;
-      }
       if (!why.ok()) {
-        conn->close(why);  // not established: the node may dial again
+        conn->close(why);  // the node dials again only if the peer was never reached
         return;
       }
       if (hello.workerAddress.empty()) {
@@ -152,7 +148,8 @@ class UcxTransport : public Transport {
       conn->attach(ep, hello.connectionId);
     };
     BootstrapExchange::dial(worker_->loop(), fd, where, keyOf(*worker_),
-                            BootstrapHello{conn->localId(), worker_->address()}, kHelloTimeoutSeconds, std::move(done));
+                            BootstrapHello{conn->localId(), worker_->address()}, kHelloTimeoutSeconds,
+                            [conn] { conn->markReached(); }, std::move(done));
     return conn;
   }
 
