@@ -259,7 +259,8 @@ def main() -> None:
          ("GB/s", "gbps", ".2f"), ("x gloo time", "time_vs_gloo", ".2f"), ("cpu cores", "cpu_cores", ".2f"),
          ("path", "path", "")],
     )
-    settings = {"sizes": sizes, "systems": systems, "warmup": args.warmup, "min_trials": args.trials}
+    settings = {"sizes": sizes, "systems": systems, "warmup": args.warmup, "min_trials": args.trials,
+                "ucx_env": {k: v for k, v in os.environ.items() if k.startswith("UCX_")}}
     common.write_json(args.out + ".json", "p2p", records, settings)
     plot(records, args.out + ".png")
     print(f"wrote {args.out}.json and {args.out}.png")

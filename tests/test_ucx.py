@@ -69,28 +69,32 @@ def test_tcp_options_are_refused_over_ucx():
 
 
 def _message(kind: int, body: bytes) -> bytes:
-    """A UCX bootstrap message (net/ucx/bootstrap.cpp): magic, version 2, kind, length, body."""
-    return struct.pack("<IBBI", 0x58435548, 2, kind, len(body)) + body
+    """A UCX bootstrap message (net/ucx/bootstrap.cpp): magic, version 3, kind, length, body."""
+    return struct.pack("<IBBI", 0x58435548, 3, kind, len(body)) + body
 
 
 def _read_message(s: socket.socket) -> tuple[int, bytes]:
     magic, version, kind, length = struct.unpack("<IBBI", recv_exactly(s, 10))
-    assert (magic, version) == (0x58435548, 2)
+    assert (magic, version) == (0x58435548, 3)
     return kind, recv_exactly(s, length)
 
 
 def _bootstrap_proof(secret: bytes, role: bytes, cluster: bytes, dialer_nonce: bytes, responder_nonce: bytes,
-                     connection_id: int, address: bytes) -> bytes:
-    message = role + b"\0" + cluster + b"\0" + dialer_nonce + responder_nonce + struct.pack("<Q", connection_id)
-    return hmac.new(secret, message + address, hashlib.sha256).digest()
+                     tail: bytes = b"") -> bytes:
+    message = role + b"\0" + cluster + b"\0" + dialer_nonce + responder_nonce + tail
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def _hello_tail(connection_id: int, address: bytes) -> bytes:
+    return struct.pack("<Q", connection_id) + address
 
 
 @needs_ucx
 def test_the_bootstrap_tells_nothing_to_a_stranger_and_refuses_it(monkeypatch):
-    """A stranger dialing the UCX bootstrap gets a nonce and no worker address;
-    its hello with a proof under another secret is refused (it is told, then
-    dropped) and counted, and the node makes no endpoint for it. A hello proved with the secret gets the
-    node's hello, whose proof checks under the secret."""
+    """A stranger dialing the UCX bootstrap gets a nonce with the node's proof
+    and no worker address; its hello with a proof under another secret is
+    refused (it is told, then dropped) and counted. A hello proved with the
+    secret gets the node's hello, whose proof checks under the secret."""
     monkeypatch.setenv("UCX_TLS", "tcp")
     c = Cluster(2, options={"transport": "ucx", "same_host": False}, env={"UCX_TLS": "tcp"})
     try:
@@ -102,10 +106,13 @@ def test_the_bootstrap_tells_nothing_to_a_stranger_and_refuses_it(monkeypatch):
             with socket.create_connection((host, port), timeout=10) as s:
                 nonce = os.urandom(16)
                 s.sendall(_message(1, nonce))
-                kind, node_nonce = _read_message(s)
-                assert kind == 1 and len(node_nonce) == 16
+                kind, body = _read_message(s)
+                assert kind == 1 and len(body) == 48
+                # The node's nonce, and its proof that it knows the secret (a member checks it before it says more).
+                node_nonce = body[:16]
+                assert body[16:] == _bootstrap_proof(secret, b"ucx-responder-nonce", cluster, nonce, node_nonce)
                 address = b""  # (a member's would be its worker's; UCX would parse it)
-                proof = _bootstrap_proof(key, b"ucx-dialer", cluster, nonce, node_nonce, 7, address)
+                proof = _bootstrap_proof(key, b"ucx-dialer", cluster, nonce, node_nonce, _hello_tail(7, address))
                 s.sendall(_message(2, struct.pack("<Q", 7) + proof + address))
                 if not accepted:
                     assert _read_message(s) == (3, b"")  # refused, and told so
@@ -118,8 +125,8 @@ def test_the_bootstrap_tells_nothing_to_a_stranger_and_refuses_it(monkeypatch):
                 assert kind == 2
                 (node_id,), node_proof, node_address = struct.unpack("<Q", body[:8]), body[8:40], body[40:]
                 assert node_address == b""
-                assert node_proof == _bootstrap_proof(secret, b"ucx-responder", cluster, nonce, node_nonce, node_id,
-                                                      node_address)
+                assert node_proof == _bootstrap_proof(secret, b"ucx-responder", cluster, nonce, node_nonce,
+                                                      _hello_tail(node_id, node_address))
         assert hop.stats()["handshakes_refused"] == refused_before + 1
         ref = c.call(1, workers.put, torch.arange(10.0), "after-stranger")
         assert torch.equal(hop.get(ref, timeout=30).wait(), torch.arange(10.0))

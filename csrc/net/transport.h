@@ -105,8 +105,10 @@ class Transport {
                                            AcceptCallback onAccept) = 0;
   // Starts connecting; failures arrive as observer->onClosed.
   virtual std::shared_ptr<Connection> connect(const std::string& host, int port, ConnectionObserver* observer) = 0;
-  // Peers refused before the node's handshake for not knowing the secret
-  // (any thread).
+  // Connections that failed before the node's handshake because the
+  // secrets differ: this side found the peer's proof wrong, or was refused
+  // (unlike the handshake, which counts on the side that checks a proof
+  // only). Any thread.
   virtual uint64_t peersRefused() const { return 0; }
 };
 

@@ -27,7 +27,8 @@ void Peers::sendHello(Peer& peer) {
   hello.nonce = peer.helloNonce;
   hello.host = config_.host;
   hello.port = static_cast<uint32_t>(port());
-  hello.incarnation = config_.incarnation;  // (myListenClaim: these three)
+  hello.incarnation = config_.incarnation;
+  peer.helloListen = listenClaim(hello.host, hello.port, hello.incarnation);  // what our proof will cover
   peer.conn->sendControl(wire::MsgType::kHello, wire::encode(hello));
 }
 
@@ -37,8 +38,6 @@ Digest Peers::handshakeProof(const char* role, const std::string& clientNonce, c
                                         std::to_string(clientRank) + ':' + std::to_string(serverRank) + '\0' +
                                         clientListen);
 }
-
-std::string Peers::myListenClaim() const { return listenClaim(config_.host, port(), config_.incarnation); }
 
 std::string Peers::listenClaimOf(const Handshake& hs) {
   return listenClaim(hs.host, static_cast<uint32_t>(hs.port), hs.incarnation);
@@ -73,7 +72,7 @@ void Peers::handleChallenge(Connection& conn, const wire::Challenge& msg) {
     return;
   }
   Peer& peer = it->second;
-  if (!equalDigests(handshakeProof("server", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank(), myListenClaim()),
+  if (!equalDigests(handshakeProof("server", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank(), peer.helloListen),
                     msg.proof)) {
     counters_.handshakesRefused++;
     HLOG(kWarn, "%s does not know the cluster secret: refusing it", peerName(conn.peerRank()).c_str());
@@ -84,8 +83,9 @@ void Peers::handleChallenge(Connection& conn, const wire::Challenge& msg) {
   peer.verified = true;
   conn.markTrusted();  // data frames from it are accepted from now on
   wire::Auth auth{bytesOf(
-      handshakeProof("client", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank(), myListenClaim()))};
+      handshakeProof("client", peer.helloNonce, msg.nonce, config_.rank, conn.peerRank(), peer.helloListen))};
   peer.helloNonce.clear();
+  peer.helloListen.clear();
   conn.sendControl(wire::MsgType::kAuth, wire::encode(auth));
 }
 

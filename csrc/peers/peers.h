@@ -128,7 +128,8 @@ class Peers : public PeerLinks, public ConnectionObserver {
     double backoff = 0.05;
     bool lost = false;      // was reachable once and failed since: no retrying
     double lastHeard = 0;   // any frame on the connection, for heartbeats
-    std::string helloNonce;  // ours, until the peer's challenge is verified
+    std::string helloNonce;   // ours, until the peer's challenge is verified
+    std::string helloListen;  // the listen address our hello claimed, as the proofs cover it
     bool verified = false;   // the peer proved it knows the secret
     uint64_t incoming = 0;   // id of the latest connection it opened to us
     uint64_t incarnation = 0;  // of its process, from its hello (0: not heard yet)
@@ -157,11 +158,10 @@ class Peers : public PeerLinks, public ConnectionObserver {
 
   // --- the handshake (handshake.cpp): see wire::Hello ---
   void sendHello(Peer& peer);
-  // Both proofs cover where the client says it listens (`clientListen`, see
-  // listenClaim), so a hello whose address was altered on the way fails them.
+  // Both proofs cover where the client says it listens (`clientListen`,
+  // "host:port/incarnation"), so a hello whose address was altered on the way fails them.
   Digest handshakeProof(const char* role, const std::string& clientNonce, const std::string& serverNonce,
                         int clientRank, int serverRank, const std::string& clientListen) const;
-  std::string myListenClaim() const;                   // what this node's hellos claim
   static std::string listenClaimOf(const Handshake& hs);  // what a client's hello claimed
   void handleHello(Connection& conn, const wire::Hello& msg);
   void handleChallenge(Connection& conn, const wire::Challenge& msg);

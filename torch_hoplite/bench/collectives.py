@@ -540,7 +540,7 @@ def main() -> None:
                         help="seconds every rank of every system waits between the barrier and its timed call, so "
                              "that all have left the barrier before any starts (emulated nodes share this host's "
                              "cores: a rank that starts early slows the others' exit from the barrier); default 0")
-    parser.add_argument("--transport", default="tcp", choices=["tcp", "ucx"],
+    parser.add_argument("--transport", default=os.environ.get("HOPLITE_TRANSPORT", "tcp"), choices=["tcp", "ucx"],
                         help="what carries the torch_hoplite systems' bytes (gloo's are always its own TCP)")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--master", default="127.0.0.1", help=argparse.SUPPRESS)

@@ -79,6 +79,7 @@ class Result:
             data = json.load(f)
         self.records: list[dict] = data["records"]
         self.machine: dict = data.get("machine", {})
+        self.settings: dict = data.get("settings", {})
 
     def source(self) -> str:
         return f"`results/{self.name}` ({self.machine.get('date', '?')[:10]}, {self.machine.get('commit', '?')})"
@@ -250,6 +251,9 @@ def ucx_p2p_table(name: str) -> list[str]:
 def ucx_emulated_table() -> list[str]:
     """Time over the ideal of torch_hoplite over our TCP and over UCX, by op, N and size, each with its run's gloo."""
     tcp, ucx = result(UCX_EMULATED.format("tcp")), result(UCX_EMULATED.format("ucx"))
+    for run, transport in ((tcp, "tcp"), (ucx, "ucx")):
+        if run.settings.get("transport") != transport:
+            raise ValueError(f"{run.name}: ran over {run.settings.get('transport')}, not {transport}")
     sizes = sorted({r["size_bytes"] for r in tcp.records})
     lines = _head(["op", "N"] + [f"{_size(s)}: {col}" for s in sizes
                                 for col in ("our TCP", "UCX", "UCX / TCP time", "gloo (TCP run / UCX run)")])

@@ -12,7 +12,7 @@ namespace hoplite {
 namespace {
 
 constexpr uint32_t kMagic = 0x58435548;  // "HUCX" little-endian
-constexpr uint8_t kVersion = 2;
+constexpr uint8_t kVersion = 3;
 constexpr size_t kHead = 4 + 1 + 1 + 4;  // magic, version, kind, body length
 constexpr size_t kHelloFixed = 8 + wire::kProofSize;  // connection id, proof; the address follows
 constexpr uint32_t kMaxAddress = 16u << 10;  // UCP worker addresses are hundreds of bytes
@@ -72,7 +72,11 @@ void BootstrapExchange::start() {
   auto self = shared_from_this();
   timer_ = loop_.addTimer(timeoutSeconds_, [self] {
     self->timer_ = 0;
-    self->finish(Status(Code::kPeerFailed, "no UCX hello from " + self->describe_ + " in time"));
+    if (self->finishWhenSent_) {  // the peer does not read our last message: what it said stands
+      self->finish(self->finishStatus_, self->finishRefused_);
+    } else {
+      self->finish(Status(Code::kPeerFailed, "no UCX hello from " + self->describe_ + " in time"));
+    }
   });
   // Writable: the dialer's connect is done and its nonce can go.
   if (!loop_.addFd(fd_, EPOLLIN | EPOLLRDHUP | (out_.empty() ? 0 : EPOLLOUT), this)) {
@@ -91,18 +95,22 @@ void BootstrapExchange::queue(Kind kind, const std::string& body) {
 void BootstrapExchange::queueHello(const BootstrapHello& hello) {
   std::string body;
   append(body, hello.connectionId);
-  const Digest digest = proof(dialer_, hello);
+  const Digest digest = helloProof(dialer_, hello);
   body.append(reinterpret_cast<const char*>(digest.data()), digest.size());
   queue(Kind::kHello, body + hello.workerAddress);
 }
 
-Digest BootstrapExchange::proof(bool ofDialer, const BootstrapHello& hello) const {
+Digest BootstrapExchange::proof(const char* role, const std::string& tail) const {
   const std::string& dialerNonce = dialer_ ? myNonce_ : peerNonce_;
   const std::string& responderNonce = dialer_ ? peerNonce_ : myNonce_;
-  std::string message = std::string(ofDialer ? "ucx-dialer" : "ucx-responder") + '\0' + key_.clusterId + '\0' +
-                        dialerNonce + responderNonce;
-  append(message, hello.connectionId);
-  return hmacSha256(key_.secret, message + hello.workerAddress);
+  return hmacSha256(key_.secret,
+                    std::string(role) + '\0' + key_.clusterId + '\0' + dialerNonce + responderNonce + tail);
+}
+
+Digest BootstrapExchange::helloProof(bool ofDialer, const BootstrapHello& hello) const {
+  std::string tail;
+  append(tail, hello.connectionId);
+  return proof(ofDialer ? "ucx-dialer" : "ucx-responder", tail + hello.workerAddress);
 }
 
 void BootstrapExchange::handleEvents(uint32_t events) {
@@ -129,7 +137,11 @@ void BootstrapExchange::writeSome() {
     if (wrote < 0 && errno == EINTR) continue;
     if (wrote < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     if (wrote < 0) {
-      finish(Status(Code::kPeerFailed, "send the UCX hello to " + describe_ + ": " + std::strerror(errno)));
+      if (finishWhenSent_) {  // what the last message said stands (a refusal is counted all the same)
+        finish(finishStatus_, finishRefused_);
+      } else {
+        finish(Status(Code::kPeerFailed, "send the UCX hello to " + describe_ + ": " + std::strerror(errno)));
+      }
       return;
     }
     out_.erase(0, static_cast<size_t>(wrote));
@@ -178,27 +190,35 @@ bool BootstrapExchange::onMessage(Kind kind, const std::string& body) {
            true);
     return false;
   }
-  const bool wellFormed = kind == expected_ && (kind == Kind::kNonce ? body.size() == wire::kNonceSize
-                                                                      : body.size() >= kHelloFixed);
+  // The responder's nonce carries its proof over both nonces.
+  const size_t nonceSize = wire::kNonceSize + (dialer_ ? wire::kProofSize : 0);
+  const bool wellFormed =
+      kind == expected_ && (kind == Kind::kNonce ? body.size() == nonceSize : body.size() >= kHelloFixed);
   if (!wellFormed || (kind == Kind::kHello && !in_.empty())) {
     finish(Status(Code::kProtocol, "malformed or unexpected UCX hello from " + describe_));
     return false;
   }
   if (kind == Kind::kNonce) {
-    peerNonce_ = body;
+    peerNonce_ = body.substr(0, wire::kNonceSize);
     expected_ = Kind::kHello;
-    // The dialer proves itself first; the responder answers a nonce with one.
-    if (dialer_) {
+    if (dialer_) {  // the responder proves itself before the dialer tells its address
+      if (!equalDigests(proof("ucx-responder-nonce", ""), body.substr(wire::kNonceSize))) {
+        finish(Status(Code::kProtocol, "the node at " + describe_ +
+                                           " failed authentication (a different HOPLITE_SECRET?)"),
+               true);
+        return false;
+      }
       queueHello(mine_);
     } else {
-      queue(Kind::kNonce, myNonce_);
+      const Digest digest = proof("ucx-responder-nonce", "");
+      queue(Kind::kNonce, myNonce_ + std::string(reinterpret_cast<const char*>(digest.data()), digest.size()));
     }
     writeSome();
     return fd_ >= 0;
   }
   peer_.connectionId = read<uint64_t>(body, 0);
   peer_.workerAddress = body.substr(kHelloFixed);
-  if (!equalDigests(proof(!dialer_, peer_), body.substr(8, wire::kProofSize))) {
+  if (!equalDigests(helloProof(!dialer_, peer_), body.substr(8, wire::kProofSize))) {
     Status why(Code::kProtocol, "UCX hello from " + describe_ + " failed authentication (a different HOPLITE_SECRET?)");
     if (dialer_) {
       finish(why, true);

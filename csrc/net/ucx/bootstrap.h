@@ -1,13 +1,13 @@
 // How two UCX workers meet: over a short-lived TCP connection to the node's
 // listening address, four messages, two each way:
 //   dialer → responder   a nonce
-//   responder → dialer   a nonce
+//   responder → dialer   a nonce, and a proof over both
 //   dialer → responder   its hello: its id of the connection, its UCP worker address, a proof
 //   responder → dialer   its hello, the same (or, for a wrong proof, a refusal)
-// A proof is an HMAC under the cluster's secret over both nonces and the
-// hello, so neither side tells its worker address to, or makes an endpoint to
-// the address of, a peer that has not proved it knows the secret, and a proof
-// cannot be replayed on another exchange. Then each side makes an endpoint to
+// A proof is an HMAC under the cluster's secret over both nonces (and the
+// hello), so neither side tells its worker address to, or makes an endpoint
+// to the address of, a peer that has not proved it knows the secret, and a
+// proof cannot be replayed on another exchange. Then each side makes an endpoint to
 // the other's address, and the node's own handshake follows over UCX.
 // (UCX's own connection manager, ucp_listener and client-server endpoints,
 // crashed on its async thread when peers left at the same moment, with UCX
@@ -40,8 +40,8 @@ struct BootstrapKey {
 // Calls `done` exactly once, with the peer's hello, or with why it failed (the
 // peer closed, a malformed message, a wrong proof either way, or
 // `timeoutSeconds` passed); `refused` is true exactly when the secrets
-// differed (a wrong proof received, or a refusal of ours). The socket is
-// closed before `done` is called.
+// differed: this side found the peer's proof wrong, or (the dialer) the peer
+// refused its hello. The socket is closed before `done` is called.
 class BootstrapExchange : public EventHandler, public std::enable_shared_from_this<BootstrapExchange> {
  public:
   using Done = std::function<void(const Status&, BootstrapHello peer, bool refused)>;
@@ -67,8 +67,10 @@ class BootstrapExchange : public EventHandler, public std::enable_shared_from_th
   void start();
   void queue(Kind kind, const std::string& body);
   void queueHello(const BootstrapHello& hello);
-  // The HMAC proving that the dialer's (or the responder's) hello comes from a member.
-  Digest proof(bool ofDialer, const BootstrapHello& hello) const;
+  // The HMAC under the secret of `role`, both nonces and `tail`.
+  Digest proof(const char* role, const std::string& tail) const;
+  // The proof that the dialer's (or the responder's) hello comes from a member.
+  Digest helloProof(bool ofDialer, const BootstrapHello& hello) const;
   void writeSome();
   void readSome();
   // One whole message from the peer; false once the exchange has finished.

@@ -15,6 +15,10 @@ std::string ucxError(const char* what, ucs_status_t status) {
 
 namespace {
 
+// Progress calls in one turn of the loop before its other work (posted
+// calls, timers, other sockets) gets a turn.
+constexpr int kPassesPerTurn = 64;
+
 void check(ucs_status_t status, const char* what) {
   if (status != UCS_OK) throw std::runtime_error(ucxError(what, status));
 }
@@ -129,9 +133,19 @@ void UcxWorker::progress() {
     // Frames are handed over between passes, not once UCX has nothing left:
     // a rendezvous starts only when its frame is delivered, and a stream of
     // them keeps ucp_worker_progress busy until the window drains.
-    while (ucp_worker_progress(worker_) != 0) deliver();
+    int passes = 0;
+    while (passes < kPassesPerTurn && ucp_worker_progress(worker_) != 0) {
+      deliver();
+      ++passes;
+    }
     reapClosed();
     deliver();
+    if (passes == kPassesPerTurn) {  // a long stream: the loop's other work goes first, then more of it
+      loop_.post([weak = weak_from_this()] {
+        if (auto self = weak.lock()) self->progress();
+      });
+      break;
+    }
     // Busy: events came in since the last progress; progress again before sleeping.
     if (ucp_worker_arm(worker_) != UCS_ERR_BUSY) break;
   }
