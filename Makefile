@@ -19,7 +19,7 @@ SOURCES := $(shell find csrc cuda -name '*.cpp' -o -name '*.h' -o -name '*.inc' 
 	touch $@
 
 .stamp-build: .stamp-deps .stamp-ucx-deps $(SOURCES)
-	MAX_JOBS=2 $(PIP) install -q --no-build-isolation -e .
+	HOPLITE_BUILD_UCX=1 MAX_JOBS=2 $(PIP) install -q --no-build-isolation -e .
 	touch $@
 
 .stamp-bench-deps: .stamp-deps

@@ -260,7 +260,7 @@ def main() -> None:
          ("path", "path", "")],
     )
     settings = {"sizes": sizes, "systems": systems, "warmup": args.warmup, "min_trials": args.trials,
-                "ucx_env": {k: v for k, v in os.environ.items() if k.startswith("UCX_")}}
+                "ucx_env": common.ucx_env()}
     common.write_json(args.out + ".json", "p2p", records, settings)
     plot(records, args.out + ".png")
     print(f"wrote {args.out}.json and {args.out}.png")

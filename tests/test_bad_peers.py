@@ -112,11 +112,17 @@ def test_silent_connection_does_not_block_the_node_and_is_dropped():
         c.close()
 
 
+def cluster_proof(secret: bytes, role: bytes, cluster: bytes, first_nonce: bytes, second_nonce: bytes,
+                  tail: bytes = b"") -> bytes:
+    """As clusterProof (common/hmac.h), which the handshakes' proofs use."""
+    message = role + b"\0" + cluster + b"\0" + first_nonce + second_nonce + tail
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
 def _proof(secret: bytes, role: bytes, cluster: bytes, client_nonce: bytes, server_nonce: bytes, client: int,
            server: int, listen: bytes) -> bytes:
     """As Peers::handshakeProof; `listen` is the hello's claim, b"host:port/incarnation"."""
-    message = role + b"\0" + cluster + b"\0" + client_nonce + server_nonce + f"{client}:{server}".encode()
-    return hmac.new(secret, message + b"\0" + listen, hashlib.sha256).digest()
+    return cluster_proof(secret, role, cluster, client_nonce, server_nonce, f"{client}:{server}".encode() + b"\0" + listen)
 
 
 def handshake_as_rank_1(s: socket.socket, secret: bytes, prove_port_offset: int = 0) -> bool:

@@ -32,8 +32,8 @@ def test_tcp_connection_shares_by_bytes_between_flows_and_lets_control_frames_ov
     build_and_run(
         tmp_path,
         "test_tcp_queue",
-        ["tests/cpp/test_tcp_queue.cpp", "csrc/net/tcp/tcp_connection.cpp", "csrc/net/event_loop.cpp",
-         "csrc/common/logging.cpp", "csrc/wire/frame.cpp"],
+        ["tests/cpp/test_tcp_queue.cpp", "csrc/net/tcp/tcp_connection.cpp", "csrc/net/sockets.cpp",
+         "csrc/net/event_loop.cpp", "csrc/common/logging.cpp", "csrc/wire/frame.cpp"],
     )
 
 
@@ -42,6 +42,6 @@ def test_tcp_connection_reads_frames_cut_at_any_byte_with_read_ahead(tmp_path):
     build_and_run(
         tmp_path,
         "test_tcp_read",
-        ["tests/cpp/test_tcp_read.cpp", "csrc/net/tcp/tcp_connection.cpp", "csrc/net/event_loop.cpp",
-         "csrc/common/logging.cpp", "csrc/wire/frame.cpp"],
+        ["tests/cpp/test_tcp_read.cpp", "csrc/net/tcp/tcp_connection.cpp", "csrc/net/sockets.cpp",
+         "csrc/net/event_loop.cpp", "csrc/common/logging.cpp", "csrc/wire/frame.cpp"],
     )

@@ -2,8 +2,6 @@
 asked for, and the transport-independent tests run over it (UCX_TLS=tcp)."""
 
 import glob
-import hashlib
-import hmac
 import os
 import socket
 import struct
@@ -16,7 +14,7 @@ import torch
 import torch_hoplite as hop
 import torch_hoplite.api as api
 from cluster import Cluster
-from test_bad_peers import recv_exactly
+from test_bad_peers import cluster_proof, recv_exactly
 
 import workers
 
@@ -79,12 +77,6 @@ def _read_message(s: socket.socket) -> tuple[int, bytes]:
     return kind, recv_exactly(s, length)
 
 
-def _bootstrap_proof(secret: bytes, role: bytes, cluster: bytes, dialer_nonce: bytes, responder_nonce: bytes,
-                     tail: bytes = b"") -> bytes:
-    message = role + b"\0" + cluster + b"\0" + dialer_nonce + responder_nonce + tail
-    return hmac.new(secret, message, hashlib.sha256).digest()
-
-
 def _hello_tail(connection_id: int, address: bytes) -> bytes:
     return struct.pack("<Q", connection_id) + address
 
@@ -110,9 +102,9 @@ def test_the_bootstrap_tells_nothing_to_a_stranger_and_refuses_it(monkeypatch):
                 assert kind == 1 and len(body) == 48
                 # The node's nonce, and its proof that it knows the secret (a member checks it before it says more).
                 node_nonce = body[:16]
-                assert body[16:] == _bootstrap_proof(secret, b"ucx-responder-nonce", cluster, nonce, node_nonce)
+                assert body[16:] == cluster_proof(secret, b"ucx-responder-nonce", cluster, nonce, node_nonce)
                 address = b""  # (a member's would be its worker's; UCX would parse it)
-                proof = _bootstrap_proof(key, b"ucx-dialer", cluster, nonce, node_nonce, _hello_tail(7, address))
+                proof = cluster_proof(key, b"ucx-dialer", cluster, nonce, node_nonce, _hello_tail(7, address))
                 s.sendall(_message(2, struct.pack("<Q", 7) + proof + address))
                 if not accepted:
                     assert _read_message(s) == (3, b"")  # refused, and told so
@@ -125,7 +117,7 @@ def test_the_bootstrap_tells_nothing_to_a_stranger_and_refuses_it(monkeypatch):
                 assert kind == 2
                 (node_id,), node_proof, node_address = struct.unpack("<Q", body[:8]), body[8:40], body[40:]
                 assert node_address == b""
-                assert node_proof == _bootstrap_proof(secret, b"ucx-responder", cluster, nonce, node_nonce,
+                assert node_proof == cluster_proof(secret, b"ucx-responder", cluster, nonce, node_nonce,
                                                       _hello_tail(node_id, node_address))
         assert hop.stats()["handshakes_refused"] == refused_before + 1
         ref = c.call(1, workers.put, torch.arange(10.0), "after-stranger")
@@ -139,6 +131,7 @@ def test_the_bootstrap_tells_nothing_to_a_stranger_and_refuses_it(monkeypatch):
 def test_transport_independent_tests_pass_over_ucx(tests):
     env = {**os.environ, "HOPLITE_TRANSPORT": "ucx", "UCX_TLS": "tcp"}
     run = subprocess.run(
+        # (The GPU tests run over UCX on a GPU machine: HOPLITE_TRANSPORT=ucx pytest -m gpu.)
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", tests],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )

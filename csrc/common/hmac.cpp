@@ -92,6 +92,11 @@ Digest hmacSha256(const std::string& key, const std::string& message) {
   return sha256(outer + std::string(innerDigest.begin(), innerDigest.end()));
 }
 
+Digest clusterProof(const std::string& secret, const char* role, const std::string& clusterId,
+                    const std::string& firstNonce, const std::string& secondNonce, const std::string& tail) {
+  return hmacSha256(secret, std::string(role) + '\0' + clusterId + '\0' + firstNonce + secondNonce + tail);
+}
+
 bool equalDigests(const Digest& a, const std::string& b) {
   if (b.size() != a.size()) return false;
   uint8_t diff = 0;

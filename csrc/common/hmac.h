@@ -12,6 +12,10 @@ using Digest = std::array<uint8_t, 32>;
 
 Digest sha256(const std::string& data);
 Digest hmacSha256(const std::string& key, const std::string& message);
+// The handshakes' proofs: `role`, the cluster id and both nonces (client's or
+// dialer's first), then `tail`, under the cluster secret.
+Digest clusterProof(const std::string& secret, const char* role, const std::string& clusterId,
+                    const std::string& firstNonce, const std::string& secondNonce, const std::string& tail);
 // Compares in time independent of where the inputs differ.
 bool equalDigests(const Digest& a, const std::string& b);
 // `n` bytes from the operating system's random source.

@@ -56,6 +56,13 @@ int connectingSocket(const sockaddr_in& addr, const std::function<void(int)>& co
   return fd;
 }
 
+int connectResult(int fd) {
+  int err = 0;
+  socklen_t len = sizeof(err);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+  return err;
+}
+
 SocketAcceptor::SocketAcceptor(EventLoop& loop, const std::string& host, int port, OnSocket onSocket)
     : loop_(loop), onSocket_(std::move(onSocket)) {
   fd_ = listeningSocket(host, port, &port_);

@@ -23,6 +23,8 @@ int listeningSocket(const std::string& host, int port, int* boundPort);
 // connect that failed at once leaves *error set (0 otherwise). Throws
 // std::runtime_error if no socket can be made.
 int connectingSocket(const sockaddr_in& addr, const std::function<void(int)>& configure, int* error);
+// How a non-blocking connect on `fd` ended, once it is writable: 0 or an errno.
+int connectResult(int fd);
 
 // A listening socket on a loop: accepts every pending connection and hands
 // each socket (non-blocking) and its peer's address on. Out of descriptors, it

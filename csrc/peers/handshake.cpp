@@ -34,9 +34,8 @@ void Peers::sendHello(Peer& peer) {
 
 Digest Peers::handshakeProof(const char* role, const std::string& clientNonce, const std::string& serverNonce,
                              int clientRank, int serverRank, const std::string& clientListen) const {
-  return hmacSha256(config_.secret, std::string(role) + '\0' + config_.clusterId + '\0' + clientNonce + serverNonce +
-                                        std::to_string(clientRank) + ':' + std::to_string(serverRank) + '\0' +
-                                        clientListen);
+  return clusterProof(config_.secret, role, config_.clusterId, clientNonce, serverNonce,
+                      std::to_string(clientRank) + ':' + std::to_string(serverRank) + '\0' + clientListen);
 }
 
 std::string Peers::listenClaimOf(const Handshake& hs) {

@@ -626,7 +626,7 @@ def main() -> None:
                   f"(95% CI {ci}), faster in {p['faster_trials']} of {p['trials']}")
     settings = {"ops": ops, "sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup,
                 "rate": rate, "requested_rate": args.rate, "systems": systems, "transport": args.transport,
-                "ucx_env": {k: v for k, v in os.environ.items() if k.startswith("UCX_")},
+                "ucx_env": common.ucx_env(),
                 "arrival_interval_s": args.arrival_interval, "settle_s": args.settle,
                 "link_check_bps": {str(n): bps for n, bps in link_checks.items()},
                 "tcp_congestion": {str(n): cc for n, cc in congestion_used.items()}}

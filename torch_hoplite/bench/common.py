@@ -176,6 +176,11 @@ def bytes_moved(before: dict, after: dict) -> tuple[int, int]:
             after["bytes_received_same_host"] - before["bytes_received_same_host"])
 
 
+def ucx_env() -> dict[str, str]:
+    """The UCX_* variables of this process, which choose what the UCX transport uses (for a run's settings)."""
+    return {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
+
+
 def data_path(network: str, received: int, same_host: int) -> str:
     """What carried a torch_hoplite system's bytes, from its receivers'
     counters: `network` (e.g. "loopback TCP"), reads of a peer's memory, or,

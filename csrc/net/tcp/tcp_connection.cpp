@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/logging.h"
+#include "net/sockets.h"
 
 namespace hoplite {
 namespace {
@@ -181,9 +182,7 @@ void TcpConnection::handleEvents(uint32_t events) {
 }
 
 void TcpConnection::finishConnect() {
-  int err = 0;
-  socklen_t len = sizeof(err);
-  if (getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+  const int err = connectResult(fd_);
   if (err != 0) {
     close(errnoStatus(("connect to " + describe()).c_str(), err));
     return;

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "net/sockets.h"
 #include "wire/messages.h"
 
 namespace hoplite {
@@ -103,8 +104,7 @@ void BootstrapExchange::queueHello(const BootstrapHello& hello) {
 Digest BootstrapExchange::proof(const char* role, const std::string& tail) const {
   const std::string& dialerNonce = dialer_ ? myNonce_ : peerNonce_;
   const std::string& responderNonce = dialer_ ? peerNonce_ : myNonce_;
-  return hmacSha256(key_.secret,
-                    std::string(role) + '\0' + key_.clusterId + '\0' + dialerNonce + responderNonce + tail);
+  return clusterProof(key_.secret, role, key_.clusterId, dialerNonce, responderNonce, tail);
 }
 
 Digest BootstrapExchange::helloProof(bool ofDialer, const BootstrapHello& hello) const {
@@ -117,9 +117,7 @@ void BootstrapExchange::handleEvents(uint32_t events) {
   auto self = shared_from_this();
   if (connecting_) {
     if (!(events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) return;
-    int err = 0;
-    socklen_t len = sizeof(err);
-    if (getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    const int err = connectResult(fd_);
     if (err != 0) {
       finish(Status(Code::kPeerFailed, "connect to " + describe_ + ": " + std::strerror(err)));
       return;

@@ -74,7 +74,6 @@ UcxConnection::~UcxConnection() {
 void UcxConnection::attach(ucp_ep_h ep, uint64_t remoteId) {
   ep_ = ep;
   remoteId_ = remoteId;
-  established_ = true;
   worker_->add(localId_, ep, shared_from_this());
   // What was sent while the hellos were exchanged goes first, in order.
   std::deque<std::unique_ptr<SendOp>> early;
@@ -244,8 +243,8 @@ void UcxConnection::onEndpointError(ucs_status_t status) {
     fail(endWhy_);
     return;
   }
-  const char* what = established_ ? "connection to " : "connect to ";
-  fail(Status(Code::kPeerFailed, ucxError((what + describe()).c_str(), status)));
+  // (Only attached endpoints have an error handler to call this.)
+  fail(Status(Code::kPeerFailed, ucxError(("connection to " + describe()).c_str(), status)));
 }
 
 void UcxConnection::fail(const Status& why) {
@@ -438,10 +437,7 @@ void UcxConnection::close(const Status& why) {
   if (closed_) return;
   auto self = shared_from_this();
   closed_ = true;
-  for (auto& [seq, in] : inbox_) release(*in);
-  inbox_.clear();
-  queued_.clear();
-  early_.clear();
+  dropPending();
   if (ep_ != nullptr && !endpointClosed_) {
     // Ending or failed: the peer sends nothing more, or cannot receive.
     if (ending_ || peerGone_) {
@@ -454,12 +450,16 @@ void UcxConnection::close(const Status& why) {
   observer_->onClosed(*this, why);
 }
 
-void UcxConnection::abort() {
-  closed_ = true;
+void UcxConnection::dropPending() {
   for (auto& [seq, in] : inbox_) release(*in);
   inbox_.clear();
   queued_.clear();
   early_.clear();
+}
+
+void UcxConnection::abort() {
+  closed_ = true;
+  dropPending();
   if (ep_ != nullptr) closeEndpoint();  // a flush still under way is cancelled
 }
 
@@ -473,10 +473,7 @@ void UcxConnection::closeGracefully(const Status& why) {
   // sent), as on TCP; what was handed to UCX goes before the end message.
   ending_ = true;
   endWhy_ = why;
-  queued_.clear();
-  early_.clear();
-  for (auto& [seq, in] : inbox_) release(*in);
-  inbox_.clear();
+  dropPending();
   auto end = std::make_unique<SendOp>();
   end->id = kUcxEndAm;
   post(std::move(end));

@@ -47,7 +47,7 @@ class UcxConnection : public Connection, public std::enable_shared_from_this<Ucx
   bool isOpen() const override { return !closed_; }
   bool isEnding() const override { return ending_; }
   // As TCP's: once the connect completed, before the hellos too.
-  bool wasEstablished() const override { return established_ || reached_; }
+  bool wasEstablished() const override { return ep_ != nullptr || reached_; }
   std::string describe() const override;
   void markTrusted() override { trusted_ = true; }
 
@@ -86,6 +86,7 @@ class UcxConnection : public Connection, public std::enable_shared_from_this<Ucx
   // The connection ends with `why` once what arrived before is handed over.
   void fail(const Status& why);
   void markReady();
+  void dropPending();    // what arrived and was not handed over, and what waits to be sent
   void closeEndpoint();  // by force: operations still under way are cancelled
   void flushThenCloseEndpoint();
   static void onFlushed(void* request, ucs_status_t status, void* user);
@@ -96,7 +97,6 @@ class UcxConnection : public Connection, public std::enable_shared_from_this<Ucx
   ucp_ep_h ep_ = nullptr;
   uint64_t localId_;
   uint64_t remoteId_ = 0;
-  bool established_ = false;  // the hellos were exchanged and the endpoint made
   bool reached_ = false;       // the bootstrap's TCP connect completed
   bool trusted_ = false;
   bool closed_ = false;

@@ -41,6 +41,17 @@ ucs_status_t endpointTo(UcxWorker& worker, const std::string& address, ucp_ep_h*
   return ucp_ep_create(worker.handle(), &params, ep);
 }
 
+// The endpoint to the worker the peer's hello names, with `conn` attached to
+// it; why not otherwise (an empty address: the peer cannot reach this worker).
+Status attachTo(UcxWorker& worker, UcxConnection& conn, const BootstrapHello& hello, const std::string& where) {
+  if (hello.workerAddress.empty()) return Status(Code::kPeerFailed, "UCX at " + where + " could not reach this worker");
+  ucp_ep_h ep = nullptr;
+  const ucs_status_t status = endpointTo(worker, hello.workerAddress, &ep);
+  if (status != UCS_OK) return Status(Code::kPeerFailed, ucxError(("UCX: endpoint to " + where).c_str(), status));
+  conn.attach(ep, hello.connectionId);
+  return {};
+}
+
 class UcxListener : public Listener {
  public:
   UcxListener(std::shared_ptr<UcxWorker> worker, const std::string& host, int port, ConnectionObserver* observer,
@@ -62,14 +73,11 @@ class UcxListener : public Listener {
   void respond(int fd, const std::string& peer) {
     auto conn = std::make_shared<UcxConnection>(worker_, peer, observer_);
     auto reply = [worker = worker_, conn, peer](const BootstrapHello& hello) {
-      if (hello.workerAddress.empty()) return BootstrapHello{};  // nothing to reach: an empty hello, the peer gives up
-      ucp_ep_h ep = nullptr;
-      const ucs_status_t status = endpointTo(*worker, hello.workerAddress, &ep);
-      if (status != UCS_OK) {
-        HLOG(kWarn, "%s", ucxError(("UCX: endpoint to " + peer).c_str(), status).c_str());
+      const Status attached = attachTo(*worker, *conn, hello, peer);
+      if (!attached.ok()) {
+        HLOG(kWarn, "%s", attached.message.c_str());
         return BootstrapHello{};  // an empty hello: the peer gives up
       }
-      conn->attach(ep, hello.connectionId);
       return BootstrapHello{conn->localId(), worker->address()};
     };
     auto done = [conn, onAccept = onAccept_, refused = refused_](const Status& why, const BootstrapHello&,
@@ -131,21 +139,9 @@ class UcxTransport : public Transport {
                                                                      bool wrongProof) {
       if (wrongProof) ++*refused;
       if (!conn->isOpen()) return;  // closed meanwhile
-      if (!why.ok()) {
-        conn->close(why);  // the node dials again only if the peer was never reached
-        return;
-      }
-      if (hello.workerAddress.empty()) {
-        conn->close(Status(Code::kPeerFailed, "UCX at " + where + " could not reach this worker"));
-        return;
-      }
-      ucp_ep_h ep = nullptr;
-      const ucs_status_t status = endpointTo(*worker, hello.workerAddress, &ep);
-      if (status != UCS_OK) {
-        conn->close(Status(Code::kPeerFailed, ucxError(("UCX: endpoint to " + where).c_str(), status)));
-        return;
-      }
-      conn->attach(ep, hello.connectionId);
+      // The node dials again only if the peer was never reached.
+      const Status attached = why.ok() ? attachTo(*worker, *conn, hello, where) : why;
+      if (!attached.ok()) conn->close(attached);
     };
     BootstrapExchange::dial(worker_->loop(), fd, where, keyOf(*worker_),
                             BootstrapHello{conn->localId(), worker_->address()}, kHelloTimeoutSeconds,

@@ -181,7 +181,7 @@ uint64_t UcxWorker::newConnectionId() {
 void UcxWorker::add(uint64_t id, ucp_ep_h ep, const std::shared_ptr<UcxConnection>& conn) {
   if (stopping_) return;
   connections_[id] = conn;
-  if (ep != nullptr) endpoints_[ep] = id;
+  endpoints_[ep] = id;
 }
 
 void UcxWorker::remove(uint64_t id, ucp_ep_h ep) {
