@@ -8,7 +8,7 @@ import torch
 
 import torch_hoplite as hop
 import workers
-from cluster import Cluster, ids_with_shard
+from cluster import Cluster, ids_with_shard, in_thread
 
 WORLD = 4
 DEAD = 2  # hosts the shard of every id below
@@ -48,5 +48,24 @@ def test_gets_puts_and_deletes_go_on_after_a_shard_host_dies():
         with pytest.raises(hop.ObjectDeletedError):
             c.call(3, workers.get, big, 5)
         assert hop.stats()["remote_gets"] >= 1
+    finally:
+        c.close()
+
+
+def test_a_shard_host_dying_during_our_handshake_moves_its_shard():
+    """Rank 0 dials the shard's host for a put's registration; the host has
+    accepted the connection (the kernel did: it is stopped) and dies before it
+    answers. That is a death, not a refusal: the registration goes to the next
+    shard and the put succeeds, as any later get of it does."""
+    (obj,) = ids_on("handshake-death", 1)
+    c = Cluster(WORLD, options={"heartbeat_timeout": 30})
+    try:
+        c.freeze(DEAD)
+        put = in_thread(hop.put, torch.arange(1000.0), obj, timeout=30, blocking=True)
+        time.sleep(0.5)  # the hello waits, unread, in the stopped rank's socket
+        c.kill(DEAD)  # its kernel resets that connection
+        ref = put(30)
+        assert torch.equal(c.call(1, workers.get, ref, 30), torch.arange(1000.0))
+        assert torch.equal(hop.get(ref, timeout=30).wait(), torch.arange(1000.0))
     finally:
         c.close()

@@ -231,7 +231,9 @@ def test_caller_dying_mid_pull_fails_the_rpc_not_hangs(monkeypatch):
     for p in alive:
         p.kill()
     assert not alive
-    reports = dict(queue.get() for _ in range(3))
+    # Every process has exited: what they reported is in the pipe (a missing report fails, not hangs).
+    reports = dict(queue.get() for _ in procs if not queue.empty())
+    assert set(reports) == {"w0", "w1", "w2"}, reports
     assert reports["w1"] >= 1 << 20
     assert reports["w0"]["pulls_failed"] == 1
     assert reports["w2"] == (expected_sum(4 << 20, 3), (4 << 20,), torch.int32)

@@ -28,6 +28,7 @@ OVER_UCX = [
     "tests/test_broadcast.py",
     "tests/test_reduce.py",
     "tests/test_peer_failure.py",
+    "tests/test_directory_failover.py",
     "tests/test_heartbeat.py",
     "tests/test_rejoin.py",
     "tests/test_lifecycle.py",

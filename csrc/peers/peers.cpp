@@ -105,6 +105,7 @@ void Peers::whenConnected(int rank, std::function<void(Connection&)> write) {
     // one known to have failed: a restarted one is listening by the time we learn of it).
     peer.connectDeadline = peer.lost || events_.departed(rank) ? 0 : steadySeconds() + config_.connectTimeoutSeconds;
     peer.backoff = 0.05;
+    peer.redialed = false;
     connectPeer(rank);
   }
 }
@@ -192,8 +193,20 @@ void Peers::onDialedClosed(Connection& conn, const Status& why) {
     });
     return;
   }
-  // One that accepted and then closed during the handshake is alive but
-  // refused us (most likely another secret): its directory shard stays.
+  // One that accepted and then closed the handshake itself either died
+  // meanwhile or refuses us (another cluster). One redial tells which: a
+  // dead process's port refuses the connect (its shard moves on, and what
+  // waited for it is asked again there); a live one closes again, and its
+  // shard stays. Closes of our own making (a bad proof, no answer) are final.
+  const bool closedByPeer = why.code == Code::kPeerFailed;
+  if (!closing_ && !peer.ready && conn.wasEstablished() && closedByPeer && !peer.redialed) {
+    HLOG(kDebug, "%s closed during the handshake (%s); redialing once", peerName(rank).c_str(), why.message.c_str());
+    peer.redialed = true;
+    peer.conn.reset();
+    peer.connectDeadline = 0;  // a refused connect is final
+    connectPeer(rank);
+    return;
+  }
   failPeer(rank, why, /*gone=*/peer.ready || !conn.wasEstablished());
 }
 

@@ -127,6 +127,7 @@ class Peers : public PeerLinks, public ConnectionObserver {
     double connectDeadline = 0;
     double backoff = 0.05;
     bool lost = false;      // was reachable once and failed since: no retrying
+    bool redialed = false;  // after it closed mid-handshake: dead or refusing us? (onDialedClosed)
     double lastHeard = 0;   // any frame on the connection, for heartbeats
     std::string helloNonce;   // ours, until the peer's challenge is verified
     std::string helloListen;  // the listen address our hello claimed, as the proofs cover it

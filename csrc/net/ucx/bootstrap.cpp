@@ -76,7 +76,7 @@ void BootstrapExchange::start() {
     if (self->finishWhenSent_) {  // the peer does not read our last message: what it said stands
       self->finish(self->finishStatus_, self->finishRefused_);
     } else {
-      self->finish(Status(Code::kPeerFailed, "no UCX hello from " + self->describe_ + " in time"));
+      self->finish(Status(Code::kTimeout, "no UCX hello from " + self->describe_ + " in time"));
     }
   });
   // Writable: the dialer's connect is done and its nonce can go.
