@@ -1,0 +1,212 @@
+"""The soak run: N ranks run a mixed, checked workload for minutes while a
+seeded nemesis kills, restarts, pauses and pesters them; the report counts
+operations, faults, errors by type, wrong bytes and hangs, and follows each
+rank's memory and file descriptors.
+
+    python -m torch_hoplite.bench.soak --nodes 4 --minutes 2 --seed 1
+
+Ranks are local processes over loopback (the store's host is this driver, so
+any rank may die). The nemesis's faults, at exponential intervals drawn from
+the seed, overlapping:
+
+- kill: SIGKILL a rank, restart it after a pause; it rejoins (a new incarnation);
+- pause: SIGSTOP a rank for longer than the heartbeat timeout, then SIGCONT;
+- stranger: connections to a rank that send garbage, or a hello of another
+  cluster, or nothing at all.
+
+Partitions and netem loss/delay need the emulated cluster's links: not here yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch.distributed as dist
+
+from torch_hoplite.bench import soak_report, soak_workload
+from torch_hoplite.bench.common import RESULTS, machine
+
+OPTIONS = {"timeout": 10.0, "connect_timeout": 3.0, "heartbeat_interval": 0.25, "heartbeat_timeout": 2.0,
+           "same_host": False}
+GRACE = 5.0  # past an operation's timeout: a hang
+FAULTS = ("kill", "pause", "stranger")
+
+
+@dataclass
+class Rank:
+    rank: int
+    incarnation: int = 0
+    process: Optional[mp.Process] = None
+    busy_until: float = 0.0  # a fault is under way until then (wall clock)
+    address: Optional[tuple[str, int]] = None
+
+
+@dataclass
+class Soak:
+    nodes: int
+    seconds: float
+    seed: int
+    workdir: str
+    mean_fault_interval: float
+    faults: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.store = dist.TCPStore("127.0.0.1", 0, self.nodes, is_master=True, wait_for_workers=False)
+        self.ranks = [Rank(r) for r in range(self.nodes)]
+        self.ctx = mp.get_context("spawn")
+
+    def log_path(self, rank: int) -> str:
+        return os.path.join(self.workdir, f"rank{rank}.jsonl")
+
+    def start(self, r: Rank) -> None:
+        r.address = None
+        r.process = self.ctx.Process(
+            target=soak_workload.run,
+            args=(r.rank, self.nodes, self.store.port, self.seed, r.incarnation, self.stop_at, self.log_path(r.rank),
+                  OPTIONS, OPTIONS["timeout"], GRACE),
+            daemon=True,
+        )
+        r.process.start()
+
+    def address_of(self, r: Rank) -> Optional[tuple[str, int]]:
+        """Where the rank's current incarnation listens (from its log's "up" line)."""
+        if r.address is None:
+            with open(self.log_path(r.rank)) as f:
+                for line in f:
+                    rec = json.loads(line)
+                    if rec.get("event") == "up" and rec["inc"] == r.incarnation:
+                        r.address = tuple(rec["address"])
+        return r.address
+
+    def run(self) -> None:
+        os.makedirs(self.workdir, exist_ok=True)
+        for r in range(self.nodes):
+            open(self.log_path(r), "w").close()
+        self.began = time.time()
+        self.stop_at = self.began + 20 + self.seconds  # 20 s to start
+        for r in self.ranks:
+            self.start(r)
+        while not all(self.address_of(r) for r in self.ranks):
+            if time.time() > self.began + 60:
+                raise RuntimeError("the soak's ranks did not start within 60 s")
+            time.sleep(0.2)
+        self.began = time.time()  # faults and figures count from here
+        next_fault = self.began + self.rng.expovariate(1 / self.mean_fault_interval)
+        # No fault in the last seconds: what a fault breaks gets time to recover.
+        last_fault = self.stop_at - OPTIONS["heartbeat_timeout"] - 3 * GRACE
+        while time.time() < self.stop_at:
+            now = time.time()
+            self.restart_due(now)
+            if now >= next_fault and now < last_fault:
+                self.inject(now)
+                next_fault = now + self.rng.expovariate(1 / self.mean_fault_interval)
+            time.sleep(0.05)
+        deadline = self.stop_at + OPTIONS["timeout"] + 3 * GRACE + 30
+        for r in self.ranks:
+            r.process.join(max(1.0, deadline - time.time()))
+            if r.process.is_alive():
+                self.faults.append({"t": time.time(), "kind": "not-exited", "rank": r.rank})
+                r.process.kill()
+
+    def restart_due(self, now: float) -> None:
+        for fault in self.faults:
+            if fault.get("restart_at") and fault["restart_at"] <= now and not fault.get("restarted"):
+                r = self.ranks[fault["rank"]]
+                if fault["kind"] == "kill":
+                    r.incarnation += 1
+                    self.start(r)
+                else:
+                    os.kill(r.process.pid, signal.SIGCONT)
+                fault["restarted"] = now
+
+    def inject(self, now: float) -> None:
+        kind = self.rng.choice(FAULTS)
+        calm = [r for r in self.ranks if r.busy_until <= now and r.process.is_alive() and self.address_of(r)]
+        # At most half the ranks are down at once (a reduce needs inputs).
+        down = sum(1 for r in self.ranks if r.busy_until > now)
+        if kind != "stranger" and down + 1 > self.nodes // 2:
+            kind = "stranger"
+        if not calm:
+            return
+        r = self.rng.choice(calm)
+        fault = {"t": now, "kind": kind, "rank": r.rank, "incarnation": r.incarnation}
+        if kind == "kill":
+            r.process.kill()
+            fault["restart_at"] = now + self.rng.uniform(0.5, 3.0)
+            r.busy_until = fault["restart_at"] + 10
+        elif kind == "pause":
+            os.kill(r.process.pid, signal.SIGSTOP)
+            fault["restart_at"] = now + OPTIONS["heartbeat_timeout"] + self.rng.uniform(0.5, 3.0)
+            r.busy_until = fault["restart_at"] + 5
+        else:
+            fault["sent"] = pester(self.address_of(r), self.rng)
+        self.faults.append(fault)
+        print(f"[{now - self.began:7.1f} s] {kind} rank {r.rank}", flush=True)
+
+
+def foreign_hello() -> bytes:
+    """A well-formed hello (csrc/wire) of rank 0 of another cluster."""
+    def string(b: bytes) -> bytes:
+        return struct.pack("<I", len(b)) + b
+
+    version = 10  # csrc/wire/frame.h kVersion
+    body = struct.pack("<Ii", version, 0) + string(b"another-cluster") + string(b"n" * 16) + string(b"127.0.0.1")
+    body += struct.pack("<IQ", 1, 0)
+    return struct.pack("<IBBHQ", 0x544C5048, version, 1, 0, len(body)) + body
+
+
+def pester(address: tuple[str, int], rng: random.Random) -> str:
+    """Opens a connection to a rank and misbehaves on it; says how."""
+    how = rng.choice(("garbage", "other-cluster", "silent"))
+    try:
+        with socket.create_connection(address, timeout=2) as s:
+            if how == "garbage":
+                s.sendall(rng.randbytes(rng.randrange(1, 4096)))
+            elif how == "other-cluster":
+                s.sendall(foreign_hello())
+                s.recv(1)  # it closes on us
+            else:
+                time.sleep(rng.uniform(0.1, 1.0))
+    except OSError as e:
+        return f"{how} ({e})"
+    return how
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--minutes", type=float, default=2.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--fault-interval", type=float, default=8.0, help="mean seconds between faults")
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/soak_nN_Mmin.json)")
+    parser.add_argument("--workdir", default=None, help="where the ranks' logs go (default: next to --out)")
+    args = parser.parse_args(argv)
+    if args.nodes < 3:
+        parser.error("--nodes must be at least 3 (a reduce needs inputs while a rank is down)")
+    out = args.out or os.path.join(RESULTS, f"soak_n{args.nodes}_{args.minutes:g}min.json")
+    workdir = args.workdir or os.path.splitext(out)[0] + "_logs"
+    soak = Soak(args.nodes, args.minutes * 60, args.seed, workdir, args.fault_interval)
+    soak.run()
+    settings = {"nodes": args.nodes, "minutes": args.minutes, "seed": args.seed,
+                "mean_fault_interval_s": args.fault_interval, "options": OPTIONS, "grace_s": GRACE,
+                "sizes_bytes": [n * 4 for n in soak_workload.SIZES], "weights": soak_workload.WEIGHTS}
+    report = soak_report.summarize(workdir, soak.faults, soak.began, settings, machine())
+    soak_report.write(report, out)
+    soak_report.print_summary(report)
+    if report["wrong_bytes"] or report["hangs"]:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""One rank of the soak run (see soak.py): a seeded random mix of puts, gets,
+deletes and first-k reduces, each result checked against the bytes its id
+determines, every outcome written as one JSON line to this rank's log."""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import os
+import random
+import threading
+import time
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+import torch_hoplite as hop
+import torch_hoplite.api as api
+
+# Element counts of the objects a rank puts (int32: 4 KB to 4 MB); the i-th put
+# of a rank has SIZES[i % len(SIZES)] elements, so any reader knows its shape.
+SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20)
+KEEP = 24  # a rank deletes its oldest objects beyond this many
+RECENT = 12  # readers choose among a rank's last puts
+WEIGHTS = {"put": 3, "get": 5, "delete": 1, "reduce": 1}
+
+
+def object_id(rank: int, incarnation: int, index: int) -> str:
+    return f"soak.{rank}.{incarnation}.{index}"
+
+
+def contents(obj_id: str, numel: int) -> torch.Tensor:
+    """The bytes an id stands for: any reader can check them without asking."""
+    seed = sum(obj_id.encode()) * 31 % 997
+    return (torch.arange(numel, dtype=torch.int32) * 7 + seed) % 1000
+
+
+def wrong_bytes(got: torch.Tensor, expected: torch.Tensor) -> int:
+    """Bytes of `got` that differ from `expected` (all of them if the shape or dtype differs)."""
+    if got.dtype != expected.dtype or got.shape != expected.shape:
+        return max(got.numel() * got.element_size(), expected.numel() * expected.element_size())
+    return int((got != expected).sum()) * expected.element_size()
+
+
+class Log:
+    """Append-only JSON lines, flushed per line: what was written survives a SIGKILL."""
+
+    def __init__(self, path: str, rank: int, incarnation: int):
+        self._file = open(path, "a", buffering=1)
+        self._base = {"rank": rank, "inc": incarnation}
+        self._lock = threading.Lock()
+
+    def write(self, **fields: Any) -> None:
+        line = json.dumps({"t": time.time(), **self._base, **fields})
+        with self._lock:
+            self._file.write(line + "\n")
+
+
+class Watchdog:
+    """Logs an operation that has run past its timeout plus a grace without
+    returning (a hang), once, while it is still running."""
+
+    def __init__(self, log: Log, limit: float):
+        self._log, self._limit = log, limit
+        self._current: Optional[tuple[str, float]] = None
+        self._reported = False
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def begin(self, op: str) -> None:
+        with self._lock:
+            self._current, self._reported = (op, time.monotonic()), False
+
+    def end(self) -> None:
+        with self._lock:
+            self._current = None
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(0.5)
+            with self._lock:
+                if self._current and not self._reported and time.monotonic() - self._current[1] > self._limit:
+                    self._reported = True
+                    self._log.write(event="hang", op=self._current[0], running_s=time.monotonic() - self._current[1])
+
+
+def sample_resources(log: Log, period: float) -> None:
+    """RSS and open fds of this process, every `period` seconds."""
+    def run():
+        while True:
+            with open("/proc/self/statm") as f:
+                rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            log.write(event="sample", rss=rss, fds=len(os.listdir("/proc/self/fd")))
+            time.sleep(period)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+class Workload:
+    def __init__(self, rank: int, incarnation: int, world: int, store: dist.Store, rng: random.Random,
+                 log: Log, timeout: float, grace: float):
+        self.rank, self.incarnation, self.world = rank, incarnation, world
+        self.store, self.rng, self.log = store, rng, log
+        self.timeout, self.grace = timeout, grace
+        self.puts = 0
+        self.reduces = 0
+        self.mine: collections.deque[str] = collections.deque()
+        self.objects: list[str] = []  # what the current operation touches, for the report
+        self.watchdog = Watchdog(log, timeout + grace)
+
+    # ---- what other ranks have put: "incarnation.index" of their last put
+    def publish(self) -> None:
+        self.store.set(f"soak/last/{self.rank}", f"{self.incarnation}.{self.puts}")
+
+    def last_of(self, rank: int) -> Optional[tuple[int, int]]:
+        key = f"soak/last/{rank}"
+        if not self.store.check([key]):
+            return None
+        incarnation, index = self.store.get(key).decode().split(".")
+        return int(incarnation), int(index)
+
+    def recent_id(self, rank: int, size_class: Optional[int] = None) -> Optional[tuple[str, int]]:
+        last = self.last_of(rank)
+        if last is None or last[1] < 1:
+            return None
+        incarnation, top = last
+        candidates = [i for i in range(max(1, top - RECENT + 1), top + 1)
+                      if size_class is None or i % len(SIZES) == size_class]
+        if not candidates:
+            return None
+        index = self.rng.choice(candidates)
+        return object_id(rank, incarnation, index), SIZES[index % len(SIZES)]
+
+    # ---- operations: each returns the wrong bytes it saw, and sets self.objects
+    def op_put(self) -> int:
+        self.puts += 1
+        obj = object_id(self.rank, self.incarnation, self.puts)
+        self.objects = [obj]
+        hop.put(contents(obj, SIZES[self.puts % len(SIZES)]), obj, timeout=self.timeout)
+        self.mine.append(obj)
+        self.publish()
+        return 0
+
+    def op_get(self) -> int:
+        found = self.recent_id(self.rng.randrange(self.world))
+        if found is None:
+            return 0
+        obj, numel = found
+        self.objects = [obj]
+        got = hop.get(obj, timeout=self.timeout).wait()
+        return wrong_bytes(got, contents(obj, numel))
+
+    def op_delete(self) -> int:
+        if len(self.mine) > KEEP:
+            self.objects = [self.mine[0]]
+            hop.delete(self.mine.popleft(), timeout=self.timeout)
+        return 0
+
+    def op_reduce(self) -> int:
+        size_class = self.rng.randrange(len(SIZES))
+        inputs = []
+        for rank in self.rng.sample(range(self.world), min(self.world, 4)):
+            found = self.recent_id(rank, size_class)
+            if found:
+                inputs.append(found[0])
+        if len(inputs) < 2:
+            return 0
+        self.reduces += 1
+        self.objects = inputs
+        result_id = f"soak-reduce.{self.rank}.{self.incarnation}.{self.reduces}"
+        ref, _ = hop.reduce(inputs, num_objects=len(inputs) - 1, id=result_id, timeout=self.timeout)
+        try:
+            plan = hop.wait_reduce(ref, timeout=self.timeout)
+            got = hop.get(ref, timeout=self.timeout).wait()
+            numel = SIZES[size_class]
+            expected = sum(contents(hop_id(r), numel) for r in plan.inputs)
+            return wrong_bytes(got, expected)
+        finally:
+            hop.delete(ref, timeout=self.timeout)
+
+    def step(self) -> None:
+        op = self.rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
+        start = time.time()
+        self.watchdog.begin(op)
+        error, wrong = None, 0
+        self.objects = []
+        try:
+            wrong = getattr(self, f"op_{op}")()
+        except Exception as e:  # every failure is an outcome to count, by type
+            error = f"{type(e).__name__}: {str(e)[:300]}"
+        finally:
+            self.watchdog.end()
+        duration = time.time() - start
+        self.log.write(event="op", op=op, start=start, dur=duration, error=error, wrong=wrong, objects=self.objects,
+                       late=duration > self.timeout + self.grace)
+
+
+def hop_id(ref: Any) -> str:
+    return ref if isinstance(ref, str) else ref.id
+
+
+def run(rank: int, world: int, port: int, seed: int, incarnation: int, stop_at: float, log_path: str,
+        options: dict, timeout: float, grace: float) -> None:
+    """A rank's process: joins (rejoins, after the first incarnation), runs the
+    workload until `stop_at` (wall clock), lets the others' last operations
+    finish, and leaves."""
+    log = Log(log_path, rank, incarnation)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=datetime.timedelta(seconds=60))
+    hop.init(store, rank=rank, world_size=world, rejoin=incarnation > 0, **options)
+    log.write(event="up", pid=os.getpid(), address=list(api._rt().address))
+    sample_resources(log, 1.0)
+    workload = Workload(rank, incarnation, world, store, random.Random(seed * 1000 + rank * 100 + incarnation),
+                        log, timeout, grace)
+    workload.publish()
+    while time.time() < stop_at:
+        workload.step()
+    time.sleep(max(0.0, stop_at + timeout + grace - time.time()))  # others may still pull from us
+    log.write(event="down")
+    hop.shutdown()
