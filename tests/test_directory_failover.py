@@ -69,3 +69,36 @@ def test_a_shard_host_dying_during_our_handshake_moves_its_shard():
         assert torch.equal(hop.get(ref, timeout=30).wait(), torch.arange(1000.0))
     finally:
         c.close()
+
+
+def wait_for_parked_lookup(c: Cluster, rank: int, obj: str) -> None:
+    deadline = time.monotonic() + 10
+    while c.call(rank, workers.stats)["lookups_waiting"] < 1:
+        assert time.monotonic() < deadline, f"the get of {obj} never parked at rank {rank}'s shard"
+        time.sleep(0.01)
+
+
+def test_a_shard_returns_to_its_rank_when_it_rejoins():
+    """Rank 2 dies (its shard moves to rank 3) and a new process takes its
+    place: the shard comes back, with the copies registered there again and
+    the gets parked at rank 3 handed over. So rank 3 may die next without
+    taking rank 2's ids with it (moved shards used to stay put for good, and
+    after every rank had died once, the last one's death lost its shard)."""
+    held, later = ids_on("return", 2)
+    c = Cluster(WORLD, options={"heartbeat_timeout": 2, "connect_timeout": 5})
+    try:
+        c.call(1, workers.put, torch.arange(1000.0), held)
+        c.kill(DEAD)
+        assert torch.equal(hop.get(held, timeout=30).wait(), torch.arange(1000.0))  # now listed at rank 3
+        waiting = hop.get(later, timeout=60)
+        wait_for_parked_lookup(c, DEAD + 1, later)
+        c.restart(DEAD)
+        wait_for_parked_lookup(c, DEAD, later)  # handed over to the returned shard
+        assert c.call(DEAD + 1, workers.stats)["lookups_waiting"] == 0
+        c.call(1, workers.put, torch.full((10,), 5.0), later)
+        assert torch.equal(waiting.wait(), torch.full((10,), 5.0))
+        c.kill(DEAD + 1)
+        assert torch.equal(c.call(DEAD, workers.get, held, 30), torch.arange(1000.0))
+        assert torch.equal(c.call(1, workers.get, later, 30), torch.full((10,), 5.0))
+    finally:
+        c.close()

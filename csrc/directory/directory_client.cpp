@@ -1,16 +1,24 @@
 // Where ids' directory entries live, and the requests this node makes.
 #include "directory/directory_client.h"
 
+#include <unordered_set>
 #include <utility>
 
 #include "common/hash.h"
 #include "common/logging.h"
+#include "common/timeouts.h"
 
 namespace hoplite {
 
 DirectoryClient::DirectoryClient(EventLoop& loop, PeerLinks& peers, ObjectStore& store, DirectoryClientConfig config,
-                                 std::function<void(int rank)> onShardMoved)
-    : loop_(loop), peers_(peers), store_(store), config_(config), onShardMoved_(std::move(onShardMoved)) {}
+                                 std::function<void()> onShardsChanged)
+    : loop_(loop), peers_(peers), store_(store), config_(config), onShardsChanged_(std::move(onShardsChanged)) {}
+
+namespace {
+// Between a lookup's kMoved answer and asking again: time for the news of a
+// moved or returned shard to reach the asker or the shard.
+constexpr double kRedirectDelaySeconds = 0.05;
+}  // namespace
 
 Status DirectoryClient::closedError() const {
   return Status(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " is shut down");
@@ -25,25 +33,51 @@ int DirectoryClient::shardHost(int rank) const {
   return rank;
 }
 
-void DirectoryClient::moveShardFrom(int rank) {
+std::vector<wire::ShardDeath> DirectoryClient::movedShards() const {
+  std::vector<wire::ShardDeath> out;
+  for (const auto& [rank, incarnation] : moved_) out.push_back(wire::ShardDeath{rank, incarnation});
+  return out;
+}
+
+void DirectoryClient::moveShardFrom(int rank, uint64_t incarnation) {
   HOPLITE_ASSERT_ON_LOOP(loop_);
   // One shard always stays (a member could claim every rank failed).
   if (rank < 0 || rank >= config_.worldSize || moved_.count(rank) || moved_.size() + 1 >= static_cast<size_t>(config_.worldSize) || closing_) {
     return;
   }
-  std::vector<std::shared_ptr<LocalObject>> moved;
-  for (auto& obj : store_.snapshot()) {
-    if (!obj->failed() && shardOf(obj->id()) == rank) moved.push_back(std::move(obj));
+  const uint64_t known = peers_.incarnationOf(rank);
+  if (incarnation != 0 && known != 0 && incarnation != known) return;  // an earlier process: its shard returned since
+  if (incarnation == 0) incarnation = known;
+  std::unordered_set<std::string> listedThere;
+  for (const auto& obj : store_.snapshot()) {
+    if (shardOf(obj->id()) == rank) listedThere.insert(obj->id());
   }
-  moved_.insert(rank);
-  onShardMoved_(rank);
+  moved_[rank] = incarnation;
+  onShardsChanged_();
   HLOG(kInfo, "%s is gone (failed or left): its directory shard moves on; re-registering %zu local copies",
-       peers_.peerName(rank).c_str(), moved.size());
+       peers_.peerName(rank).c_str(), listedThere.size());
   // Everyone must agree where ids go: tell the others (who pass it on once).
   for (int r = 0; r < config_.worldSize; ++r) {
-    if (r != config_.rank && r != rank && !moved_.count(r) && !peers_.hasFailed(r)) peers_.send(r, wire::ShardMoved{rank});
+    if (r != config_.rank && r != rank && !moved_.count(r) && !peers_.hasFailed(r)) {
+      peers_.send(r, wire::ShardMoved{rank, incarnation});
+    }
   }
-  for (const auto& obj : moved) {
+  reRegisterCopies([&](const std::string& id) { return listedThere.count(id) > 0; });
+}
+
+void DirectoryClient::shardReturned(int rank) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
+  auto it = moved_.find(rank);
+  if (closing_ || it == moved_.end() || it->second == peers_.incarnationOf(rank)) return;
+  moved_.erase(it);
+  onShardsChanged_();
+  HLOG(kInfo, "%s rejoined: its directory shard returns to it", peers_.peerName(rank).c_str());
+  reRegisterCopies([&](const std::string& id) { return shardOf(id) == rank; });
+}
+
+void DirectoryClient::reRegisterCopies(const std::function<bool(const std::string& id)>& picked) {
+  for (const auto& obj : store_.snapshot()) {
+    if (obj->failed() || !picked(obj->id())) continue;
     wire::Register reg;
     reg.id = obj->id();
     reg.meta = obj->meta();
@@ -94,21 +128,32 @@ uint64_t DirectoryClient::requestLookup(const std::string& id, double timeoutSec
   }
   sendLookup(
       wire::Lookup{request, id, static_cast<uint64_t>(timeoutSeconds * 1000) + 1, locate, failedHolder, preferred},
-      std::move(cb));
+      std::move(cb), steadySeconds() + timeoutSeconds);
   return request;
 }
 
-void DirectoryClient::sendLookup(const wire::Lookup& msg, LookupCallback cb) {
+void DirectoryClient::sendLookup(const wire::Lookup& msg, LookupCallback cb, double deadline, double delay) {
+  // Asked again under the same request number, so the caller can still cancel it.
   const int shard = shardOf(msg.id);
-  requests_.expectLookup(msg.request, shard, [this, msg, shard, cb](const Status& s, const wire::LookupReply* r) {
+  requests_.expectLookup(msg.request, shard, [this, msg, shard, cb, deadline](const Status& s, const wire::LookupReply* r) {
     if (s.code == Code::kPeerFailed && !closing_ && shardOf(msg.id) != shard) {
-      // Its shard failed: ask the one that took over, under the same request
-      // number, so the caller can still cancel it.
-      return sendLookup(msg, cb);
+      return sendLookup(msg, cb, deadline);  // its shard failed: ask the one that took over
+    }
+    const double left = deadline - steadySeconds() - kRedirectDelaySeconds;
+    if (s.code == Code::kMoved && !closing_ && left > 0) {
+      wire::Lookup again = msg;
+      again.timeoutMs = static_cast<uint64_t>(left * 1000) + 1;
+      return sendLookup(again, cb, deadline, kRedirectDelaySeconds);
     }
     cb(s, r);
   });
-  peers_.send(shard, msg);
+  if (delay <= 0) {
+    peers_.send(shard, msg);
+    return;
+  }
+  loop_.addTimer(delay, [this, msg, shard] {
+    if (!closing_ && requests_.waiting(msg.request)) peers_.send(shard, msg);
+  });
 }
 
 void DirectoryClient::updateHolder(const std::string& id, wire::HolderState state, int sender) {

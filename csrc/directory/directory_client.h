@@ -6,7 +6,7 @@
 
 #include <cstdint>
 #include <functional>
-#include <set>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,22 +29,30 @@ class DirectoryClient : public DirectoryAccess {
  public:
   using StatusCallback = RequestTracker::StatusCallback;
 
-  // `onShardMoved` runs once a shard moved (what follows shards moves too).
+  // `onShardsChanged` runs once a shard moved or returned (what follows shards moves too).
   DirectoryClient(EventLoop& loop, PeerLinks& peers, ObjectStore& store, DirectoryClientConfig config,
-                  std::function<void(int rank)> onShardMoved);
+                  std::function<void()> onShardsChanged);
 
-  // The rank hosting an id's directory entry: its hash's rank, or, once that
-  // one is gone, the next live rank after it (for good).
+  // The rank hosting an id's directory entry: its hash's rank (its home), or,
+  // while that rank's process is gone, the next rank after it that is not.
   int shardOf(const std::string& id) const override;
+  bool hosts(const std::string& id) const { return shardOf(id) == config_.rank; }
+  int rank() const { return config_.rank; }
   // Who hosts the share of the directory that `homeRank` had.
   int shardHost(int homeRank) const;
   bool hasMoved(int homeRank) const { return moved_.count(homeRank) > 0; }
-  const std::set<int>& movedShards() const { return moved_; }
-  // `rank` is gone: its share of the directory moves on, the other members
-  // hear of it, and this node registers there its copies of the objects that
-  // were listed on it. One share always stays (a member could claim every
-  // rank failed).
-  void moveShardFrom(int rank);
+  // The shards that moved, and the processes whose death moved them.
+  std::vector<wire::ShardDeath> movedShards() const;
+  // `rank`'s process `incarnation` (0: unknown) is gone: its share of the
+  // directory moves on, the other members hear of it, and this node registers
+  // there its copies of the objects that were listed on it. News of another
+  // process than the one this node knows of that rank changes nothing. One
+  // share always stays (a member could claim every rank failed).
+  void moveShardFrom(int rank, uint64_t incarnation);
+  // A new process of `rank` joined (PeerLinks::incarnationOf tells it): a
+  // share that moved away from its rank returns to it, and this node
+  // registers there its copies of the objects that are listed there now.
+  void shardReturned(int rank);
 
   uint64_t newRequest() override { return nextRequest_++; }
   RequestTracker& requests() { return requests_; }
@@ -76,15 +84,18 @@ class DirectoryClient : public DirectoryAccess {
   // that shard fails before answering.
   void requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request,
                     StatusCallback cb);
-  void sendLookup(const wire::Lookup& msg, LookupCallback cb);
+  // Sent now, or after `delay` seconds; kMoved answers are asked again until `deadline`.
+  void sendLookup(const wire::Lookup& msg, LookupCallback cb, double deadline, double delay = 0);
+  // Registers this node's copies of the objects `picked` at their shard (again).
+  void reRegisterCopies(const std::function<bool(const std::string& id)>& picked);
   Status closedError() const;
 
   EventLoop& loop_;
   PeerLinks& peers_;
   ObjectStore& store_;
   const DirectoryClientConfig config_;
-  const std::function<void(int)> onShardMoved_;
-  std::set<int> moved_;  // ranks whose share of the directory moved on
+  const std::function<void()> onShardsChanged_;
+  std::map<int, uint64_t> moved_;  // ranks whose share of the directory moved on, and the process that died
   uint64_t nextRequest_ = 1;
   RequestTracker requests_;
   bool closing_ = false;

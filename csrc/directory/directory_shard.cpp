@@ -200,6 +200,29 @@ void DirectoryShard::lookup(const std::string& id, int asker, bool locate, doubl
   waiting_++;
 }
 
+void DirectoryShard::handOver(const std::function<bool(const std::string& id)>& leaves) {
+  for (auto e = entries_.begin(); e != entries_.end();) {
+    e = leaves(e->first) ? entries_.erase(e) : std::next(e);
+  }
+  std::vector<std::pair<std::string, std::vector<Waiter>>> moved;
+  for (auto w = waiters_.begin(); w != waiters_.end();) {
+    if (!leaves(w->first)) {
+      ++w;
+      continue;
+    }
+    waiting_ -= w->second.size();
+    moved.emplace_back(w->first, std::move(w->second));
+    w = waiters_.erase(w);
+  }
+  for (auto& [id, list] : moved) {
+    for (auto& w : list) {
+      loop_.cancelTimer(w.timer);
+      w.reply(Status(Code::kMoved, "the directory entry of " + printableId(id) + " moved to its home rank, which rejoined"),
+              nullptr, -1);
+    }
+  }
+}
+
 void DirectoryShard::forgetHolder(int rank) {
   for (auto e = entries_.begin(); e != entries_.end();) {
     DirectoryEntry& entry = e->second;

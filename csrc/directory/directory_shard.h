@@ -81,6 +81,10 @@ class DirectoryShard {
   // (gets of it fail at once); a retracted one is not (gets of it wait for it
   // to be registered again).
   Status remove(const std::string& id, bool retract, std::vector<int>* holders);
+  // The ids that `leaves` picks are hosted elsewhere now (their home rank
+  // rejoined): their entries are dropped (their holders register them there)
+  // and the lookups parked for them are answered kMoved, to be asked there.
+  void handOver(const std::function<bool(const std::string& id)>& leaves);
   // Lookups parked here until their object is registered (any thread, for stats).
   uint64_t waitingLookups() const { return waiting_.load(); }
 

@@ -43,7 +43,22 @@ void ShardServer::handleHolderUpdate(Connection& conn, const wire::HolderUpdate&
   }
 }
 
+void ShardServer::handOver() {
+  shard_.handOver([this](const std::string& id) { return !directory_.hosts(id); });
+}
+
 void ShardServer::handleLookup(Connection& conn, const wire::Lookup& msg) {
+  if (!directory_.hosts(msg.id)) {
+    // The asker and this node disagree on where the id's entry lives, for as
+    // long as one of them has not heard that a shard moved or returned: it
+    // asks again shortly (DirectoryClient::sendLookup).
+    wire::LookupReply reply;
+    reply.request = msg.request;
+    reply.status = Status(Code::kMoved, "rank " + std::to_string(directory_.rank()) + " does not host the directory entry of " +
+                                            printableId(msg.id));
+    conn.sendControl(wire::MsgType::kLookupReply, wire::encode(reply));
+    return;
+  }
   std::weak_ptr<Connection> weak = peers_.sharedConnection(conn);
   uint64_t request = msg.request;
   // The asker's timeout, within bounds: a peer must not park requests forever.

@@ -22,6 +22,8 @@ class ShardServer {
   // A peer this node will not talk to again: its copies leave the lists.
   void forgetHolder(int rank) { shard_.forgetHolder(rank); }
   uint64_t waitingLookups() const { return shard_.waitingLookups(); }
+  // Some ids' home rank rejoined: what this shard held for them goes (see DirectoryShard::handOver).
+  void handOver();
 
  private:
   void handleRegister(Connection& conn, const wire::Register& msg);

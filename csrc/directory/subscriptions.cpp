@@ -96,14 +96,15 @@ void LocationSubscriptions::onLocations(Connection& conn, const wire::Locations&
   cv_.notify_all();
 }
 
-void LocationSubscriptions::shardFailed(int rank) {
+void LocationSubscriptions::rehome() {
   HOPLITE_ASSERT_ON_LOOP(loop_);
   std::vector<std::pair<int, wire::Subscribe>> moved;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& [handle, sub] : subscriptions_) {
-      if (sub.shard != rank) continue;
-      sub.shard = shardOf_(sub.id);
+      const int shard = shardOf_(sub.id);
+      if (sub.shard < 0 || sub.shard == shard) continue;  // (< 0: not sent yet; subscribe()'s post sends it)
+      sub.shard = shard;
       moved.emplace_back(sub.shard, wire::Subscribe{handle, sub.id, false});
     }
   }

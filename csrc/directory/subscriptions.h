@@ -1,8 +1,8 @@
 // A node's subscriptions to where objects are: the object's directory shard
 // sends the locations at once (whether the object exists yet or not) and
 // after every change (DirectoryShard::subscribe); callers on any thread wait
-// for news. A shard that fails hands the subscription on with its share of
-// the directory (shardFailed sends it again to the successor).
+// for news. A subscription follows its id's share of the directory when that
+// moves (rehome sends it again to the new shard).
 #pragma once
 
 #include <condition_variable>
@@ -38,8 +38,9 @@ class LocationSubscriptions {
 
   // Loop thread.
   void onLocations(Connection& conn, const wire::Locations& msg);
-  // The shard on `rank` failed: its subscriptions go to the successor.
-  void shardFailed(int rank);
+  // A shard moved or returned: subscriptions whose id is hosted elsewhere
+  // now are sent there (what their old shard still says is ignored).
+  void rehome();
 
  private:
   struct Subscription {

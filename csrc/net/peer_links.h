@@ -28,6 +28,9 @@ class PeerLinks {
   // Id of the latest connection `rank` opened to this node (0: none): only
   // its close speaks for the peer (an older one is a previous process's).
   virtual uint64_t latestIncoming(int rank) = 0;
+  // The random id of `rank`'s process as this node knows it (0: not heard
+  // from yet); a rank that rejoins has a new one.
+  virtual uint64_t incarnationOf(int rank) const = 0;
   virtual std::string peerName(int rank) const = 0;
 
   void sendTo(int rank, wire::MsgType type, std::string payload) {

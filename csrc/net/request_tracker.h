@@ -37,6 +37,7 @@ class RequestTracker {
     if (p.onLookup) p.onLookup(status, reply);
     return true;
   }
+  bool waiting(uint64_t request) const { return pending_.count(request) > 0; }
   // Its asker no longer cares: no callback runs.
   void forget(uint64_t request) { pending_.erase(request); }
   // Gives a waiting status request another callback; false if none waits.

@@ -73,7 +73,7 @@ Node::Node(NodeConfig config)
   });
   directory_ = std::make_unique<DirectoryClient>(
       loop_, *peers_, *store_, DirectoryClientConfig{config_.rank, config_.worldSize, config_.inlineThresholdBytes},
-      [this](int rank) { subscriptions_->shardFailed(rank); });
+      [this] { subscriptions_->rehome(); });
   workers_ = std::make_unique<WorkerPool>("hoplite-copy", config_.copyThreads);
   putCopies_ = std::make_unique<WorkerPool>("hoplite-putcopy", 1, kPutCopyNice);
   server_ = std::make_unique<TransferServer>(
@@ -107,7 +107,7 @@ Node::~Node() { shutdown(); }
 // ---------------------------------------------------------------- peers' events
 
 void Node::onPeerGone(int rank) {
-  directory_->moveShardFrom(rank);  // first: requests failed next are retried at the new shard
+  directory_->moveShardFrom(rank, peers_->incarnationOf(rank));  // first: requests failed next are retried at the new shard
   reduceTasks_->dropPartialResultsOf(rank);
 }
 
@@ -134,13 +134,16 @@ void Node::onAcceptedClosed(Connection& conn, int rank, bool left, const Status&
 }
 
 void Node::fillHelloAck(wire::HelloAck* ack) {
-  ack->deadShards.assign(directory_->movedShards().begin(), directory_->movedShards().end());
+  ack->deadShards = directory_->movedShards();
 }
 
 void Node::onPeerReady(int, const wire::HelloAck& ack) {
-  for (int32_t rank : ack.deadShards) {
-    if (rank >= 0 && rank < config_.worldSize) directory_->moveShardFrom(rank);
-  }
+  for (const wire::ShardDeath& death : ack.deadShards) directory_->moveShardFrom(death.rank, death.incarnation);
+}
+
+void Node::onPeerRejoined(int rank) {
+  directory_->shardReturned(rank);
+  shardServer_->handOver();  // what this node hosted for the rejoined rank's ids goes back
 }
 
 uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
@@ -190,7 +193,7 @@ void Node::handleShardMoved(Connection&, const wire::ShardMoved& msg) {
   // next refusal and move on to the new shard, instead of waiting out the
   // connect timeout).
   peers_->stopRetrying(msg.rank);
-  directory_->moveShardFrom(msg.rank);
+  directory_->moveShardFrom(msg.rank, msg.incarnation);
 }
 
 void Node::onStatusReply(Connection&, const wire::StatusReply& msg) {

@@ -145,6 +145,7 @@ class Node : private PeerEvents, private ReduceServices {
   void onPeerFailed(int rank, const Status& failure) override;
   void onAcceptedClosed(Connection& conn, int rank, bool left, const Status& why) override;
   bool departed(int rank) const override { return directory_->hasMoved(rank); }
+  void onPeerRejoined(int rank) override;
   void fillHelloAck(wire::HelloAck* ack) override;
   void onPeerReady(int rank, const wire::HelloAck& ack) override;
   void ping(int rank) override;

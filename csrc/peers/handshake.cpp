@@ -136,6 +136,7 @@ void Peers::adoptPeer(int rank, const Handshake& hello, uint64_t connectionId) {
   fresh.incoming = connectionId;
   fresh.incarnation = hello.incarnation;
   peers_[rank] = std::move(fresh);
+  events_.onPeerRejoined(rank);
 }
 
 void Peers::handleHelloAck(Connection& conn, const wire::HelloAck& ack) {

@@ -78,6 +78,12 @@ bool Peers::hasFailed(int rank) { return peers_[rank].lost; }
 
 uint64_t Peers::latestIncoming(int rank) { return peers_[rank].incoming; }
 
+uint64_t Peers::incarnationOf(int rank) const {
+  if (rank == config_.rank) return config_.incarnation;
+  auto it = peers_.find(rank);
+  return it == peers_.end() ? 0 : it->second.incarnation;
+}
+
 std::string Peers::peerName(int rank) const {
   auto it = peers_.find(rank);
   if (rank == config_.rank) return "rank " + std::to_string(rank) + " (self)";

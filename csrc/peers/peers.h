@@ -62,6 +62,8 @@ class PeerEvents {
   // told this node (before the writes queued for it go out).
   virtual void fillHelloAck(wire::HelloAck* ack) = 0;
   virtual void onPeerReady(int rank, const wire::HelloAck& ack) = 0;
+  // A new process of `rank` proved who it is (it rejoined, after it failed).
+  virtual void onPeerRejoined(int rank) = 0;
   // A quiet peer is asked for an answer, so that its silence shows.
   virtual void ping(int rank) = 0;
   // Data frames on authenticated connections (see ConnectionObserver).
@@ -108,6 +110,7 @@ class Peers : public PeerLinks, public ConnectionObserver {
   std::shared_ptr<Connection> sharedConnection(Connection& conn) override;
   bool hasFailed(int rank) override;
   uint64_t latestIncoming(int rank) override;
+  uint64_t incarnationOf(int rank) const override;
   std::string peerName(int rank) const override;
 
   // ConnectionObserver.

@@ -123,7 +123,11 @@ Auth Auth::decode(Reader& r) {
 
 void HelloAck::encode(Writer& w) const {
   w.i32(rank);
-  encodeRanks(w, deadShards);
+  w.u32(static_cast<uint32_t>(deadShards.size()));
+  for (const ShardDeath& d : deadShards) {
+    w.i32(d.rank);
+    w.u64(d.incarnation);
+  }
   w.str(host);
   w.u32(pid);
   w.u64(probeAddress);
@@ -132,7 +136,13 @@ void HelloAck::encode(Writer& w) const {
 HelloAck HelloAck::decode(Reader& r) {
   HelloAck m;
   m.rank = r.i32();
-  m.deadShards = decodeRanks(r, "hello ack");
+  uint32_t dead = r.u32();
+  if (dead > r.remaining() / 12) throw DecodeError("hello ack lists more dead shards than it holds");
+  m.deadShards.resize(dead);
+  for (ShardDeath& d : m.deadShards) {
+    d.rank = r.i32();
+    d.incarnation = r.u64();
+  }
   m.host = r.str(256, "host identity");
   m.pid = r.u32();
   m.probeAddress = r.u64();
@@ -141,10 +151,14 @@ HelloAck HelloAck::decode(Reader& r) {
   return m;
 }
 
-void ShardMoved::encode(Writer& w) const { w.i32(rank); }
+void ShardMoved::encode(Writer& w) const {
+  w.i32(rank);
+  w.u64(incarnation);
+}
 ShardMoved ShardMoved::decode(Reader& r) {
   ShardMoved m;
   m.rank = r.i32();
+  m.incarnation = r.u64();
   r.expectEnd("shard moved");
   return m;
 }

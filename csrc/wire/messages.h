@@ -63,10 +63,16 @@ struct Auth {
 // (net/same_host/): the server's host identity (empty: it offers no such
 // reads), its pid, and the address of `probe`, bytes the client reads there
 // to check that it can. Only an authenticated peer learns them.
+// A rank's process that died, and whose share of the directory moved on.
+struct ShardDeath {
+  int32_t rank = -1;
+  uint64_t incarnation = 0;  // of the process that died (0: never heard from it)
+};
+
 struct HelloAck {
   static constexpr MsgType kType = MsgType::kHelloAck;
   int32_t rank = -1;
-  std::vector<int32_t> deadShards;  // ranks whose directory shard moved on, as the server knows them
+  std::vector<ShardDeath> deadShards;  // ranks whose directory shard moved on, as the server knows them
   std::string host;
   uint32_t pid = 0;
   uint64_t probeAddress = 0;
@@ -75,11 +81,13 @@ struct HelloAck {
   static HelloAck decode(Reader& r);
 };
 
-// One-way, spread by whoever learns it: `rank` failed, and its share of the
-// directory moved on to the next live rank for good.
+// One-way, spread by whoever learns it: `rank`'s process `incarnation`
+// failed, and its share of the directory moved on to the next live rank until
+// a new process of that rank joins.
 struct ShardMoved {
   static constexpr MsgType kType = MsgType::kShardMoved;
   int32_t rank = -1;
+  uint64_t incarnation = 0;
   void encode(Writer& w) const;
   static ShardMoved decode(Reader& r);
 };

@@ -146,20 +146,23 @@ static void testMessages() {
 
   checkTruncations(Auth{std::string(kProofSize, 'p')}, [](Reader& r) { Auth::decode(r); }, "auth");
   CHECK(throwsDecodeError(encode(Auth{std::string(kProofSize + 1, 'p')}), [](Reader& r) { Auth::decode(r); }));
-  checkTruncations(HelloAck{2, {1, 5}}, [](Reader& r) { HelloAck::decode(r); }, "hello ack");
+  checkTruncations(HelloAck{2, {{1, 9}, {5, 0}}}, [](Reader& r) { HelloAck::decode(r); }, "hello ack");
   checkTruncations(HelloAck{2, {}, "boot/net:1/pid:2", 4242, 0x7f0012345000ull, std::string(kNonceSize, 'q')},
                    [](Reader& r) { HelloAck::decode(r); }, "hello ack offering same-host reads");
   CHECK(throwsDecodeError(encode(HelloAck{2, {}, "h", 1, 2, std::string(kNonceSize + 1, 'q')}),
                           [](Reader& r) { HelloAck::decode(r); }));
   {
-    std::string bytes = encode(HelloAck{2, {1, 5}});
+    std::string bytes = encode(HelloAck{2, {{1, 0x1234567890ull}, {5, 0}}});
     Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
     HelloAck back = HelloAck::decode(r);
-    CHECK(back.rank == 2 && back.deadShards == std::vector<int32_t>({1, 5}));
+    CHECK(back.rank == 2 && back.deadShards.size() == 2 && back.deadShards[0].rank == 1 &&
+          back.deadShards[0].incarnation == 0x1234567890ull && back.deadShards[1].rank == 5 &&
+          back.deadShards[1].incarnation == 0);
+    checkTruncations(HelloAck{2, {{1, 7}}}, [](Reader& r) { HelloAck::decode(r); }, "hello ack naming a dead shard");
     CHECK(throwsDecodeError(encode(Hello{kVersion, 2, "c", std::string(kNonceSize, 'n'), "h", 70000}),
                             [](Reader& r) { Hello::decode(r); }));
   }
-  checkTruncations(ShardMoved{3}, [](Reader& r) { ShardMoved::decode(r); }, "shard moved");
+  checkTruncations(ShardMoved{3, 0xabcdefull}, [](Reader& r) { ShardMoved::decode(r); }, "shard moved");
   checkTruncations(Subscribe{7, "id", true}, [](Reader& r) { Subscribe::decode(r); }, "subscribe");
   {
     Locations loc{7, "id", LocationState::kPresent, {0, 3}, {2}, true, -1};

@@ -160,7 +160,7 @@ def foreign_hello() -> bytes:
     def string(b: bytes) -> bytes:
         return struct.pack("<I", len(b)) + b
 
-    version = 10  # csrc/wire/frame.h kVersion
+    version = 11  # csrc/wire/frame.h kVersion
     body = struct.pack("<Ii", version, 0) + string(b"another-cluster") + string(b"n" * 16) + string(b"127.0.0.1")
     body += struct.pack("<IQ", 1, 0)
     return struct.pack("<IBBHQ", 0x544C5048, version, 1, 0, len(body)) + body
