@@ -85,3 +85,42 @@ def test_shutdown_waits_for_a_stopped_peer_no_longer_than_its_bound(cluster3):
     finally:
         os.kill(cluster3.pids[1], signal.SIGCONT)
         cluster3.kill(1)
+
+
+def wait_for_stat(c: Cluster, rank: int, key: str, value: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while c.call(rank, workers.stats)[key] < value:
+        assert time.monotonic() < deadline, f"rank {rank}'s {key} stayed below {value}"
+        time.sleep(0.05)
+
+
+def test_a_rank_resumed_past_the_heartbeat_timeout_blames_no_one_and_works_again(cluster3):
+    """Rank 1 is stopped past the heartbeat timeout: ranks 0 and 2 declare it
+    failed, move its shard and forget its copies. Resumed, it does not take
+    their closes for their deaths (it used to move their shards too): only
+    its own shard has moved, everywhere, its copies are listed again, and
+    every operation works."""
+    c = cluster3
+    (at0,) = ids_with_shard("pause-0", 1, 3, lambda s: s == 0)
+    (at2,) = ids_with_shard("pause-2", 1, 3, lambda s: s == 2)
+    (only,) = ids_with_shard("pause-only", 1, 3, lambda s: s == 0)
+    # Connections both ways between rank 1 and each other rank.
+    c.call(1, workers.put, torch.full((1 << 18,), 1.0), at0)
+    c.call(1, workers.put, torch.full((1 << 18,), 2.0), at2)
+    c.call(1, workers.put, torch.full((1 << 18,), 3.0), only)  # only rank 1 ever holds it
+    assert torch.equal(hop.get(at2, timeout=10).wait(), torch.full((1 << 18,), 2.0))
+    assert torch.equal(c.call(2, workers.get, at0, 10), torch.full((1 << 18,), 1.0))
+    c.freeze(1)
+    try:
+        wait_for_stat(c, 0, "shards_moved", 1)
+        wait_for_stat(c, 2, "shards_moved", 1)
+        time.sleep(0.5)
+    finally:
+        os.kill(c.pids[1], signal.SIGCONT)
+    time.sleep(1.5)  # rank 1 resumes, redials, lists its copies again
+    assert [c.call(r, workers.stats)["shards_moved"] for r in range(3)] == [1, 1, 1]  # rank 1's own, nothing else
+    assert torch.equal(hop.get(only, timeout=10).wait(), torch.full((1 << 18,), 3.0))
+    assert torch.equal(c.call(1, workers.get, at2, 10), torch.full((1 << 18,), 2.0))
+    (fresh,) = ids_with_shard("pause-fresh", 1, 3, lambda s: s == 1)  # listed where rank 1's shard went
+    c.call(1, workers.put, torch.full((10,), 4.0), fresh)
+    assert torch.equal(c.call(2, workers.get, fresh, 10), torch.full((10,), 4.0))

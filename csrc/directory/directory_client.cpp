@@ -53,6 +53,7 @@ void DirectoryClient::moveShardFrom(int rank, uint64_t incarnation) {
     if (shardOf(obj->id()) == rank) listedThere.insert(obj->id());
   }
   moved_[rank] = incarnation;
+  movedCount_ = moved_.size();
   onShardsChanged_();
   HLOG(kInfo, "%s is gone (failed or left): its directory shard moves on; re-registering %zu local copies",
        peers_.peerName(rank).c_str(), listedThere.size());
@@ -67,11 +68,17 @@ void DirectoryClient::moveShardFrom(int rank, uint64_t incarnation) {
 
 void DirectoryClient::shardReturned(int rank) {
   HOPLITE_ASSERT_ON_LOOP(loop_);
+  if (closing_) return;
   auto it = moved_.find(rank);
-  if (closing_ || it == moved_.end() || it->second == peers_.incarnationOf(rank)) return;
-  moved_.erase(it);
-  onShardsChanged_();
-  HLOG(kInfo, "%s rejoined: its directory shard returns to it", peers_.peerName(rank).c_str());
+  if (it != moved_.end()) {
+    if (it->second == peers_.incarnationOf(rank)) return;  // the same process, back after a stall
+    moved_.erase(it);
+    movedCount_ = moved_.size();
+    onShardsChanged_();
+    HLOG(kInfo, "%s rejoined: its directory shard returns to it", peers_.peerName(rank).c_str());
+  }
+  // Moved or not (it may have come back before this node saw it die), its
+  // new process's share starts empty.
   reRegisterCopies([&](const std::string& id) { return shardOf(id) == rank; });
 }
 

@@ -4,6 +4,7 @@
 // and lookups. Loop thread only.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -51,8 +52,13 @@ class DirectoryClient : public DirectoryAccess {
   void moveShardFrom(int rank, uint64_t incarnation);
   // A new process of `rank` joined (PeerLinks::incarnationOf tells it): a
   // share that moved away from its rank returns to it, and this node
-  // registers there its copies of the objects that are listed there now.
+  // registers there its copies of the objects that are listed there now
+  // (also when it had not moved: the new process starts with an empty share).
   void shardReturned(int rank);
+  // Registers this node's copies of the objects `picked` at their shard (again).
+  void reRegisterCopies(const std::function<bool(const std::string& id)>& picked);
+  // Shares of the directory that have moved (any thread, for stats).
+  uint64_t shardsMoved() const { return movedCount_.load(); }
 
   uint64_t newRequest() override { return nextRequest_++; }
   RequestTracker& requests() { return requests_; }
@@ -86,8 +92,6 @@ class DirectoryClient : public DirectoryAccess {
                     StatusCallback cb);
   // Sent now, or after `delay` seconds; kMoved answers are asked again until `deadline`.
   void sendLookup(const wire::Lookup& msg, LookupCallback cb, double deadline, double delay = 0);
-  // Registers this node's copies of the objects `picked` at their shard (again).
-  void reRegisterCopies(const std::function<bool(const std::string& id)>& picked);
   Status closedError() const;
 
   EventLoop& loop_;
@@ -96,6 +100,7 @@ class DirectoryClient : public DirectoryAccess {
   const DirectoryClientConfig config_;
   const std::function<void()> onShardsChanged_;
   std::map<int, uint64_t> moved_;  // ranks whose share of the directory moved on, and the process that died
+  std::atomic<uint64_t> movedCount_{0};  // moved_.size()
   uint64_t nextRequest_ = 1;
   RequestTracker requests_;
   bool closing_ = false;

@@ -20,6 +20,9 @@ constexpr int kPutCopyNice = 10;
 // How long shutdown waits for peers to take what was sent and end their side
 // of each connection (normally a round trip).
 constexpr double kShutdownLingerSeconds = 2;
+// After a long stall, time to read the closes of peers that evicted this
+// process before redialing them.
+constexpr double kResumeDelaySeconds = 0.2;
 
 // Control frames carry inline objects (up to the threshold) and their
 // metadata; data frames at most the largest chunk.
@@ -114,9 +117,28 @@ void Node::onPeerGone(int rank) {
 void Node::onPeerFailed(int rank, const Status& failure) {
   // This node will not talk to it again: its copies leave this shard's lists.
   shardServer_->forgetHolder(rank);
-  directory_->requests().failRank(rank, failure);
-  client_->failPullsFrom(rank, failure);
-  mailbox_->failFrom(rank, 0, failure);
+  onLinkLost(rank, failure);
+}
+
+void Node::onLinkLost(int rank, const Status& why) {
+  directory_->requests().failRank(rank, why);
+  client_->failPullsFrom(rank, why);
+  mailbox_->failFrom(rank, 0, why);
+}
+
+void Node::onResumed() {
+  // Peers that evicted this process forgot its copies, moved its shard and
+  // closed its connections. Once those closes are read, asking each peer
+  // something redials it, and its hello ack says what moved; this node also
+  // lists its copies again (at their shard as this node knows it then, and
+  // again if the news moves it).
+  loop_.addTimer(kResumeDelaySeconds, [this] {
+    if (shuttingDown_) return;
+    for (int rank = 0; rank < config_.worldSize; ++rank) {
+      if (rank != config_.rank) ping(rank);
+    }
+    directory_->reRegisterCopies([](const std::string&) { return true; });
+  });
 }
 
 void Node::onAcceptedClosed(Connection& conn, int rank, bool left, const Status& why) {
@@ -274,6 +296,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"store_capacity_bytes", store_->capacityBytes()},
       {"store_objects", store_->count()},
       {"lookups_waiting", shardServer_->waitingLookups()},
+      {"shards_moved", directory_->shardsMoved()},
       {"pool_cached_bytes", pool_->cachedBytes()},
       {"pool_mapped_bytes", pool_->mappedBytes()},
   };

@@ -143,6 +143,8 @@ class Node : private PeerEvents, private ReduceServices {
   // PeerEvents.
   void onPeerGone(int rank) override;
   void onPeerFailed(int rank, const Status& failure) override;
+  void onLinkLost(int rank, const Status& why) override;
+  void onResumed() override;
   void onAcceptedClosed(Connection& conn, int rank, bool left, const Status& why) override;
   bool departed(int rank) const override { return directory_->hasMoved(rank); }
   void onPeerRejoined(int rank) override;

@@ -175,7 +175,7 @@ void Peers::onClosed(Connection& conn, const Status& why) {
   // Only the connection it opened last speaks for it: an older one closing
   // late (its previous process's) says nothing about a rank that rejoined.
   const int from = conn.peerRank();
-  const bool left = from >= 0 && !closing_ && peers_[from].incoming == conn.id();
+  const bool left = from >= 0 && !closing_ && peers_[from].incoming == conn.id() && !justStalled(steadySeconds());
   if (left) peers_[from].lost = true;
   events_.onAcceptedClosed(conn, from, left, why);
 }
@@ -185,6 +185,19 @@ void Peers::onDialedClosed(Connection& conn, const Status& why) {
   auto it = peers_.find(rank);
   if (it == peers_.end() || it->second.conn.get() != &conn) return;  // a replaced connection
   Peer& peer = it->second;
+  if (!closing_ && peer.ready && justStalled(steadySeconds())) {
+    // It most likely declared this process failed while it was stalled: it
+    // is not to blame and its shard stays (it tells us what it moved when we
+    // dial it again).
+    HLOG(kWarn, "%s closed our connection while this process was stalled (%s): redialing it when needed",
+         peerName(rank).c_str(), why.message.c_str());
+    peer.conn.reset();
+    peer.ready = false;
+    events_.onLinkLost(rank, Status(Code::kPeerFailed, "the connection to " + peerName(rank) +
+                                                           " closed while this process was stalled past the heartbeat "
+                                                           "timeout (" + why.message + ")"));
+    return;
+  }
   // Retry only connects that never completed: the peer may not be listening
   // yet (fresh namespaces take a moment). One that accepted and then closed
   // (e.g. died before its hello ack) has failed.
@@ -223,15 +236,25 @@ void Peers::heardFrom(Connection& conn) {
   if (it != peers_.end() && it->second.conn.get() == &conn) it->second.lastHeard = steadySeconds();
 }
 
+bool Peers::heartbeatOverdue(double t) const {
+  return lastHeartbeatCheck_ > 0 && t - lastHeartbeatCheck_ > 2 * config_.heartbeatIntervalSeconds + 1;
+}
+
+bool Peers::justStalled(double t) const { return heartbeatOverdue(t) || t < stalledUntil_; }
+
 void Peers::checkHeartbeats() {
   if (closing_) return;
   const double t = steadySeconds();
   // After this process itself stalled (stopped, starved), answers may be
   // waiting unread: start counting again instead of failing everyone.
-  const bool late = lastHeartbeatCheck_ > 0 && t - lastHeartbeatCheck_ > 2 * config_.heartbeatIntervalSeconds + 1;
+  const bool late = heartbeatOverdue(t);
+  const double stalledFor = t - lastHeartbeatCheck_ - config_.heartbeatIntervalSeconds;
   lastHeartbeatCheck_ = t;
   if (late) {
     for (auto& [rank, peer] : peers_) peer.lastHeard = t;
+    stalledUntil_ = t + config_.heartbeatTimeoutSeconds;  // their closes may still be on their way
+    HLOG(kWarn, "this process stalled for %s", printableSeconds(stalledFor).c_str());
+    if (stalledFor > config_.heartbeatTimeoutSeconds) events_.onResumed();
   }
   std::vector<int> silent, quiet;
   for (const auto& [rank, peer] : peers_) {
@@ -247,8 +270,16 @@ void Peers::checkHeartbeats() {
     auto it = peers_.find(rank);
     if (it == peers_.end() || !it->second.conn) continue;
     auto conn = it->second.conn;
-    conn->close(Status(Code::kPeerFailed, "it answered nothing for " + printableSeconds(config_.heartbeatTimeoutSeconds) +
-                                              " (HOPLITE_HEARTBEAT_TIMEOUT)"));  // fails everything waiting on it
+    Status why(Code::kPeerFailed, "it answered nothing for " + printableSeconds(config_.heartbeatTimeoutSeconds) +
+                                      " (HOPLITE_HEARTBEAT_TIMEOUT)");
+    conn->close(why);  // fails everything waiting on it
+    // Its connections to us too: if it was only stalled, it learns when it
+    // resumes that it was evicted, and what moved, by dialing again.
+    std::vector<std::shared_ptr<Connection>> incoming;
+    for (const auto& [id, c] : incoming_) {
+      if (c->peerRank() == rank) incoming.push_back(c);
+    }
+    for (const auto& c : incoming) c->close(why);
   }
   for (int rank : quiet) events_.ping(rank);
   loop_.addTimer(config_.heartbeatIntervalSeconds, [this] { checkHeartbeats(); });

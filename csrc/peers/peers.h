@@ -52,6 +52,13 @@ class PeerEvents {
   // Then, once this node let go of its connection and the writes queued for it,
   // what waited on it fails.
   virtual void onPeerFailed(int rank, const Status& failure) = 0;
+  // The connection to a peer that is not known to have failed broke (it
+  // closed it while this process was stalled): what waited for an answer on
+  // it fails; the peer stays a member and the next write dials it again.
+  virtual void onLinkLost(int rank, const Status& why) = 0;
+  // This process resumed after a stall longer than the heartbeat timeout: its
+  // peers may have declared it failed meanwhile.
+  virtual void onResumed() = 0;
   // A connection a peer opened to this node closed (`rank` -1: before its
   // handshake). `left`: it was the peer's latest, so the peer left or died.
   virtual void onAcceptedClosed(Connection& conn, int rank, bool left, const Status& why) = 0;
@@ -191,6 +198,13 @@ class Peers : public PeerLinks, public ConnectionObserver {
   std::unordered_map<uint64_t, std::shared_ptr<Connection>> incoming_;
   std::unordered_map<uint64_t, Handshake> handshakes_;
   double lastHeartbeatCheck_ = 0;
+  double stalledUntil_ = 0;  // closes until then may be peers evicting this process (justStalled)
+  // Whether this process stalled (stopped, starved) just now, so that its
+  // peers may have declared it failed and closed its connections: then their
+  // closes say nothing about them.
+  bool justStalled(double t) const;
+  // The heartbeat timer ran late: this process did not run for a while.
+  bool heartbeatOverdue(double t) const;
   bool closing_ = false;
   // At shutdown: the connections ending gracefully, and the promise kept once
   // none of them is open.
