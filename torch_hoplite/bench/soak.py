@@ -37,6 +37,7 @@ from torch_hoplite.bench import soak_report, soak_workload
 from torch_hoplite.bench.common import RESULTS, machine
 
 OPTIONS = {"timeout": 10.0, "connect_timeout": 3.0, "heartbeat_interval": 0.25, "heartbeat_timeout": 2.0,
+           "capacity_bytes": "512MiB",  # copies of objects whose owner died are evicted, not kept
            "same_host": False}
 GRACE = 5.0  # past an operation's timeout: a hang
 FAULTS = ("kill", "pause", "stranger")

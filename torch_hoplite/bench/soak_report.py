@@ -44,17 +44,56 @@ def lost_with_holder(op: dict, faults: list[dict]) -> bool:
     return False
 
 
-def recovery_seconds(fault: dict, ops: list[dict], faults: list[dict], until: float) -> float:
-    """Seconds from the fault to the end of the last failed operation of
-    another rank that the fault can explain (not a deliberate delete, not an
-    object gone with a killed holder), before the next fault; 0 if none failed."""
-    last = fault["t"]
+def owners(op: dict) -> set[int]:
+    """The ranks whose objects the operation touched."""
+    out = set()
+    for obj in op.get("objects", []):
+        parts = obj.split(".")
+        if len(parts) == 4 and parts[1].isdigit():
+            out.add(int(parts[1]))
+    return out
+
+
+def explains(fault: dict, op: dict, until: float) -> bool:
+    """Whether `fault` can explain the failed operation of another rank: it
+    ended after the fault and before the next fault on that rank, and touched
+    that rank's objects or names that rank."""
+    end = op["start"] + op["dur"]
+    return (op["rank"] != fault["rank"] and fault["t"] <= end < until
+            and (fault["rank"] in owners(op) or f"rank {fault['rank']} " in op["error"]))
+
+
+def counted(op: dict, faults: list[dict]) -> bool:
+    """A failure that says something about recovery: not a deliberate delete,
+    not an object gone for good with its killed holder."""
+    return bool(op["error"]) and error_type(op) not in EXPECTED and not lost_with_holder(op, faults)
+
+
+def attribute(ops: list[dict], faults: list[dict], end: float) -> list[dict]:
+    """Sets each kill's and pause's `recovery_s` (from the fault, for a pause
+    also `after_resume_s`, to the end of the last failure it explains; 0 if
+    none) and returns the counted failures that no fault explains."""
+    disruptive = [f for f in faults if f["kind"] in ("kill", "pause")]
+    windows = []
+    for f in disruptive:
+        later = [g["t"] for g in disruptive if g["rank"] == f["rank"] and g["t"] > f["t"]]
+        windows.append((f, min(later) if later else end + 1))
+        f["recovery_s"] = 0.0
+        if f["kind"] == "pause":
+            f["after_resume_s"] = 0.0
+    unexplained = []
     for op in ops:
-        end = op["start"] + op["dur"]
-        if (op["error"] and op["rank"] != fault["rank"] and fault["t"] <= end < until
-                and error_type(op) not in EXPECTED and not lost_with_holder(op, faults)):
-            last = max(last, end)
-    return last - fault["t"]
+        if not counted(op, faults):
+            continue
+        causes = [f for f, until in windows if explains(f, op, until)]
+        if not causes:
+            unexplained.append(op)
+        for f in causes:
+            op_end = op["start"] + op["dur"]
+            f["recovery_s"] = max(f["recovery_s"], op_end - f["t"])
+            if f["kind"] == "pause" and "restarted" in f:
+                f["after_resume_s"] = max(f["after_resume_s"], op_end - f["restarted"])
+    return unexplained
 
 
 def resource_trend(samples: list[dict]) -> dict[str, Any]:
@@ -76,6 +115,9 @@ def resource_trend(samples: list[dict]) -> dict[str, Any]:
             "fds_first_third": statistics.median(s["fds"] for s in head),
             "fds_last_third": statistics.median(s["fds"] for s in tail),
             "fds_max": max(s["fds"] for s in series),
+            "store_last_third_mb": statistics.median(s["store"] for s in tail) / 2**20,
+            "objects_last_third": statistics.median(s["objects"] for s in tail),
+            "pool_mapped_last_third_mb": statistics.median(s["mapped"] for s in tail) / 2**20,
         })
     return out
 
@@ -97,12 +139,8 @@ def summarize(workdir: str, faults: list[dict], began: float, settings: dict, ma
             c["errors"][kind] += 1
         else:
             c["ok"] += 1
-    fault_times = sorted(f["t"] for f in faults if f["kind"] in ("kill", "pause"))
     end = max((op["start"] + op["dur"] for op in ops), default=began)
-    for f in faults:
-        later = [t for t in fault_times if t > f["t"]]
-        if f["kind"] in ("kill", "pause"):
-            f["recovery_s"] = recovery_seconds(f, ops, faults, later[0] if later else end + 1)
+    unexplained = attribute(ops, faults, end)
     return {
         "benchmark": "soak",
         "machine": machine,
@@ -112,6 +150,8 @@ def summarize(workdir: str, faults: list[dict], began: float, settings: dict, ma
                        for k, v in sorted(counts.items())},
         "faults": [{**f, "t": f["t"] - began, **({"restart_at": f["restart_at"] - began} if "restart_at" in f else {}),
                     **({"restarted": f["restarted"] - began} if "restarted" in f else {})} for f in faults],
+        # Failures no fault explains (see attribute()): each is a finding.
+        "unexplained_failures": [{**op, "start": op["start"] - began} for op in unexplained],
         "faults_by_kind": dict(collections.Counter(f["kind"] for f in faults)),
         "wrong_bytes": sum(op["wrong"] for op in ops),
         "hangs": len(hangs) + len(late),
@@ -119,7 +159,8 @@ def summarize(workdir: str, faults: list[dict], began: float, settings: dict, ma
         "resources": resource_trend(samples),
         "timeline": {
             "ops": [[op["start"] - began, op["dur"], op["op"], bool(op["error"]), op["rank"]] for op in ops],
-            "samples": [[s["t"] - began, s["rank"], s["inc"], s["rss"], s["fds"]] for s in samples],
+            "samples": [[s["t"] - began, s["rank"], s["inc"], s["rss"], s["fds"], s["store"], s["objects"]]
+                        for s in samples],
         },
     }
 
@@ -163,14 +204,16 @@ def plot(report: dict, path: str) -> None:
                      f"wrong bytes {report['wrong_bytes']}, hangs {report['hangs']}; "
                      f"faults (lines): kill black, pause purple, stranger orange", fontsize=9)
     series = collections.defaultdict(list)
-    for t, rank, inc, rss, fds in report["timeline"]["samples"]:
-        series[(rank, inc)].append((t, rss, fds))
+    for t, rank, inc, rss, fds, store, _objects in report["timeline"]["samples"]:
+        series[(rank, inc)].append((t, rss, fds, store))
     for (rank, inc), points in sorted(series.items()):
         points.sort()
         ts = [p[0] for p in points]
-        ax_rss.plot(ts, [p[1] / 2**20 for p in points], linewidth=0.8, label=f"rank {rank}" if inc == 0 else None)
+        line, = ax_rss.plot(ts, [p[1] / 2**20 for p in points], linewidth=0.8,
+                            label=f"rank {rank}" if inc == 0 else None)
+        ax_rss.plot(ts, [p[3] / 2**20 for p in points], linewidth=0.8, linestyle="--", color=line.get_color())
         ax_fds.plot(ts, [p[2] for p in points], linewidth=0.8)
-    ax_rss.set_ylabel("RSS (MiB)")
+    ax_rss.set_ylabel("RSS (solid), store (dashed), MiB")
     ax_rss.legend(loc="upper right", fontsize=8, ncol=4)
     ax_fds.set_ylabel("open fds")
     ax_fds.set_xlabel("seconds since the ranks started")
@@ -183,10 +226,19 @@ def print_summary(report: dict) -> None:
     print(f"soak: {report['seconds']:.0f} s, faults {report['faults_by_kind']}")
     for kind, c in report["operations"].items():
         print(f"  {kind:7s} ok {c['ok']:6d}  failed {c['failed']:5d}  {c['errors']}")
-    recoveries = [f["recovery_s"] for f in report["faults"] if "recovery_s" in f]
-    if recoveries:
-        print(f"  recovery after kill/pause: median {statistics.median(recoveries):.2f} s, max {max(recoveries):.2f} s")
+    for kind in ("kill", "pause"):
+        recoveries = [f["recovery_s"] for f in report["faults"] if f["kind"] == kind]
+        if recoveries:
+            print(f"  recovery after a {kind}: median {statistics.median(recoveries):.2f} s, max {max(recoveries):.2f} s")
+    resumes = [f["after_resume_s"] for f in report["faults"] if "after_resume_s" in f]
+    if resumes:
+        print(f"  failures after a resume: for up to {max(resumes):.2f} s")
+    print(f"  failures no fault explains: {len(report['unexplained_failures'])}")
+    for op in report["unexplained_failures"][:10]:
+        print(f"    {op['start']:7.1f} s rank {op['rank']} {op['op']}: {op['error'][:200]}")
     for r in report["resources"]:
         print(f"  rank {r['rank']}.{r['incarnation']}: RSS {r['rss_first_third_mb']:.0f} -> {r['rss_last_third_mb']:.0f} MiB "
-              f"(max {r['rss_max_mb']:.0f}), fds {r['fds_first_third']:.0f} -> {r['fds_last_third']:.0f} over {r['seconds']:.0f} s")
+              f"(max {r['rss_max_mb']:.0f}; store {r['store_last_third_mb']:.0f} MiB in {r['objects_last_third']:.0f} objects, "
+              f"pool mapped {r['pool_mapped_last_third_mb']:.0f}), fds {r['fds_first_third']:.0f} -> {r['fds_last_third']:.0f} "
+              f"over {r['seconds']:.0f} s")
     print(f"  wrong bytes {report['wrong_bytes']}, hangs {report['hangs']}")

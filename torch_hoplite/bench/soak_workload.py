@@ -22,7 +22,7 @@ import torch_hoplite.api as api
 # Element counts of the objects a rank puts (int32: 4 KB to 4 MB); the i-th put
 # of a rank has SIZES[i % len(SIZES)] elements, so any reader knows its shape.
 SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20)
-KEEP = 24  # a rank deletes its oldest objects beyond this many
+KEEP = 24  # a rank's deletes take its objects down to its last this many
 RECENT = 12  # readers choose among a rank's last puts
 WEIGHTS = {"put": 3, "get": 5, "delete": 1, "reduce": 1}
 
@@ -87,12 +87,15 @@ class Watchdog:
 
 
 def sample_resources(log: Log, period: float) -> None:
-    """RSS and open fds of this process, every `period` seconds."""
+    """RSS, open fds and what the store holds, every `period` seconds."""
     def run():
-        while True:
+        while hop.is_initialized():
             with open("/proc/self/statm") as f:
                 rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-            log.write(event="sample", rss=rss, fds=len(os.listdir("/proc/self/fd")))
+            stats = hop.stats()
+            log.write(event="sample", rss=rss, fds=len(os.listdir("/proc/self/fd")),
+                      store=stats["store_used_bytes"], objects=stats["store_objects"],
+                      mapped=stats["pool_mapped_bytes"])
             time.sleep(period)
 
     threading.Thread(target=run, daemon=True).start()
@@ -153,8 +156,8 @@ class Workload:
         return wrong_bytes(got, contents(obj, numel))
 
     def op_delete(self) -> int:
-        if len(self.mine) > KEEP:
-            self.objects = [self.mine[0]]
+        while len(self.mine) > KEEP:
+            self.objects.append(self.mine[0])
             hop.delete(self.mine.popleft(), timeout=self.timeout)
         return 0
 
