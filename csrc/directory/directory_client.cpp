@@ -1,6 +1,7 @@
 // Where ids' directory entries live, and the requests this node makes.
 #include "directory/directory_client.h"
 
+#include <algorithm>
 #include <unordered_set>
 #include <utility>
 
@@ -18,6 +19,9 @@ namespace {
 // Between a lookup's kMoved answer and asking again: time for the news of a
 // moved or returned shard to reach the asker or the shard.
 constexpr double kRedirectDelaySeconds = 0.05;
+// How long registers and deletes are asked again while members disagree on
+// where an id's entry lives (news of a move or return travels in one hop).
+constexpr double kShardRedirectSeconds = 10;
 }  // namespace
 
 Status DirectoryClient::closedError() const {
@@ -104,26 +108,50 @@ void DirectoryClient::reRegisterCopies(const std::function<bool(const std::strin
 }
 
 void DirectoryClient::requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request,
-                                    StatusCallback cb) {
+                                    StatusCallback cb, double delay) {
   HOPLITE_ASSERT_ON_LOOP(loop_);
   if (closing_) {
     cb(closedError());
     return;
   }
-  requests_.expectStatus(request, rank, std::move(cb));
-  peers_.sendTo(rank, type, std::move(payload));
+  const uint64_t attempt = requests_.expectStatus(request, rank, std::move(cb));
+  sendWhenDue(rank, type, std::move(payload), request, attempt, delay);
+}
+
+void DirectoryClient::sendWhenDue(int rank, wire::MsgType type, std::string payload, uint64_t request,
+                                  uint64_t attempt, double delay) {
+  if (delay <= 0) {
+    peers_.sendTo(rank, type, std::move(payload));
+    return;
+  }
+  // Answered meanwhile (a failure, shutdown, its asker gave up), or asked
+  // again elsewhere: this attempt sends nothing.
+  loop_.addTimer(delay, [this, rank, type, payload = std::move(payload), request, attempt]() mutable {
+    if (!closing_ && requests_.waiting(request, attempt)) peers_.sendTo(rank, type, std::move(payload));
+  });
+}
+
+Status DirectoryClient::disagreement(const std::string& id, const Status& moved) {
+  return Status(Code::kTimeout, "the members did not agree in time on which rank hosts the directory entry of " +
+                                    printableId(id) + " (" + moved.message + ")");
 }
 
 void DirectoryClient::requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request,
-                        StatusCallback cb) {
+                                   StatusCallback cb, double deadline, double delay) {
   const int shard = shardOf(id);
   requestStatus(shard, type, payload, request,
-                [this, id, type, payload, request, shard, cb = std::move(cb)](const Status& s) mutable {
+                [this, id, type, payload, request, shard, deadline, cb = std::move(cb)](const Status& s) mutable {
                   if (s.code == Code::kPeerFailed && !closing_ && shardOf(id) != shard) {
-                    return requestShard(id, type, std::move(payload), request, std::move(cb));
+                    return requestShard(id, type, std::move(payload), request, std::move(cb), deadline);
+                  }
+                  if (s.code == Code::kMoved && !closing_) {
+                    if (steadySeconds() + kRedirectDelaySeconds >= deadline) return cb(disagreement(id, s));
+                    return requestShard(id, type, std::move(payload), request, std::move(cb), deadline,
+                                        kRedirectDelaySeconds);
                   }
                   cb(s);
-                });
+                },
+                delay);
 }
 
 uint64_t DirectoryClient::requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
@@ -142,25 +170,21 @@ uint64_t DirectoryClient::requestLookup(const std::string& id, double timeoutSec
 void DirectoryClient::sendLookup(const wire::Lookup& msg, LookupCallback cb, double deadline, double delay) {
   // Asked again under the same request number, so the caller can still cancel it.
   const int shard = shardOf(msg.id);
-  requests_.expectLookup(msg.request, shard, [this, msg, shard, cb, deadline](const Status& s, const wire::LookupReply* r) {
-    if (s.code == Code::kPeerFailed && !closing_ && shardOf(msg.id) != shard) {
-      return sendLookup(msg, cb, deadline);  // its shard failed: ask the one that took over
-    }
-    const double left = deadline - steadySeconds() - kRedirectDelaySeconds;
-    if (s.code == Code::kMoved && !closing_ && left > 0) {
-      wire::Lookup again = msg;
-      again.timeoutMs = static_cast<uint64_t>(left * 1000) + 1;
-      return sendLookup(again, cb, deadline, kRedirectDelaySeconds);
-    }
-    cb(s, r);
-  });
-  if (delay <= 0) {
-    peers_.send(shard, msg);
-    return;
-  }
-  loop_.addTimer(delay, [this, msg, shard] {
-    if (!closing_ && requests_.waiting(msg.request)) peers_.send(shard, msg);
-  });
+  const uint64_t attempt = requests_.expectLookup(
+      msg.request, shard, [this, msg, shard, cb, deadline](const Status& s, const wire::LookupReply* r) {
+        const double left = deadline - steadySeconds();
+        wire::Lookup again = msg;
+        again.timeoutMs = static_cast<uint64_t>(std::max(0.0, left - kRedirectDelaySeconds) * 1000) + 1;
+        if (s.code == Code::kPeerFailed && !closing_ && shardOf(msg.id) != shard) {
+          return sendLookup(again, cb, deadline);  // its shard failed: ask the one that took over
+        }
+        if (s.code == Code::kMoved && !closing_) {
+          if (left <= kRedirectDelaySeconds) return cb(disagreement(msg.id, s), nullptr);
+          return sendLookup(again, cb, deadline, kRedirectDelaySeconds);
+        }
+        cb(s, r);
+      });
+  sendWhenDue(shard, wire::MsgType::kLookup, wire::encode(msg), msg.request, attempt, delay);
 }
 
 void DirectoryClient::updateHolder(const std::string& id, wire::HolderState state, int sender) {
@@ -169,12 +193,14 @@ void DirectoryClient::updateHolder(const std::string& id, wire::HolderState stat
 
 void DirectoryClient::requestDelete(const std::string& id, bool retract, StatusCallback cb) {
   const uint64_t request = newRequest();
-  requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, retract}), request, std::move(cb));
+  requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, retract}), request, std::move(cb),
+               steadySeconds() + kShardRedirectSeconds);
 }
 
 void DirectoryClient::requestRegister(wire::Register reg, StatusCallback cb) {
   reg.request = newRequest();
-  requestShard(reg.id, wire::MsgType::kRegister, wire::encode(reg), reg.request, std::move(cb));
+  requestShard(reg.id, wire::MsgType::kRegister, wire::encode(reg), reg.request, std::move(cb),
+               steadySeconds() + kShardRedirectSeconds);
 }
 
 void DirectoryClient::probe(int rank, std::string padding, StatusCallback cb) {

@@ -62,8 +62,10 @@ class DirectoryClient : public DirectoryAccess {
 
   uint64_t newRequest() override { return nextRequest_++; }
   RequestTracker& requests() { return requests_; }
-  // Sends a request to `rank`; `cb` runs once, with its StatusReply or a failure.
-  void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb);
+  // Sends a request to `rank` (after `delay` seconds); `cb` runs once, with
+  // its StatusReply or a failure.
+  void requestStatus(int rank, wire::MsgType type, std::string payload, uint64_t request, StatusCallback cb,
+                     double delay = 0);
   uint64_t requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
                          LookupCallback cb, int preferred = -1) override;
   void updateHolder(const std::string& id, wire::HolderState state, int sender = -1) override;
@@ -87,11 +89,17 @@ class DirectoryClient : public DirectoryAccess {
 
  private:
   // A request to the id's directory shard, sent again to its successor if
-  // that shard fails before answering.
+  // that shard fails before answering, and again shortly (until `deadline`)
+  // if the shard answers that it does not host the id (kMoved).
   void requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request,
-                    StatusCallback cb);
-  // Sent now, or after `delay` seconds; kMoved answers are asked again until `deadline`.
+                    StatusCallback cb, double deadline, double delay = 0);
+  // The same for a lookup, whose own timeout is the deadline.
   void sendLookup(const wire::Lookup& msg, LookupCallback cb, double deadline, double delay = 0);
+  // Sends `payload` to `rank` after `delay` seconds if `attempt` of `request` still waits then.
+  void sendWhenDue(int rank, wire::MsgType type, std::string payload, uint64_t request, uint64_t attempt,
+                   double delay);
+  // A kMoved answer at the deadline: the members disagreed on where the id's entry lives all along.
+  static Status disagreement(const std::string& id, const Status& moved);
   Status closedError() const;
 
   EventLoop& loop_;

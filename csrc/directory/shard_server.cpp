@@ -30,12 +30,23 @@ void ShardServer::dropCopyAt(int holder, const std::string& id, bool retract, Re
                            std::move(done));
 }
 
+Status ShardServer::notHostedHere(const std::string& id) const {
+  // The asker and this node disagree on where the id's entry lives, for as
+  // long as one of them has not heard that a shard moved or returned: it asks
+  // again shortly (DirectoryClient::requestShard and sendLookup).
+  return Status(Code::kMoved,
+                "rank " + std::to_string(directory_.rank()) + " does not host the directory entry of " + printableId(id));
+}
+
 void ShardServer::handleRegister(Connection& conn, const wire::Register& msg) {
-  Status s = shard_.registerObject(msg);
+  Status s = directory_.hosts(msg.id) ? shard_.registerObject(msg) : notHostedHere(msg.id);
   conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, s}));
 }
 
 void ShardServer::handleHolderUpdate(Connection& conn, const wire::HolderUpdate& msg) {
+  // Not hosted here: its sender lists its copies again where the entry went
+  // once it hears of the move (unknown here is no sign of a delete).
+  if (!directory_.hosts(msg.id)) return;
   bool known = shard_.updateHolder(msg);
   if (!known && msg.state != wire::HolderState::kRemoved && msg.holder == conn.peerRank()) {
     // A copy finished after its object was deleted: it must not outlive the delete.
@@ -49,13 +60,9 @@ void ShardServer::handOver() {
 
 void ShardServer::handleLookup(Connection& conn, const wire::Lookup& msg) {
   if (!directory_.hosts(msg.id)) {
-    // The asker and this node disagree on where the id's entry lives, for as
-    // long as one of them has not heard that a shard moved or returned: it
-    // asks again shortly (DirectoryClient::sendLookup).
     wire::LookupReply reply;
     reply.request = msg.request;
-    reply.status = Status(Code::kMoved, "rank " + std::to_string(directory_.rank()) + " does not host the directory entry of " +
-                                            printableId(msg.id));
+    reply.status = notHostedHere(msg.id);
     conn.sendControl(wire::MsgType::kLookupReply, wire::encode(reply));
     return;
   }
@@ -85,6 +92,10 @@ void ShardServer::handleLookup(Connection& conn, const wire::Lookup& msg) {
 }
 
 void ShardServer::handleDelete(Connection& conn, const wire::Delete& msg) {
+  if (!directory_.hosts(msg.id)) {
+    conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, notHostedHere(msg.id)}));
+    return;
+  }
   std::vector<int> holders;
   Status s = shard_.remove(msg.id, msg.retract, &holders);
   if (msg.retract && s.code == Code::kNotFound) s = Status();  // nothing to take back

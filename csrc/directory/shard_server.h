@@ -26,6 +26,8 @@ class ShardServer {
   void handOver();
 
  private:
+  // kMoved: an id this node's directory share does not hold (any more, or yet).
+  Status notHostedHere(const std::string& id) const;
   void handleRegister(Connection& conn, const wire::Register& msg);
   void handleHolderUpdate(Connection& conn, const wire::HolderUpdate& msg);
   void handleLookup(Connection& conn, const wire::Lookup& msg);

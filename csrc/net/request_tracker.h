@@ -20,11 +20,20 @@ class RequestTracker {
   // `reply` is null when the request ended without one (a StatusReply, a failure).
   using LookupCallback = std::function<void(const Status&, const wire::LookupReply* reply)>;
 
-  void expectStatus(uint64_t request, int rank, StatusCallback done) {
-    pending_[request] = Pending{rank, std::move(done), nullptr};
+  // Each returns the attempt it starts: a request asked again (under the
+  // same number) is a new attempt, which `waiting` tells from the old one.
+  uint64_t expectStatus(uint64_t request, int rank, StatusCallback done) {
+    pending_[request] = Pending{rank, std::move(done), nullptr, ++attempts_};
+    return attempts_;
   }
-  void expectLookup(uint64_t request, int rank, LookupCallback done) {
-    pending_[request] = Pending{rank, nullptr, std::move(done)};
+  uint64_t expectLookup(uint64_t request, int rank, LookupCallback done) {
+    pending_[request] = Pending{rank, nullptr, std::move(done), ++attempts_};
+    return attempts_;
+  }
+  // Whether `attempt` of `request` still waits for its answer.
+  bool waiting(uint64_t request, uint64_t attempt) const {
+    auto it = pending_.find(request);
+    return it != pending_.end() && it->second.attempt == attempt;
   }
   // Runs the request's callback (once) and forgets it; false if it waits for
   // nothing (answered already, or its asker gave up).
@@ -37,7 +46,6 @@ class RequestTracker {
     if (p.onLookup) p.onLookup(status, reply);
     return true;
   }
-  bool waiting(uint64_t request) const { return pending_.count(request) > 0; }
   // Its asker no longer cares: no callback runs.
   void forget(uint64_t request) { pending_.erase(request); }
   // Gives a waiting status request another callback; false if none waits.
@@ -62,8 +70,10 @@ class RequestTracker {
     int rank;
     StatusCallback onStatus;  // exactly one of the two is set
     LookupCallback onLookup;
+    uint64_t attempt;
   };
   std::unordered_map<uint64_t, Pending> pending_;
+  uint64_t attempts_ = 0;
 };
 
 }  // namespace hoplite

@@ -104,7 +104,7 @@ void Peers::handleAuth(Connection& conn, const wire::Auth& msg) {
   conn.setPeerRank(hs.rank);
   conn.markTrusted();
   adoptPeer(hs.rank, hs, conn.id());
-  wire::HelloAck ack{config_.rank, {}};
+  wire::HelloAck ack{config_.rank, {}, config_.incarnation};
   events_.fillHelloAck(&ack);
   offerSameHost(&ack);
   conn.sendControl(wire::MsgType::kHelloAck, wire::encode(ack));
@@ -128,7 +128,10 @@ void Peers::adoptPeer(int rank, const Handshake& hello, uint64_t connectionId) {
     return;
   }
   // What was on its way to the old process fails (and is asked again where that retries).
-  if (peer.conn || !peer.queued.empty()) failPeer(rank, Status(Code::kPeerFailed, peerName(rank) + " restarted"));
+  // (Not `gone`: its shard is where it was, or returns below.)
+  if (peer.conn || !peer.queued.empty()) {
+    failPeer(rank, Status(Code::kPeerFailed, peerName(rank) + " restarted"), /*gone=*/false);
+  }
   HLOG(kInfo, "rank %d rejoined from %s:%d", rank, host.c_str(), port);
   Peer fresh;
   fresh.host = host;
@@ -148,6 +151,11 @@ void Peers::handleHelloAck(Connection& conn, const wire::HelloAck& ack) {
   Peer& peer = it->second;
   peer.ready = true;
   peer.lastHeard = steadySeconds();
+  // Whom we reached: a process we knew under another incarnation (at the
+  // same address) was restarted meanwhile.
+  const bool restarted = peer.incarnation != 0 && ack.incarnation != peer.incarnation;
+  peer.incarnation = ack.incarnation;
+  if (restarted) events_.onPeerRejoined(conn.peerRank());
   peer.memory = acceptSameHost(conn.peerRank(), ack);  // before the queued pulls go out
   events_.onPeerReady(conn.peerRank(), ack);
   auto queued = std::move(peer.queued);

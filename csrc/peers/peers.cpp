@@ -248,13 +248,15 @@ void Peers::checkHeartbeats() {
   // After this process itself stalled (stopped, starved), answers may be
   // waiting unread: start counting again instead of failing everyone.
   const bool late = heartbeatOverdue(t);
-  const double stalledFor = t - lastHeartbeatCheck_ - config_.heartbeatIntervalSeconds;
+  const double stalledFor = t - lastHeartbeatCheck_;
   lastHeartbeatCheck_ = t;
   if (late) {
     for (auto& [rank, peer] : peers_) peer.lastHeard = t;
     stalledUntil_ = t + config_.heartbeatTimeoutSeconds;  // their closes may still be on their way
     HLOG(kWarn, "this process stalled for %s", printableSeconds(stalledFor).c_str());
-    if (stalledFor > config_.heartbeatTimeoutSeconds) events_.onResumed();
+    // Peers may have evicted it already (they count silence from their last
+    // frame, up to an interval before this stall began): assume they did.
+    events_.onResumed();
   }
   std::vector<int> silent, quiet;
   for (const auto& [rank, peer] : peers_) {

@@ -128,6 +128,7 @@ void HelloAck::encode(Writer& w) const {
     w.i32(d.rank);
     w.u64(d.incarnation);
   }
+  w.u64(incarnation);
   w.str(host);
   w.u32(pid);
   w.u64(probeAddress);
@@ -143,6 +144,7 @@ HelloAck HelloAck::decode(Reader& r) {
     d.rank = r.i32();
     d.incarnation = r.u64();
   }
+  m.incarnation = r.u64();
   m.host = r.str(256, "host identity");
   m.pid = r.u32();
   m.probeAddress = r.u64();

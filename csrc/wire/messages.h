@@ -73,6 +73,7 @@ struct HelloAck {
   static constexpr MsgType kType = MsgType::kHelloAck;
   int32_t rank = -1;
   std::vector<ShardDeath> deadShards;  // ranks whose directory shard moved on, as the server knows them
+  uint64_t incarnation = 0;            // of the server's process
   std::string host;
   uint32_t pid = 0;
   uint64_t probeAddress = 0;

@@ -147,15 +147,15 @@ static void testMessages() {
   checkTruncations(Auth{std::string(kProofSize, 'p')}, [](Reader& r) { Auth::decode(r); }, "auth");
   CHECK(throwsDecodeError(encode(Auth{std::string(kProofSize + 1, 'p')}), [](Reader& r) { Auth::decode(r); }));
   checkTruncations(HelloAck{2, {{1, 9}, {5, 0}}}, [](Reader& r) { HelloAck::decode(r); }, "hello ack");
-  checkTruncations(HelloAck{2, {}, "boot/net:1/pid:2", 4242, 0x7f0012345000ull, std::string(kNonceSize, 'q')},
+  checkTruncations(HelloAck{2, {}, 0x99, "boot/net:1/pid:2", 4242, 0x7f0012345000ull, std::string(kNonceSize, 'q')},
                    [](Reader& r) { HelloAck::decode(r); }, "hello ack offering same-host reads");
-  CHECK(throwsDecodeError(encode(HelloAck{2, {}, "h", 1, 2, std::string(kNonceSize + 1, 'q')}),
+  CHECK(throwsDecodeError(encode(HelloAck{2, {}, 0x99, "h", 1, 2, std::string(kNonceSize + 1, 'q')}),
                           [](Reader& r) { HelloAck::decode(r); }));
   {
-    std::string bytes = encode(HelloAck{2, {{1, 0x1234567890ull}, {5, 0}}});
+    std::string bytes = encode(HelloAck{2, {{1, 0x1234567890ull}, {5, 0}}, 0xfeedull});
     Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
     HelloAck back = HelloAck::decode(r);
-    CHECK(back.rank == 2 && back.deadShards.size() == 2 && back.deadShards[0].rank == 1 &&
+    CHECK(back.rank == 2 && back.incarnation == 0xfeedull && back.deadShards.size() == 2 && back.deadShards[0].rank == 1 &&
           back.deadShards[0].incarnation == 0x1234567890ull && back.deadShards[1].rank == 5 &&
           back.deadShards[1].incarnation == 0);
     checkTruncations(HelloAck{2, {{1, 7}}}, [](Reader& r) { HelloAck::decode(r); }, "hello ack naming a dead shard");

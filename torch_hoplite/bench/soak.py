@@ -85,12 +85,29 @@ class Soak:
         if r.address is None:
             with open(self.log_path(r.rank)) as f:
                 for line in f:
-                    rec = json.loads(line)
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # being written, or cut short by a kill
                     if rec.get("event") == "up" and rec["inc"] == r.incarnation:
                         r.address = tuple(rec["address"])
         return r.address
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self.clean_up()
+
+    def clean_up(self) -> None:
+        """No rank outlives the driver, stopped ones included."""
+        for r in self.ranks:
+            if r.process is not None and r.process.is_alive():
+                os.kill(r.process.pid, signal.SIGCONT)
+                r.process.kill()
+                r.process.join(10)
+
+    def _run(self) -> None:
         os.makedirs(self.workdir, exist_ok=True)
         for r in range(self.nodes):
             open(self.log_path(r), "w").close()
@@ -118,7 +135,9 @@ class Soak:
             r.process.join(max(1.0, deadline - time.time()))
             if r.process.is_alive():
                 self.faults.append({"t": time.time(), "kind": "not-exited", "rank": r.rank})
-                r.process.kill()
+            elif r.process.exitcode != 0:  # e.g. a restart whose rejoin failed
+                self.faults.append({"t": time.time(), "kind": "failed-exit", "rank": r.rank,
+                                    "exitcode": r.process.exitcode})
 
     def restart_due(self, now: float) -> None:
         for fault in self.faults:

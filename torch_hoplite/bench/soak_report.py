@@ -10,10 +10,6 @@ import os
 import statistics
 from typing import Any
 
-# Errors that faults do not explain: an owner deleted the object (ObjectDeletedError) on purpose.
-EXPECTED = ("ObjectDeletedError",)
-
-
 def read_logs(workdir: str) -> list[dict]:
     records = []
     for path in sorted(glob.glob(os.path.join(workdir, "rank*.jsonl"))):
@@ -64,9 +60,10 @@ def explains(fault: dict, op: dict, until: float) -> bool:
 
 
 def counted(op: dict, faults: list[dict]) -> bool:
-    """A failure that says something about recovery: not a deliberate delete,
-    not an object gone for good with its killed holder."""
-    return bool(op["error"]) and error_type(op) not in EXPECTED and not lost_with_holder(op, faults)
+    """A failure that says something about recovery: not an object gone for
+    good with its killed holder. (Readers pick among an owner's last puts,
+    which it has not deleted.)"""
+    return bool(op["error"]) and not lost_with_holder(op, faults)
 
 
 def attribute(ops: list[dict], faults: list[dict], end: float) -> list[dict]:
@@ -127,7 +124,10 @@ def summarize(workdir: str, faults: list[dict], began: float, settings: dict, ma
     ops = [r for r in records if r.get("event") == "op" and r["start"] >= began]
     samples = [r for r in records if r.get("event") == "sample"]
     hangs = [r for r in records if r.get("event") == "hang"]
-    late = [op for op in ops if op["late"] and not op["error"]]
+    # An operation past its calls' timeouts: reported while running (the
+    # watchdog), or late when it returned (counted once).
+    reported = {(h["rank"], h["inc"], h["start"]) for h in hangs}
+    late = [op for op in ops if op["late"] and (op["rank"], op["inc"], op["start"]) not in reported]
     counts: dict[str, dict[str, Any]] = {}
     for op in ops:
         c = counts.setdefault(op["op"], {"ok": 0, "failed": 0, "errors": collections.Counter()})

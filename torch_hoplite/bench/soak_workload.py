@@ -59,15 +59,21 @@ class Log:
 
 
 class Watchdog:
-    """Logs an operation that has run past its timeout plus a grace without
-    returning (a hang), once, while it is still running."""
+    """Logs a blocking call that has run past its timeout plus a grace without
+    returning (a hang), once, while it is still running; an operation makes
+    one or more such calls (begin() before each)."""
 
     def __init__(self, log: Log, limit: float):
         self._log, self._limit = log, limit
         self._current: Optional[tuple[str, float]] = None
+        self._step_start = 0.0
         self._reported = False
         self._lock = threading.Lock()
         threading.Thread(target=self._run, daemon=True).start()
+
+    def step(self, start: float) -> None:
+        """A new operation, started at `start` (wall clock: it names the operation in the log)."""
+        self._step_start = start
 
     def begin(self, op: str) -> None:
         with self._lock:
@@ -83,7 +89,8 @@ class Watchdog:
             with self._lock:
                 if self._current and not self._reported and time.monotonic() - self._current[1] > self._limit:
                     self._reported = True
-                    self._log.write(event="hang", op=self._current[0], running_s=time.monotonic() - self._current[1])
+                    self._log.write(event="hang", op=self._current[0], start=self._step_start,
+                                    running_s=time.monotonic() - self._current[1])
 
 
 def sample_resources(log: Log, period: float) -> None:
@@ -111,6 +118,7 @@ class Workload:
         self.reduces = 0
         self.mine: collections.deque[str] = collections.deque()
         self.objects: list[str] = []  # what the current operation touches, for the report
+        self.calls = 0  # blocking calls the current operation made
         self.watchdog = Watchdog(log, timeout + grace)
 
     # ---- what other ranks have put: "incarnation.index" of their last put
@@ -141,6 +149,7 @@ class Workload:
         self.puts += 1
         obj = object_id(self.rank, self.incarnation, self.puts)
         self.objects = [obj]
+        self.call("put")
         hop.put(contents(obj, SIZES[self.puts % len(SIZES)]), obj, timeout=self.timeout)
         self.mine.append(obj)
         self.publish()
@@ -152,12 +161,14 @@ class Workload:
             return 0
         obj, numel = found
         self.objects = [obj]
+        self.call("get")
         got = hop.get(obj, timeout=self.timeout).wait()
         return wrong_bytes(got, contents(obj, numel))
 
     def op_delete(self) -> int:
         while len(self.mine) > KEEP:
             self.objects.append(self.mine[0])
+            self.call("delete")
             hop.delete(self.mine.popleft(), timeout=self.timeout)
         return 0
 
@@ -173,22 +184,32 @@ class Workload:
         self.reduces += 1
         self.objects = inputs
         result_id = f"soak-reduce.{self.rank}.{self.incarnation}.{self.reduces}"
+        self.call("reduce")
         ref, _ = hop.reduce(inputs, num_objects=len(inputs) - 1, id=result_id, timeout=self.timeout)
         try:
+            self.call("wait_reduce")
             plan = hop.wait_reduce(ref, timeout=self.timeout)
+            self.call("get of the reduce's result")
             got = hop.get(ref, timeout=self.timeout).wait()
             numel = SIZES[size_class]
             expected = sum(contents(hop_id(r), numel) for r in plan.inputs)
             return wrong_bytes(got, expected)
         finally:
+            self.call("delete of the reduce's result")
             hop.delete(ref, timeout=self.timeout)
+
+    def call(self, what: str) -> None:
+        """A blocking call of the current operation begins (each has the timeout)."""
+        self.calls += 1
+        self.watchdog.begin(what)
 
     def step(self) -> None:
         op = self.rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
         start = time.time()
-        self.watchdog.begin(op)
+        self.watchdog.step(start)
         error, wrong = None, 0
         self.objects = []
+        self.calls = 0
         try:
             wrong = getattr(self, f"op_{op}")()
         except Exception as e:  # every failure is an outcome to count, by type
@@ -197,7 +218,7 @@ class Workload:
             self.watchdog.end()
         duration = time.time() - start
         self.log.write(event="op", op=op, start=start, dur=duration, error=error, wrong=wrong, objects=self.objects,
-                       late=duration > self.timeout + self.grace)
+                       late=duration > self.calls * self.timeout + self.grace)
 
 
 def hop_id(ref: Any) -> str:
