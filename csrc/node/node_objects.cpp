@@ -71,8 +71,15 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
     if (!readFirst) std::memcpy(obj->data(), src, meta.nbytes);
     loop_.post([obj] { obj->advance(obj->size()); });
   }
-  s = awaitStatus(registered, timeoutSeconds, "registering object " + printableId(id));
-  if (s.code == Code::kTimeout && decided->exchange(2) == 1) s = registered.get();  // answered just in time
+  // The shard's answer (which may itself be a timeout), including one that
+  // came just as the wait ended; else the caller gives up.
+  const bool answered = registered.wait_for(std::chrono::duration<double>(timeoutSeconds)) == std::future_status::ready;
+  if (answered || decided->exchange(2) == 1) {
+    s = registered.get();
+  } else {
+    s = Status(Code::kTimeout, "registering object " + printableId(id) + " timed out after " +
+                                   printableSeconds(timeoutSeconds));
+  }
   if (!s.ok()) {
     obj->abandoned = true;
     loop_.post([this, id, obj, s] {

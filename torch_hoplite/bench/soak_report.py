@@ -7,6 +7,7 @@ import collections
 import glob
 import json
 import os
+import re
 import statistics
 from typing import Any
 
@@ -50,13 +51,20 @@ def owners(op: dict) -> set[int]:
     return out
 
 
+def named_ranks(error: str) -> set[int]:
+    """The ranks an error message names ("rank 3 at ...", "rank 3 (self)")."""
+    return {int(m) for m in re.findall(r"\brank (\d+)\b", error)}
+
+
 def explains(fault: dict, op: dict, until: float) -> bool:
     """Whether `fault` can explain the failed operation of another rank: it
-    ended after the fault and before the next fault on that rank, and touched
-    that rank's objects or names that rank."""
+    ended after the fault and before the next fault on that rank, and its
+    error names that rank (or, naming none, it touched that rank's objects)."""
     end = op["start"] + op["dur"]
-    return (op["rank"] != fault["rank"] and fault["t"] <= end < until
-            and (fault["rank"] in owners(op) or f"rank {fault['rank']} " in op["error"]))
+    if op["rank"] == fault["rank"] or not fault["t"] <= end < until:
+        return False
+    named = named_ranks(op["error"])
+    return fault["rank"] in named if named else fault["rank"] in owners(op)
 
 
 def counted(op: dict, faults: list[dict]) -> bool:
@@ -158,11 +166,22 @@ def summarize(workdir: str, faults: list[dict], began: float, settings: dict, ma
         "hang_records": hangs + late,
         "resources": resource_trend(samples),
         "timeline": {
-            "ops": [[op["start"] - began, op["dur"], op["op"], bool(op["error"]), op["rank"]] for op in ops],
-            "samples": [[s["t"] - began, s["rank"], s["inc"], s["rss"], s["fds"], s["store"], s["objects"]]
+            # Per second since the start: operations completed, by type, and failed.
+            "completed": per_second(ops, began, end),
+            "samples": [[round(s["t"] - began, 2), s["rank"], s["inc"], s["rss"], s["fds"], s["store"], s["objects"]]
                         for s in samples],
         },
     }
+
+
+def per_second(ops: list[dict], began: float, end: float) -> dict[str, list[int]]:
+    seconds = max(1, int(end - began) + 1)
+    out = {kind: [0] * seconds for kind in sorted({op["op"] for op in ops})}
+    out["failed"] = [0] * seconds
+    for op in ops:
+        second = min(seconds - 1, max(0, int(op["start"] + op["dur"] - began)))
+        out["failed" if op["error"] else op["op"]][second] += 1
+    return out
 
 
 def write(report: dict, out: str) -> None:
@@ -179,17 +198,10 @@ def plot(report: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_ops, ax_rss, ax_fds) = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
-    seconds = max(1, int(report["seconds"]) + 1)
-    kinds = sorted({op[2] for op in report["timeline"]["ops"]})
-    ok = {k: [0] * seconds for k in kinds}
-    failed = [0] * seconds
-    for start, dur, kind, error, _rank in report["timeline"]["ops"]:
-        second = min(seconds - 1, max(0, int(start + dur)))
-        if error:
-            failed[second] += 1
-        else:
-            ok[kind][second] += 1
-    xs = list(range(seconds))
+    completed = report["timeline"]["completed"]
+    kinds = [k for k in completed if k != "failed"]
+    ok, failed = {k: completed[k] for k in kinds}, completed["failed"]
+    xs = list(range(len(failed)))
     ax_ops.stackplot(xs, [ok[k] for k in kinds], labels=kinds, alpha=0.8)
     ax_ops.plot(xs, failed, color="red", label="failed", linewidth=1)
     colors = {"kill": "black", "pause": "purple", "stranger": "orange"}

@@ -5,6 +5,7 @@ determines, every outcome written as one JSON line to this rank's log."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import json
 import os
@@ -191,12 +192,14 @@ class Workload:
             plan = hop.wait_reduce(ref, timeout=self.timeout)
             self.call("get of the reduce's result")
             got = hop.get(ref, timeout=self.timeout).wait()
-            numel = SIZES[size_class]
-            expected = sum(contents(hop_id(r), numel) for r in plan.inputs)
-            return wrong_bytes(got, expected)
-        finally:
-            self.call("delete of the reduce's result")
-            hop.delete(ref, timeout=self.timeout)
+        except Exception:
+            with contextlib.suppress(Exception):  # the reduce's own error is the one to report
+                hop.delete(ref, timeout=self.timeout)
+            raise
+        self.call("delete of the reduce's result")
+        hop.delete(ref, timeout=self.timeout)
+        expected = sum(contents(hop_id(r), SIZES[size_class]) for r in plan.inputs)
+        return wrong_bytes(got, expected)
 
     def call(self, what: str) -> None:
         """A blocking call of the current operation begins (each has the timeout)."""
