@@ -20,8 +20,8 @@ constexpr int kPutCopyNice = 10;
 // How long shutdown waits for peers to take what was sent and end their side
 // of each connection (normally a round trip).
 constexpr double kShutdownLingerSeconds = 2;
-// After a long stall, time to read the closes of peers that evicted this
-// process before redialing them.
+// After a long stall, time to read what peers sent meanwhile (their closes
+// included) before redialing them.
 constexpr double kResumeDelaySeconds = 0.2;
 
 // Control frames carry inline objects (up to the threshold) and their
@@ -127,13 +127,13 @@ void Node::onLinkLost(int rank, const Status& why) {
 }
 
 void Node::onResumed() {
-  // Peers that evicted this process forgot its copies, moved its shard and
-  // closed its connections. Once those closes are read, asking each peer
-  // something redials it, and its hello ack says what moved; this node also
-  // lists its copies again (at their shard as this node knows it then, and
-  // again if the news moves it).
+  // Peers that evicted this process forgot its copies and moved its shard.
+  // Asking each peer something on a fresh connection makes it say, in its
+  // hello ack, what moved; this node also lists its copies again (at their
+  // shard as this node knows it then, and again if the news moves it).
   loop_.addTimer(kResumeDelaySeconds, [this] {
     if (shuttingDown_) return;
+    peers_->redialAll();
     for (int rank = 0; rank < config_.worldSize; ++rank) {
       if (rank != config_.rank) ping(rank);
     }

@@ -236,6 +236,15 @@ void Peers::heardFrom(Connection& conn) {
   if (it != peers_.end() && it->second.conn.get() == &conn) it->second.lastHeard = steadySeconds();
 }
 
+void Peers::redialAll() {
+  std::vector<std::shared_ptr<Connection>> dialed;
+  for (const auto& [rank, peer] : peers_) {
+    if (peer.conn) dialed.push_back(peer.conn);
+  }
+  // Closed in the stall's window: not blamed on the peers (onDialedClosed).
+  for (const auto& c : dialed) c->close(Status(Code::kPeerFailed, "redialing after this process stalled"));
+}
+
 bool Peers::heartbeatOverdue(double t) const {
   return lastHeartbeatCheck_ > 0 && t - lastHeartbeatCheck_ > 2 * config_.heartbeatIntervalSeconds + 1;
 }
@@ -275,13 +284,6 @@ void Peers::checkHeartbeats() {
     Status why(Code::kPeerFailed, "it answered nothing for " + printableSeconds(config_.heartbeatTimeoutSeconds) +
                                       " (HOPLITE_HEARTBEAT_TIMEOUT)");
     conn->close(why);  // fails everything waiting on it
-    // Its connections to us too: if it was only stalled, it learns when it
-    // resumes that it was evicted, and what moved, by dialing again.
-    std::vector<std::shared_ptr<Connection>> incoming;
-    for (const auto& [id, c] : incoming_) {
-      if (c->peerRank() == rank) incoming.push_back(c);
-    }
-    for (const auto& c : incoming) c->close(why);
   }
   for (int rank : quiet) events_.ping(rank);
   loop_.addTimer(config_.heartbeatIntervalSeconds, [this] { checkHeartbeats(); });

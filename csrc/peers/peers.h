@@ -118,6 +118,9 @@ class Peers : public PeerLinks, public ConnectionObserver {
   bool hasFailed(int rank) override;
   uint64_t latestIncoming(int rank) override;
   uint64_t incarnationOf(int rank) const override;
+  // After a stall: closes every connection this node dialed, so that the next
+  // write to each peer dials it again (and hears what moved meanwhile).
+  void redialAll();
   std::string peerName(int rank) const override;
 
   // ConnectionObserver.
