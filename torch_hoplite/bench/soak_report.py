@@ -27,28 +27,28 @@ def error_type(op: dict) -> str:
     return op["error"].split(":", 1)[0]
 
 
-def lost_with_holder(op: dict, faults: list[dict]) -> bool:
-    """Whether the operation touched an object whose owner's incarnation had
-    been killed before it started: it may be gone with its only holder."""
+def object_owners(op: dict) -> list[tuple[int, int]]:
+    """(rank, incarnation) of the process that put each object the operation
+    touched (soak_workload.object_id names them)."""
+    out = []
     for obj in op.get("objects", []):
         parts = obj.split(".")
-        if len(parts) != 4:
-            continue
-        rank, incarnation = int(parts[1]), int(parts[2])
-        if any(f["kind"] == "kill" and f["rank"] == rank and f["incarnation"] == incarnation and f["t"] <= op["start"] + op["dur"]
-               for f in faults):
-            return True
-    return False
+        if len(parts) == 4 and parts[0] == "soak" and parts[1].isdigit() and parts[2].isdigit():
+            out.append((int(parts[1]), int(parts[2])))
+    return out
+
+
+def lost_with_holder(op: dict, faults: list[dict]) -> bool:
+    """Whether the operation touched an object whose owner's incarnation had
+    been killed before it ended: it may be gone with its only holder."""
+    end = op["start"] + op["dur"]
+    killed = {(f["rank"], f["incarnation"]) for f in faults if f["kind"] == "kill" and f["t"] <= end}
+    return any(owner in killed for owner in object_owners(op))
 
 
 def owners(op: dict) -> set[int]:
     """The ranks whose objects the operation touched."""
-    out = set()
-    for obj in op.get("objects", []):
-        parts = obj.split(".")
-        if len(parts) == 4 and parts[1].isdigit():
-            out.add(int(parts[1]))
-    return out
+    return {rank for rank, _ in object_owners(op)}
 
 
 def named_ranks(error: str) -> set[int]:
