@@ -124,3 +124,30 @@ def test_a_rank_resumed_past_the_heartbeat_timeout_blames_no_one_and_works_again
     (fresh,) = ids_with_shard("pause-fresh", 1, 3, lambda s: s == 1)  # listed where rank 1's shard went
     c.call(1, workers.put, torch.full((10,), 4.0), fresh)
     assert torch.equal(c.call(2, workers.get, fresh, 10), torch.full((10,), 4.0))
+
+
+def test_a_resumed_rank_deletes_its_own_object_before_it_listed_its_copies_again(cluster3):
+    """Found by the soak: rank 1's delete of its own object, issued the moment
+    it resumed, reached a shard that had forgotten its copy (it took rank 1
+    for failed) and failed "does not exist". The copy is the object: the
+    delete drops it and succeeds."""
+    c = cluster3
+    (only,) = ids_with_shard("resumed-delete", 1, 3, lambda s: s == 0)
+    c.call(1, workers.put, torch.full((1 << 18,), 5.0), only)  # only rank 1 ever holds it
+    # Ranks 0 and 2 dial rank 1 (to pull from it), so both watch it.
+    c.call(1, workers.put, torch.full((1 << 18,), 1.0), "resumed-delete-warm")
+    assert torch.equal(hop.get("resumed-delete-warm", timeout=10).wait(), torch.full((1 << 18,), 1.0))
+    assert torch.equal(c.call(2, workers.get, "resumed-delete-warm", 10), torch.full((1 << 18,), 1.0))
+    c.freeze(1)
+    try:
+        wait_for_stat(c, 0, "shards_moved", 1)
+        wait_for_stat(c, 2, "shards_moved", 1)
+        time.sleep(0.5)
+        deleting = c.submit(1, workers.delete, only, 10)  # read by rank 1 the moment it resumes
+    finally:
+        os.kill(c.pids[1], signal.SIGCONT)
+    deleting.result(timeout=15)
+    time.sleep(1.0)  # rank 1 has listed its remaining copies again by now
+    # Gone for good: not listed again by rank 1's re-registration.
+    with pytest.raises((hop.ObjectDeletedError, hop.PeerFailedError)):
+        hop.get(only, timeout=5).wait()

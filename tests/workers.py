@@ -85,6 +85,10 @@ def stats():
     return hop.stats()
 
 
+def delete(ref, timeout=None):
+    hop.delete(ref, timeout=timeout)
+
+
 def pattern(n: int, seed: int) -> torch.Tensor:
     """n distinct int32 values; cheap to make twice and to compare exactly."""
     return torch.arange(seed, seed + n, dtype=torch.int32)

@@ -139,10 +139,16 @@ Status DirectoryClient::disagreement(const std::string& id, const Status& moved)
 void DirectoryClient::requestShard(const std::string& id, wire::MsgType type, std::string payload, uint64_t request,
                                    StatusCallback cb, double deadline, double delay) {
   const int shard = shardOf(id);
+  const uint64_t process = peers_.incarnationOf(shard);
   requestStatus(shard, type, payload, request,
-                [this, id, type, payload, request, shard, deadline, cb = std::move(cb)](const Status& s) mutable {
-                  if (s.code == Code::kPeerFailed && !closing_ && shardOf(id) != shard) {
-                    return requestShard(id, type, std::move(payload), request, std::move(cb), deadline);
+                [this, id, type, payload, request, shard, process, deadline, cb = std::move(cb)](const Status& s) mutable {
+                  if (s.code == Code::kPeerFailed && !closing_) {
+                    // Asked again where the entry lives now, if that changed by the end of the event that failed it.
+                    return loop_.runSoon([this, id, type, payload = std::move(payload), request, shard, process,
+                                          deadline, cb = std::move(cb), s]() mutable {
+                      if (closing_ || !shardMovedOrRestarted(id, shard, process)) return cb(s);
+                      requestShard(id, type, std::move(payload), request, std::move(cb), deadline);
+                    });
                   }
                   if (s.code == Code::kMoved && !closing_) {
                     if (steadySeconds() + kRedirectDelaySeconds >= deadline) return cb(disagreement(id, s));
@@ -170,13 +176,19 @@ uint64_t DirectoryClient::requestLookup(const std::string& id, double timeoutSec
 void DirectoryClient::sendLookup(const wire::Lookup& msg, LookupCallback cb, double deadline, double delay) {
   // Asked again under the same request number, so the caller can still cancel it.
   const int shard = shardOf(msg.id);
+  const uint64_t process = peers_.incarnationOf(shard);
   const uint64_t attempt = requests_.expectLookup(
-      msg.request, shard, [this, msg, shard, cb, deadline](const Status& s, const wire::LookupReply* r) {
+      msg.request, shard, [this, msg, shard, process, cb, deadline](const Status& s, const wire::LookupReply* r) {
         const double left = deadline - steadySeconds();
         wire::Lookup again = msg;
         again.timeoutMs = static_cast<uint64_t>(std::max(0.0, left - kRedirectDelaySeconds) * 1000) + 1;
-        if (s.code == Code::kPeerFailed && !closing_ && shardOf(msg.id) != shard) {
-          return sendLookup(again, cb, deadline);  // its shard failed: ask the one that took over
+        if (s.code == Code::kPeerFailed && !closing_) {
+          // Its shard failed: ask the one that took over, or its new process,
+          // once the event that failed it is handled.
+          return loop_.runSoon([this, again, shard, process, cb, deadline, s] {
+            if (closing_ || !shardMovedOrRestarted(again.id, shard, process)) return cb(s, nullptr);
+            sendLookup(again, cb, deadline);
+          });
         }
         if (s.code == Code::kMoved && !closing_) {
           if (left <= kRedirectDelaySeconds) return cb(disagreement(msg.id, s), nullptr);
@@ -185,6 +197,10 @@ void DirectoryClient::sendLookup(const wire::Lookup& msg, LookupCallback cb, dou
         cb(s, r);
       });
   sendWhenDue(shard, wire::MsgType::kLookup, wire::encode(msg), msg.request, attempt, delay);
+}
+
+bool DirectoryClient::shardMovedOrRestarted(const std::string& id, int shard, uint64_t process) const {
+  return shardOf(id) != shard || peers_.incarnationOf(shard) != process;
 }
 
 void DirectoryClient::updateHolder(const std::string& id, wire::HolderState state, int sender) {

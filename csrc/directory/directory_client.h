@@ -95,6 +95,9 @@ class DirectoryClient : public DirectoryAccess {
                     StatusCallback cb, double deadline, double delay = 0);
   // The same for a lookup, whose own timeout is the deadline.
   void sendLookup(const wire::Lookup& msg, LookupCallback cb, double deadline, double delay = 0);
+  // Whether the id's entry now lives elsewhere than on process `process` of
+  // rank `shard`, where it was asked: its shard moved, or that rank restarted.
+  bool shardMovedOrRestarted(const std::string& id, int shard, uint64_t process) const;
   // Sends `payload` to `rank` after `delay` seconds if `attempt` of `request` still waits then.
   void sendWhenDue(int rank, wire::MsgType type, std::string payload, uint64_t request, uint64_t attempt,
                    double delay);

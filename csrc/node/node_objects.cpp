@@ -85,6 +85,8 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
     loop_.post([this, id, obj, s] {
       if (store_->find(id) == obj) store_->remove(id);
       obj->fail(s);
+      // Listed meanwhile by a re-registration of this node's copies (its shard moved): no longer.
+      directory_->updateHolder(id, wire::HolderState::kRemoved);
     });
     if (s.code == Code::kAlreadyExists) s.message = "put of object " + printableId(id) + " failed: it already exists";
     return s;
@@ -150,7 +152,17 @@ Status Node::remove(const std::string& id, double timeoutSeconds) {
   if (!s.ok()) return s;
   if (stopped()) return Status(Code::kShutdown, "delete of object " + printableId(id) + ": node is shut down");
   auto deleted = startOnLoop(loop_, [this, id](std::function<void(Status)> done) {
-    directory_->requestDelete(id, /*retract=*/false, done);
+    directory_->requestDelete(id, /*retract=*/false, [this, id, done](const Status& s) {
+      // The directory forgot this node's copy (its peers took this process
+      // for failed while it was stalled, before it listed its copies again):
+      // dropping the copy is the delete.
+      auto obj = s.code == Code::kNotFound ? store_->find(id) : nullptr;
+      if (obj && !obj->failed()) {
+        dropLocalCopy(id, Status(Code::kDeleted, "object " + printableId(id) + " was deleted"));
+        return done(Status());
+      }
+      done(s);
+    });
   });
   return awaitStatus(deleted, timeoutSeconds, "deleting object " + printableId(id));
 }

@@ -118,28 +118,32 @@ class Workload:
         self.puts = 0
         self.reduces = 0
         self.mine: collections.deque[str] = collections.deque()
+        self.failed_puts: collections.deque[int] = collections.deque(maxlen=RECENT)
         self.objects: list[str] = []  # what the current operation touches, for the report
         self.calls = 0  # blocking calls the current operation made
         self.watchdog = Watchdog(log, timeout + grace)
 
-    # ---- what other ranks have put: "incarnation.index" of their last put
+    # ---- what other ranks have put: "incarnation.index" of their last put,
+    # then ":" and the indices among the recent ones whose put failed
     def publish(self) -> None:
-        self.store.set(f"soak/last/{self.rank}", f"{self.incarnation}.{self.puts}")
+        failed = ",".join(str(i) for i in self.failed_puts if i > self.puts - RECENT)
+        self.store.set(f"soak/last/{self.rank}", f"{self.incarnation}.{self.puts}:{failed}")
 
-    def last_of(self, rank: int) -> Optional[tuple[int, int]]:
+    def last_of(self, rank: int) -> Optional[tuple[int, int, set[int]]]:
         key = f"soak/last/{rank}"
         if not self.store.check([key]):
             return None
-        incarnation, index = self.store.get(key).decode().split(".")
-        return int(incarnation), int(index)
+        last, failed = self.store.get(key).decode().split(":")
+        incarnation, index = last.split(".")
+        return int(incarnation), int(index), {int(i) for i in failed.split(",") if i}
 
     def recent_id(self, rank: int, size_class: Optional[int] = None) -> Optional[tuple[str, int]]:
         last = self.last_of(rank)
         if last is None or last[1] < 1:
             return None
-        incarnation, top = last
+        incarnation, top, failed = last
         candidates = [i for i in range(max(1, top - RECENT + 1), top + 1)
-                      if size_class is None or i % len(SIZES) == size_class]
+                      if (size_class is None or i % len(SIZES) == size_class) and i not in failed]
         if not candidates:
             return None
         index = self.rng.choice(candidates)
@@ -151,7 +155,11 @@ class Workload:
         obj = object_id(self.rank, self.incarnation, self.puts)
         self.objects = [obj]
         self.call("put")
-        hop.put(contents(obj, SIZES[self.puts % len(SIZES)]), obj, timeout=self.timeout)
+        try:
+            hop.put(contents(obj, SIZES[self.puts % len(SIZES)]), obj, timeout=self.timeout)
+        except Exception:
+            self.failed_puts.append(self.puts)  # readers skip it (published with the next put)
+            raise
         self.mine.append(obj)
         self.publish()
         return 0
