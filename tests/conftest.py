@@ -21,3 +21,13 @@ def cluster4():
     yield c
     c.close()
     assert not hop.is_initialized()
+
+
+@pytest.fixture
+def cluster3_fast_heartbeats():
+    """Three ranks that declare a silent peer failed within 1.5 s."""
+    from cluster import Cluster
+
+    c = Cluster(3, options={"heartbeat_interval": 0.2, "heartbeat_timeout": 1.5})
+    yield c
+    c.close()

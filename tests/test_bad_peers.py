@@ -18,7 +18,7 @@ from cluster import Cluster
 MAGIC = 0x544C5048
 
 
-VERSION = 11  # csrc/wire/frame.h kVersion
+VERSION = hop._C.wire_version  # csrc/wire/frame.h kVersion
 
 
 def frame(msg_type: int, payload: bytes, version: int = VERSION) -> bytes:

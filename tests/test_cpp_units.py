@@ -45,3 +45,13 @@ def test_tcp_connection_reads_frames_cut_at_any_byte_with_read_ahead(tmp_path):
         ["tests/cpp/test_tcp_read.cpp", "csrc/net/tcp/tcp_connection.cpp", "csrc/net/sockets.cpp",
          "csrc/net/event_loop.cpp", "csrc/common/logging.cpp", "csrc/wire/frame.cpp"],
     )
+
+
+@needs_gxx
+def test_directory_shard_tokens_hand_over_and_standby(tmp_path):
+    build_and_run(
+        tmp_path,
+        "test_directory_shard",
+        ["tests/cpp/test_directory_shard.cpp", "csrc/directory/directory_shard.cpp", "csrc/net/event_loop.cpp",
+         "csrc/common/logging.cpp", "csrc/wire/frame.cpp", "csrc/wire/messages.cpp", "csrc/common/object_meta.cpp"],
+    )

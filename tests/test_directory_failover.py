@@ -102,3 +102,26 @@ def test_a_shard_returns_to_its_rank_when_it_rejoins():
         assert torch.equal(c.call(1, workers.get, later, 30), torch.full((10,), 5.0))
     finally:
         c.close()
+
+
+def test_a_shard_host_that_dies_leaves_its_deletes_with_its_successor():
+    """A shard tells the rank that takes over its share (the next one) which
+    ids it deleted, and which were put again: when it dies, a get of a deleted
+    id still fails at once instead of waiting for a put; one put again after
+    its delete is still found."""
+    deleted, again = ids_on("standby", 2)
+    c = Cluster(WORLD, options={"heartbeat_interval": 0.2, "heartbeat_timeout": 1.5})
+    try:
+        for obj in (deleted, again):
+            c.call(1, workers.put, torch.ones(1 << 18), obj)
+            c.call(1, workers.delete, obj, 10)
+        c.call(1, workers.put, torch.full((1 << 18,), 2.0), again)
+        time.sleep(0.2)  # the standby's news travels after the deletes' answers
+        c.kill(DEAD)
+        start = time.monotonic()
+        with pytest.raises(hop.ObjectDeletedError, match=deleted):
+            hop.get(deleted, timeout=20).wait()
+        assert time.monotonic() - start < 10  # the failure's detection, not the get's 20 s
+        assert torch.equal(hop.get(again, timeout=20).wait(), torch.full((1 << 18,), 2.0))
+    finally:
+        c.close()

@@ -15,21 +15,14 @@ import workers
 from cluster import Cluster, ids_with_shard
 
 
-@pytest.fixture
-def cluster3():
-    c = Cluster(3, options={"heartbeat_interval": 0.2, "heartbeat_timeout": 1.5})
-    yield c
-    c.close()
-
-
-def test_a_stopped_peer_is_declared_failed_within_the_heartbeat_timeout(cluster3):
+def test_a_stopped_peer_is_declared_failed_within_the_heartbeat_timeout(cluster3_fast_heartbeats):
     # Rank 0 talks to rank 1 first, so it has a connection to watch.
-    ref = cluster3.call(1, workers.put, torch.arange(1 << 18, dtype=torch.float32), "hb-first")
+    ref = cluster3_fast_heartbeats.call(1, workers.put, torch.arange(1 << 18, dtype=torch.float32), "hb-first")
     assert torch.equal(hop.get(ref).wait(), torch.arange(1 << 18, dtype=torch.float32))
     # Only rank 1 holds this one (its directory entry is on rank 2).
     (held,) = ids_with_shard("hb-held", 1, 3, lambda s: s == 2)
-    cluster3.call(1, workers.put, torch.ones(1 << 20), held)
-    cluster3.freeze(1)
+    cluster3_fast_heartbeats.call(1, workers.put, torch.ones(1 << 20), held)
+    cluster3_fast_heartbeats.freeze(1)
     try:
         start = time.monotonic()
         with pytest.raises(hop.PeerFailedError, match="rank 1.*HOPLITE_HEARTBEAT_TIMEOUT"):
@@ -38,11 +31,11 @@ def test_a_stopped_peer_is_declared_failed_within_the_heartbeat_timeout(cluster3
         assert elapsed < 6, elapsed  # heartbeat timeout 1.5 s, not the get's 60 s
         # Rank 2 (alive, idle) is not affected.
         (kept,) = ids_with_shard("hb", 1, 3, lambda s: s != 1)
-        two = cluster3.call(2, workers.put, torch.full((1 << 18,), 2.0), kept)
+        two = cluster3_fast_heartbeats.call(2, workers.put, torch.full((1 << 18,), 2.0), kept)
         assert torch.equal(hop.get(two, timeout=10).wait(), torch.full((1 << 18,), 2.0))
     finally:
-        os.kill(cluster3.pids[1], signal.SIGCONT)
-        cluster3.kill(1)
+        os.kill(cluster3_fast_heartbeats.pids[1], signal.SIGCONT)
+        cluster3_fast_heartbeats.kill(1)
 
 
 def test_a_peer_stopped_before_it_was_ever_dialled_fails_within_the_connect_timeout():
@@ -71,20 +64,20 @@ def test_heartbeat_settings_are_checked():
         Config.resolve({"heartbeat_interval": 0.0})
 
 
-def test_shutdown_waits_for_a_stopped_peer_no_longer_than_its_bound(cluster3):
+def test_shutdown_waits_for_a_stopped_peer_no_longer_than_its_bound(cluster3_fast_heartbeats):
     """Shutdown ends each connection gracefully (the peer reads what was sent,
     then ends its side); a peer that never does holds it ~2 s, not longer."""
-    ref = cluster3.call(1, workers.put, torch.ones(1 << 18), "linger")
+    ref = cluster3_fast_heartbeats.call(1, workers.put, torch.ones(1 << 18), "linger")
     assert torch.equal(hop.get(ref).wait(), torch.ones(1 << 18))  # a connection to rank 1
-    cluster3.freeze(1)
+    cluster3_fast_heartbeats.freeze(1)
     try:
         start = time.monotonic()
         hop.shutdown()
         elapsed = time.monotonic() - start
         assert 1.5 < elapsed < 5, elapsed  # waited for rank 1's end, then gave up at the bound
     finally:
-        os.kill(cluster3.pids[1], signal.SIGCONT)
-        cluster3.kill(1)
+        os.kill(cluster3_fast_heartbeats.pids[1], signal.SIGCONT)
+        cluster3_fast_heartbeats.kill(1)
 
 
 def wait_for_stat(c: Cluster, rank: int, key: str, value: int, timeout: float = 10) -> None:
@@ -94,13 +87,13 @@ def wait_for_stat(c: Cluster, rank: int, key: str, value: int, timeout: float = 
         time.sleep(0.05)
 
 
-def test_a_rank_resumed_past_the_heartbeat_timeout_blames_no_one_and_works_again(cluster3):
+def test_a_rank_resumed_past_the_heartbeat_timeout_blames_no_one_and_works_again(cluster3_fast_heartbeats):
     """Rank 1 is stopped past the heartbeat timeout: ranks 0 and 2 declare it
     failed, move its shard and forget its copies. Resumed, it does not take
     their closes for their deaths (it used to move their shards too): only
     its own shard has moved, everywhere, its copies are listed again, and
     every operation works."""
-    c = cluster3
+    c = cluster3_fast_heartbeats
     (at0,) = ids_with_shard("pause-0", 1, 3, lambda s: s == 0)
     (at2,) = ids_with_shard("pause-2", 1, 3, lambda s: s == 2)
     (only,) = ids_with_shard("pause-only", 1, 3, lambda s: s == 0)
@@ -126,12 +119,12 @@ def test_a_rank_resumed_past_the_heartbeat_timeout_blames_no_one_and_works_again
     assert torch.equal(c.call(2, workers.get, fresh, 10), torch.full((10,), 4.0))
 
 
-def test_a_resumed_rank_deletes_its_own_object_before_it_listed_its_copies_again(cluster3):
+def test_a_resumed_rank_deletes_its_own_object_before_it_listed_its_copies_again(cluster3_fast_heartbeats):
     """Found by the soak: rank 1's delete of its own object, issued the moment
     it resumed, reached a shard that had forgotten its copy (it took rank 1
     for failed) and failed "does not exist". The copy is the object: the
     delete drops it and succeeds."""
-    c = cluster3
+    c = cluster3_fast_heartbeats
     (only,) = ids_with_shard("resumed-delete", 1, 3, lambda s: s == 0)
     c.call(1, workers.put, torch.full((1 << 18,), 5.0), only)  # only rank 1 ever holds it
     # Ranks 0 and 2 dial rank 1 (to pull from it), so both watch it.

@@ -187,3 +187,7 @@ def subscribe_forever(obj_id):
     _open_subscriptions.append(hop.subscribe(obj_id))
     return hop.stats()["subscriptions"]
 
+
+
+def shutdown():
+    hop.shutdown()

@@ -2,6 +2,7 @@
 #include "directory/directory_client.h"
 
 #include <algorithm>
+#include <set>
 #include <unordered_set>
 #include <utility>
 
@@ -37,6 +38,14 @@ int DirectoryClient::shardHost(int rank) const {
   return rank;
 }
 
+int DirectoryClient::standbyHost() const {
+  for (int step = 1; step < config_.worldSize; ++step) {
+    const int rank = (config_.rank + step) % config_.worldSize;
+    if (!moved_.count(rank)) return rank;
+  }
+  return -1;
+}
+
 std::vector<wire::ShardDeath> DirectoryClient::movedShards() const {
   std::vector<wire::ShardDeath> out;
   for (const auto& [rank, incarnation] : moved_) out.push_back(wire::ShardDeath{rank, incarnation});
@@ -70,6 +79,21 @@ void DirectoryClient::moveShardFrom(int rank, uint64_t incarnation) {
   reRegisterCopies([&](const std::string& id) { return listedThere.count(id) > 0; });
 }
 
+std::set<int> DirectoryClient::leave(uint64_t incarnation) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
+  std::set<int> hosted;
+  for (int home = 0; home < config_.worldSize; ++home) {
+    if (shardHost(home) == config_.rank) hosted.insert(home);
+  }
+  // One share always stays (as in moveShardFrom): the last one cannot leave.
+  if (moved_.count(config_.rank) || moved_.size() + 1 >= static_cast<size_t>(config_.worldSize)) return {};
+  moved_[config_.rank] = incarnation;
+  movedCount_ = moved_.size();
+  std::set<int> successors;
+  for (int home : hosted) successors.insert(shardHost(home));
+  return successors;
+}
+
 void DirectoryClient::shardReturned(int rank) {
   HOPLITE_ASSERT_ON_LOOP(loop_);
   if (closing_) return;
@@ -97,6 +121,7 @@ void DirectoryClient::reRegisterCopies(const std::function<bool(const std::strin
     reg.recomputable = obj->recomputable;
     reg.reannounce = true;
     reg.primary = obj->primary();
+    reg.token = obj->registrationToken;
     if (reg.complete && obj->size() <= config_.inlineThresholdBytes) {
       reg.hasInline = true;
       reg.inlineData.assign(reinterpret_cast<const char*>(obj->data()), obj->size());
@@ -207,9 +232,9 @@ void DirectoryClient::updateHolder(const std::string& id, wire::HolderState stat
   peers_.send(shardOf(id), wire::HolderUpdate{id, config_.rank, state, sender});
 }
 
-void DirectoryClient::requestDelete(const std::string& id, bool retract, StatusCallback cb) {
+void DirectoryClient::requestDelete(const std::string& id, bool retract, StatusCallback cb, uint64_t ifToken) {
   const uint64_t request = newRequest();
-  requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, retract}), request, std::move(cb),
+  requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, retract, ifToken}), request, std::move(cb),
                steadySeconds() + kShardRedirectSeconds);
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,8 @@ class DirectoryClient : public DirectoryAccess {
   int rank() const { return config_.rank; }
   // Who hosts the share of the directory that `homeRank` had.
   int shardHost(int homeRank) const;
+  // Who would host this node's shares if its process died (-1: nobody).
+  int standbyHost() const;
   bool hasMoved(int homeRank) const { return moved_.count(homeRank) > 0; }
   // The shards that moved, and the processes whose death moved them.
   std::vector<wire::ShardDeath> movedShards() const;
@@ -55,6 +58,10 @@ class DirectoryClient : public DirectoryAccess {
   // registers there its copies of the objects that are listed there now
   // (also when it had not moved: the new process starts with an empty share).
   void shardReturned(int rank);
+  // This process (`incarnation`) leaves: its share of the directory moves on
+  // here as it does at the peers that hear of it (moveShardFrom). Returns the
+  // ranks that host what this node hosted (none if its share is the last).
+  std::set<int> leave(uint64_t incarnation);
   // Registers this node's copies of the objects `picked` at their shard (again).
   void reRegisterCopies(const std::function<bool(const std::string& id)>& picked);
   // Shares of the directory that have moved (any thread, for stats).
@@ -69,15 +76,16 @@ class DirectoryClient : public DirectoryAccess {
   uint64_t requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
                          LookupCallback cb, int preferred = -1) override;
   void updateHolder(const std::string& id, wire::HolderState state, int sender = -1) override;
-  // Deletes `id` everywhere (`retract`: it is being recomputed, see
-  // wire::IdRequest); `cb` runs once: with the shard's answer, which comes
-  // after every holder dropped its copy, or with a failure.
-  void requestDelete(const std::string& id, bool retract, StatusCallback cb);
+  // Deletes `id` everywhere (`retract`: it is being recomputed; `ifToken`:
+  // only its registration under that token, see wire::IdRequest); `cb` runs
+  // once: with the shard's answer, which comes after every holder dropped its
+  // copy, or with a failure.
+  void requestDelete(const std::string& id, bool retract, StatusCallback cb, uint64_t ifToken = 0);
   // Registers `reg` (its request id is given here) at its id's shard.
   void requestRegister(wire::Register reg, StatusCallback cb);
   // Fire and forget.
-  void deleteEverywhere(const std::string& id) {
-    requestDelete(id, /*retract=*/false, [](const Status&) {});
+  void deleteEverywhere(const std::string& id, uint64_t ifToken = 0) {
+    requestDelete(id, /*retract=*/false, [](const Status&) {}, ifToken);
   }
   // Asks `rank` for an answer, carrying `padding`; `cb` runs once.
   void probe(int rank, std::string padding, StatusCallback cb);

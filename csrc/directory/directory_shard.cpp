@@ -6,6 +6,7 @@
 namespace hoplite {
 namespace {
 constexpr size_t kMaxRememberedGone = 1u << 20;
+constexpr size_t kMaxStandby = 1u << 18;
 }
 
 DirectoryShard::~DirectoryShard() {
@@ -22,6 +23,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
     const bool again = entry.holders.count(msg.holder) && sameContents(entry.meta, msg.meta);
     if (!msg.reannounce && !again) return Status(Code::kAlreadyExists, "object " + printableId(msg.id) + " already exists");
     Holder& h = listHolder(entry, msg.holder);
+    if (entry.token == 0) entry.token = msg.token;  // its origin re-registered it here after a move
     h.complete = h.complete || msg.complete;
     h.origin = h.origin || msg.primary;
     if (msg.complete) entry.recomputable = false;
@@ -43,6 +45,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
   entry.hasInline = msg.hasInline;
   entry.inlineData = msg.inlineData;
   entry.recomputable = msg.recomputable && !msg.complete;
+  entry.token = msg.token;
 
   auto it = waiters_.find(msg.id);
   if (it != waiters_.end()) {
@@ -200,9 +203,18 @@ void DirectoryShard::lookup(const std::string& id, int asker, bool locate, doubl
   waiting_++;
 }
 
-void DirectoryShard::handOver(const std::function<bool(const std::string& id)>& leaves) {
+std::vector<wire::GoneId> DirectoryShard::handOver(const std::function<bool(const std::string& id)>& leaves) {
   for (auto e = entries_.begin(); e != entries_.end();) {
     e = leaves(e->first) ? entries_.erase(e) : std::next(e);
+  }
+  std::vector<wire::GoneId> handed;
+  for (auto g = gone_.begin(); g != gone_.end();) {
+    if (!leaves(g->first)) {
+      ++g;
+      continue;
+    }
+    handed.push_back(wire::GoneId{g->first, g->second.code == Code::kDeleted, g->second.rank, g->second.left});
+    g = gone_.erase(g);  // (its place in goneOrder_ is skipped as stale)
   }
   std::vector<std::pair<std::string, std::vector<Waiter>>> moved;
   for (auto w = waiters_.begin(); w != waiters_.end();) {
@@ -217,13 +229,71 @@ void DirectoryShard::handOver(const std::function<bool(const std::string& id)>& 
   for (auto& [id, list] : moved) {
     for (auto& w : list) {
       loop_.cancelTimer(w.timer);
-      w.reply(Status(Code::kMoved, "the directory entry of " + printableId(id) + " moved to its home rank, which rejoined"),
-              nullptr, -1);
+      w.reply(Status(Code::kMoved, "the directory entry of " + printableId(id) + " moved to another rank"), nullptr, -1);
     }
+  }
+  return handed;
+}
+
+bool DirectoryShard::isDeleted(const std::string& id) const {
+  auto gone = gone_.find(id);
+  return gone != gone_.end() && gone->second.code == Code::kDeleted;
+}
+
+void DirectoryShard::keepStandby(const wire::GoneId& gone) {
+  if (!gone.deleted) {
+    standby_.erase(gone.id);
+    return;
+  }
+  const uint64_t seq = ++standbySeq_;
+  standby_[gone.id] = seq;
+  standbyOrder_.emplace_back(gone.id, seq);
+  while (standbyOrder_.size() > kMaxStandby) {
+    auto& [oldest, oldestSeq] = standbyOrder_.front();
+    auto it = standby_.find(oldest);
+    if (it != standby_.end() && it->second == oldestSeq) standby_.erase(it);
+    standbyOrder_.pop_front();
   }
 }
 
-void DirectoryShard::forgetHolder(int rank) {
+void DirectoryShard::adoptStandby(const std::function<bool(const std::string& id)>& hosted) {
+  std::vector<std::string> adopted;
+  for (auto it = standby_.begin(); it != standby_.end();) {
+    if (!hosted(it->first)) {
+      ++it;
+      continue;
+    }
+    adopted.push_back(it->first);
+    it = standby_.erase(it);
+  }
+  for (const auto& id : adopted) adoptGone(wire::GoneId{id, /*deleted=*/true, -1, false});
+}
+
+void DirectoryShard::adoptGone(const wire::GoneId& gone) {
+  if (entries_.count(gone.id)) return;  // put (again) since: the entry is newer
+  rememberGone(gone.id, gone.deleted ? Code::kDeleted : Code::kPeerFailed, gone.lastHolder, gone.lastHolderLeft);
+  auto w = waiters_.find(gone.id);
+  if (w == waiters_.end()) return;
+  const Gone& now = gone_.at(gone.id);
+  std::vector<Waiter> answered, kept;
+  for (auto& waiter : w->second) {
+    // As in lookup(): a reduce's locate waits on for a lost input to be put again.
+    (waiter.locate && !gone.deleted ? kept : answered).push_back(std::move(waiter));
+  }
+  waiting_ -= answered.size();
+  if (kept.empty()) {
+    waiters_.erase(w);
+  } else {
+    w->second = std::move(kept);
+  }
+  const Status why = goneStatus(gone.id, now);
+  for (auto& waiter : answered) {
+    loop_.cancelTimer(waiter.timer);
+    waiter.reply(why, nullptr, -1);
+  }
+}
+
+void DirectoryShard::forgetHolder(int rank, bool left) {
   for (auto e = entries_.begin(); e != entries_.end();) {
     DirectoryEntry& entry = e->second;
     auto it = entry.holders.find(rank);
@@ -234,7 +304,7 @@ void DirectoryShard::forgetHolder(int rank) {
       }
       entry.holders.erase(it);
       if (lost(entry)) {
-        e = dropLost(e, rank);
+        e = dropLost(e, rank, left);
         continue;
       }
     }
@@ -296,8 +366,11 @@ void DirectoryShard::tellSubscribers(const std::string& id) {
   }
 }
 
-Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<int>* holders) {
+Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<int>* holders, uint64_t ifToken) {
   auto it = entries_.find(id);
+  if (it != entries_.end() && ifToken != 0 && it->second.token != 0 && it->second.token != ifToken) {
+    return Status(Code::kAlreadyExists, "object " + printableId(id) + " was registered again since");
+  }
   if (it == entries_.end()) {
     if (auto gone = gone_.find(id); gone != gone_.end() && gone->second.code == Code::kDeleted) {
       return Status(Code::kDeleted, "object " + printableId(id) + " was already deleted");
@@ -311,9 +384,9 @@ Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<i
   return Status();
 }
 
-DirectoryShard::Entries::iterator DirectoryShard::dropLost(Entries::iterator entry, int lastHolder) {
+DirectoryShard::Entries::iterator DirectoryShard::dropLost(Entries::iterator entry, int lastHolder, bool left) {
   // A reduce's result is computed again: its readers wait for it.
-  if (!entry->second.recomputable) rememberGone(entry->first, Code::kPeerFailed, lastHolder);
+  if (!entry->second.recomputable) rememberGone(entry->first, Code::kPeerFailed, lastHolder, left);
   return entries_.erase(entry);
 }
 
@@ -321,12 +394,12 @@ Status DirectoryShard::goneStatus(const std::string& id, const Gone& gone) {
   if (gone.code == Code::kDeleted) return Status(Code::kDeleted, "object " + printableId(id) + " was deleted");
   if (gone.rank < 0) return Status(gone.code, "object " + printableId(id) + " was lost: no copy of it is left");
   return Status(gone.code, "object " + printableId(id) + " was lost: its last holder, rank " + std::to_string(gone.rank) +
-                               ", failed");
+                               (gone.left ? ", left (it shut down)" : ", failed"));
 }
 
-void DirectoryShard::rememberGone(const std::string& id, Code code, int rank) {
+void DirectoryShard::rememberGone(const std::string& id, Code code, int rank, bool left) {
   const uint64_t seq = ++goneSeq_;
-  gone_[id] = Gone{code, rank, seq};
+  gone_[id] = Gone{code, rank, left, seq};
   goneOrder_.emplace_back(id, seq);
   while (goneOrder_.size() > kMaxRememberedGone) {
     auto& [oldest, oldestSeq] = goneOrder_.front();

@@ -34,6 +34,7 @@ struct DirectoryEntry {
   bool hasInline = false;
   std::string inlineData;
   bool recomputable = false;  // see wire::Register
+  uint64_t token = 0;         // its registration's (wire::Register::token), once one named it
 };
 
 class DirectoryShard {
@@ -76,15 +77,32 @@ class DirectoryShard {
   // nothing any more, and whoever it was pulling from is free again. Objects it
   // held the last copy of are lost: gets of them fail, a reduce's locate waits
   // for them, and they may be put again.
-  void forgetHolder(int rank);
+  // `left`: it shut down (errors say so).
+  void forgetHolder(int rank, bool left = false);
   // Forgets the object and returns who held copies. A deleted id is remembered
   // (gets of it fail at once); a retracted one is not (gets of it wait for it
-  // to be registered again).
-  Status remove(const std::string& id, bool retract, std::vector<int>* holders);
+  // to be registered again). `ifToken` (nonzero): only if the entry was
+  // registered under that token or under none; else nothing changes (a
+  // cleanup of an earlier computation of a reduce's result) and it says so.
+  Status remove(const std::string& id, bool retract, std::vector<int>* holders, uint64_t ifToken = 0);
   // The ids that `leaves` picks are hosted elsewhere now (their home rank
-  // rejoined): their entries are dropped (their holders register them there)
-  // and the lookups parked for them are answered kMoved, to be asked there.
-  void handOver(const std::function<bool(const std::string& id)>& leaves);
+  // rejoined, or this process leaves): their entries are dropped (their
+  // holders register them there), the lookups parked for them are answered
+  // kMoved, to be asked there, and what is remembered of those gone is
+  // returned, for their new host (adoptGone).
+  std::vector<wire::GoneId> handOver(const std::function<bool(const std::string& id)>& leaves);
+  // What the previous host remembered of an id that is gone, unless it was
+  // registered here since: gets of it fail at once, also those parked now.
+  void adoptGone(const wire::GoneId& gone);
+  // Whether the id is remembered as deleted.
+  bool isDeleted(const std::string& id) const;
+  // Standby: the deletes of the shares this node takes over should their
+  // host die (`gone.deleted`: remember the id; else forget it, it was put
+  // again). Bounded: the oldest are forgotten first.
+  void keepStandby(const wire::GoneId& gone);
+  // The standby ids this node hosts now (`hosted`, after their host died)
+  // are remembered as deleted here.
+  void adoptStandby(const std::function<bool(const std::string& id)>& hosted);
   // Lookups parked here until their object is registered (any thread, for stats).
   uint64_t waitingLookups() const { return waiting_.load(); }
 
@@ -99,11 +117,11 @@ class DirectoryShard {
   };
   // Remembers why an id is gone (deleted, or lost with its last holder), so a
   // get of it fails at once instead of waiting. Bounded; forgotten once put again.
-  void rememberGone(const std::string& id, Code code, int rank);
+  void rememberGone(const std::string& id, Code code, int rank, bool left = false);
   using Entries = std::unordered_map<std::string, DirectoryEntry>;
   // An entry with no copy left (see lost()): forgets it, and remembers it as
   // lost (last holder, or -1) unless its reduce computes it again.
-  Entries::iterator dropLost(Entries::iterator entry, int lastHolder);
+  Entries::iterator dropLost(Entries::iterator entry, int lastHolder, bool left = false);
   // Whether the entry has no copy left anywhere (inline bytes count as one).
   static bool lost(const DirectoryEntry& entry) { return entry.holders.empty() && !entry.hasInline; }
   // Receiver-driven broadcast: picks who serves `asker` (`preferred` if it
@@ -136,12 +154,16 @@ class DirectoryShard {
   struct Gone {
     Code code;  // kDeleted, or kPeerFailed for a lost object
     int rank;   // a lost object's last holder, or -1
+    bool left;  // that holder shut down (else it failed)
     uint64_t seq;
   };
   static Status goneStatus(const std::string& id, const Gone& gone);
   std::unordered_map<std::string, Gone> gone_;
   std::deque<std::pair<std::string, uint64_t>> goneOrder_;  // oldest first; stale seqs are skipped
   uint64_t goneSeq_ = 0;
+  std::unordered_map<std::string, uint64_t> standby_;  // id → seq (keepStandby)
+  std::deque<std::pair<std::string, uint64_t>> standbyOrder_;  // oldest first; stale seqs are skipped
+  uint64_t standbySeq_ = 0;
 };
 
 }  // namespace hoplite

@@ -2,6 +2,8 @@
 #include "directory/shard_server.h"
 
 #include <algorithm>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -10,7 +12,8 @@
 namespace hoplite {
 
 ShardServer::ShardServer(EventLoop& loop, PeerLinks& peers, DirectoryClient& directory, int worldSize)
-    : peers_(peers),
+    : loop_(loop),
+      peers_(peers),
       directory_(directory),
       worldSize_(worldSize),
       shard_(loop, [this](int rank, const wire::Locations& msg) { peers_.send(rank, msg); }) {}
@@ -22,6 +25,7 @@ void ShardServer::registerHandlers(MessageRouter& router) {
   router.on<wire::Lookup>(Route::kOnEither, [this](Connection& c, const wire::Lookup& m) { handleLookup(c, m); });
   router.on<wire::Delete>(Route::kOnEither, [this](Connection& c, const wire::Delete& m) { handleDelete(c, m); });
   router.on<wire::Subscribe>(Route::kOnEither, [this](Connection& c, const wire::Subscribe& m) { handleSubscribe(c, m); });
+  router.on<wire::ShardHandOver>(Route::kOnEither, [this](Connection&, const wire::ShardHandOver& m) { handleHandOver(m); });
 }
 
 void ShardServer::dropCopyAt(int holder, const std::string& id, bool retract, RequestTracker::StatusCallback done) {
@@ -39,7 +43,10 @@ Status ShardServer::notHostedHere(const std::string& id) const {
 }
 
 void ShardServer::handleRegister(Connection& conn, const wire::Register& msg) {
-  Status s = directory_.hosts(msg.id) ? shard_.registerObject(msg) : notHostedHere(msg.id);
+  const bool hosted = directory_.hosts(msg.id);
+  const bool wasDeleted = hosted && shard_.isDeleted(msg.id);
+  Status s = hosted ? shard_.registerObject(msg) : notHostedHere(msg.id);
+  if (wasDeleted && s.ok()) tellStandby(msg.id, /*deleted=*/false);  // put again
   conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, s}));
 }
 
@@ -54,8 +61,58 @@ void ShardServer::handleHolderUpdate(Connection& conn, const wire::HolderUpdate&
   }
 }
 
+namespace {
+// Ids per ShardHandOver frame: well under the smallest control frame limit at the longest ids.
+constexpr size_t kHandOverBatch = 512;
+}  // namespace
+
 void ShardServer::handOver() {
-  shard_.handOver([this](const std::string& id) { return !directory_.hosts(id); });
+  std::map<int, std::vector<wire::GoneId>> byHost;
+  for (auto& gone : shard_.handOver([this](const std::string& id) { return !directory_.hosts(id); })) {
+    const int host = directory_.shardOf(gone.id);
+    if (host != directory_.rank()) byHost[host].push_back(std::move(gone));
+  }
+  for (auto& [host, gone] : byHost) {
+    for (size_t from = 0; from < gone.size(); from += kHandOverBatch) {
+      wire::ShardHandOver msg;
+      const size_t to = std::min(gone.size(), from + kHandOverBatch);
+      msg.gone.assign(std::make_move_iterator(gone.begin() + from), std::make_move_iterator(gone.begin() + to));
+      peers_.send(host, msg);
+    }
+  }
+}
+
+void ShardServer::handleHandOver(const wire::ShardHandOver& msg) {
+  if (msg.standby) {
+    for (const auto& gone : msg.gone) shard_.keepStandby(gone);
+    return;
+  }
+  for (const auto& gone : msg.gone) {
+    if (directory_.hosts(gone.id)) shard_.adoptGone(gone);  // (members disagreeing: dropped)
+  }
+}
+
+void ShardServer::adoptStandby() {
+  shard_.adoptStandby([this](const std::string& id) { return directory_.hosts(id); });
+}
+
+void ShardServer::tellStandby(const std::string& id, bool deleted) {
+  if (toStandby_.empty()) loop_.runSoon([this] { flushStandby(); });
+  toStandby_.push_back(wire::GoneId{id, deleted, -1, false});
+}
+
+void ShardServer::flushStandby() {
+  std::vector<wire::GoneId> gone = std::move(toStandby_);
+  toStandby_.clear();
+  const int standby = directory_.standbyHost();
+  if (standby < 0) return;
+  for (size_t from = 0; from < gone.size(); from += kHandOverBatch) {
+    wire::ShardHandOver msg;
+    msg.standby = true;
+    const size_t to = std::min(gone.size(), from + kHandOverBatch);
+    msg.gone.assign(std::make_move_iterator(gone.begin() + from), std::make_move_iterator(gone.begin() + to));
+    peers_.send(standby, msg);
+  }
 }
 
 void ShardServer::handleLookup(Connection& conn, const wire::Lookup& msg) {
@@ -97,7 +154,8 @@ void ShardServer::handleDelete(Connection& conn, const wire::Delete& msg) {
     return;
   }
   std::vector<int> holders;
-  Status s = shard_.remove(msg.id, msg.retract, &holders);
+  Status s = shard_.remove(msg.id, msg.retract, &holders, msg.ifToken);
+  if (s.ok() && !msg.retract) tellStandby(msg.id, /*deleted=*/true);
   if (msg.retract && s.code == Code::kNotFound) s = Status();  // nothing to take back
   uint64_t request = msg.request;
   if (!s.ok() || holders.empty()) {

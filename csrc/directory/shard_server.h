@@ -17,13 +17,17 @@ class ShardServer {
   // `directory` sends the DropCopy requests of deletes.
   ShardServer(EventLoop& loop, PeerLinks& peers, DirectoryClient& directory, int worldSize);
 
-  // Register, HolderUpdate, Lookup, Delete, Subscribe.
+  // Register, HolderUpdate, Lookup, Delete, Subscribe, ShardHandOver.
   void registerHandlers(MessageRouter& router);
   // A peer this node will not talk to again: its copies leave the lists.
-  void forgetHolder(int rank) { shard_.forgetHolder(rank); }
+  void forgetHolder(int rank, bool left = false) { shard_.forgetHolder(rank, left); }
   uint64_t waitingLookups() const { return shard_.waitingLookups(); }
-  // Some ids' home rank rejoined: what this shard held for them goes (see DirectoryShard::handOver).
+  // Some ids are hosted elsewhere now (their home rank rejoined, or this
+  // process leaves): what this shard held for them goes, and what it
+  // remembers of those gone is sent to their new hosts (DirectoryShard::handOver).
   void handOver();
+  // Shares moved to this node: the deletes its standby kept for them count here now.
+  void adoptStandby();
 
  private:
   // kMoved: an id this node's directory share does not hold (any more, or yet).
@@ -33,13 +37,20 @@ class ShardServer {
   void handleLookup(Connection& conn, const wire::Lookup& msg);
   void handleDelete(Connection& conn, const wire::Delete& msg);
   void handleSubscribe(Connection& conn, const wire::Subscribe& msg);
+  void handleHandOver(const wire::ShardHandOver& msg);
+  // Tells the rank that takes this node's shares over, should it die, that
+  // `id` was deleted (or put again); batched per pass of the loop.
+  void tellStandby(const std::string& id, bool deleted);
+  void flushStandby();
   // Asks `holder` to drop its copy of `id`; `done` runs once it did (or is gone).
   void dropCopyAt(int holder, const std::string& id, bool retract, RequestTracker::StatusCallback done);
 
+  EventLoop& loop_;
   PeerLinks& peers_;
   DirectoryClient& directory_;
   const int worldSize_;
   DirectoryShard shard_;
+  std::vector<wire::GoneId> toStandby_;  // not sent yet (tellStandby)
 };
 
 }  // namespace hoplite

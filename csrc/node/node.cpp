@@ -2,9 +2,11 @@
 // stats and shutdown.
 #include "node/node.h"
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <random>
+#include <set>
 #include <stdexcept>
 
 #include "common/logging.h"
@@ -23,6 +25,9 @@ constexpr double kShutdownLingerSeconds = 2;
 // After a long stall, time to read what peers sent meanwhile (their closes
 // included) before redialing them.
 constexpr double kResumeDelaySeconds = 0.2;
+// How long a shutting-down node waits for its peers to acknowledge that it
+// leaves (at most the connect timeout): one round trip, or a dial and one.
+constexpr double kLeaveSeconds = 2;
 
 // Control frames carry inline objects (up to the threshold) and their
 // metadata; data frames at most the largest chunk.
@@ -76,7 +81,10 @@ Node::Node(NodeConfig config)
   });
   directory_ = std::make_unique<DirectoryClient>(
       loop_, *peers_, *store_, DirectoryClientConfig{config_.rank, config_.worldSize, config_.inlineThresholdBytes},
-      [this] { subscriptions_->rehome(); });
+      [this] {
+        shardServer_->adoptStandby();
+        subscriptions_->rehome();
+      });
   workers_ = std::make_unique<WorkerPool>("hoplite-copy", config_.copyThreads);
   putCopies_ = std::make_unique<WorkerPool>("hoplite-putcopy", 1, kPutCopyNice);
   server_ = std::make_unique<TransferServer>(
@@ -193,6 +201,7 @@ void Node::handle(Route route, void (Node::*method)(Connection&, const M&)) {
 void Node::registerHandlers() {
   // Peers and the directory.
   handle(Route::kOnEither, &Node::handleShardMoved);
+  handle(Route::kOnEither, &Node::handleLeave);
   shardServer_->registerHandlers(router_);
   router_.on<wire::Locations>(Route::kOnEither, [this](Connection& c, const wire::Locations& m) {
     subscriptions_->onLocations(c, m);
@@ -216,6 +225,57 @@ void Node::handleShardMoved(Connection&, const wire::ShardMoved& msg) {
   // connect timeout).
   peers_->stopRetrying(msg.rank);
   directory_->moveShardFrom(msg.rank, msg.incarnation);
+}
+
+void Node::handleLeave(Connection& conn, const wire::Leave& msg) {
+  const int rank = conn.peerRank();
+  // (A leave of an earlier process of that rank changes nothing.)
+  if (rank >= 0 && rank != config_.rank && msg.incarnation == peers_->incarnationOf(rank) && !shuttingDown_) {
+    HLOG(kInfo, "%s leaves the cluster", peers_->peerName(rank).c_str());
+    peers_->markLeaving(rank);
+    directory_->moveShardFrom(rank, msg.incarnation);
+    shardServer_->forgetHolder(rank, /*left=*/true);
+    reduceTasks_->dropPartialResultsOf(rank);
+  }
+  conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, Status()}));
+}
+
+void Node::leaveCluster(std::function<void()> done) {
+  // Told: the peers this node talks to, and the new hosts of its share (the
+  // others hear of the move from them, as after a failure).
+  std::set<int> told = directory_->leave(incarnation_);
+  for (int rank = 0; rank < config_.worldSize; ++rank) {
+    if (peers_->talksTo(rank)) told.insert(rank);
+  }
+  for (auto it = told.begin(); it != told.end();) {
+    const int rank = *it;
+    it = rank == config_.rank || peers_->hasFailed(rank) || directory_->hasMoved(rank) ? told.erase(it) : std::next(it);
+  }
+  struct Leaving {
+    size_t waiting;
+    bool finished = false;
+    std::function<void()> done;
+  };
+  auto leaving = std::make_shared<Leaving>(Leaving{told.size() + 1, false, std::move(done)});
+  auto finish = [leaving] {
+    if (leaving->finished) return;
+    leaving->finished = true;
+    leaving->done();
+  };
+  auto answered = [leaving, finish](const Status&) {
+    if (--leaving->waiting == 0) finish();
+  };
+  loop_.addTimer(std::min(kLeaveSeconds, config_.connectTimeoutSeconds), finish);
+  for (int rank : told) {
+    const uint64_t request = directory_->newRequest();
+    directory_->requestStatus(rank, wire::MsgType::kLeave, wire::encode(wire::Leave{request, incarnation_}), request,
+                              answered);
+  }
+  // After the leaves, on the same connections: parked lookups are answered
+  // kMoved (asked again at the new host), and what this shard remembers of
+  // gone ids goes there.
+  shardServer_->handOver();
+  answered(Status());
 }
 
 void Node::onStatusReply(Connection&, const wire::StatusReply& msg) {
@@ -305,6 +365,12 @@ std::map<std::string, uint64_t> Node::stats() {
 void Node::shutdown() {
   if (stopped_.exchange(true)) return;
   subscriptions_->stop();  // waiters return now
+  // A leave, not a failure: the peers move this node's share of the
+  // directory and drop its copies without failing over.
+  auto left = std::make_shared<std::promise<void>>();
+  if (loop_.post([this, left] { leaveCluster([left] { left->set_value(); }); })) {
+    left->get_future().wait_for(std::chrono::duration<double>(kLeaveSeconds + 1));
+  }
   std::promise<void> done;
   const bool loopRunning = loop_.post([this, &done] {
     // Set however the task ends: a step that throws must not leave shutdown

@@ -159,6 +159,12 @@ class Node : private PeerEvents, private ReduceServices {
   template <typename M>
   void handle(Route route, void (Node::*method)(Connection&, const M&));
   void handleShardMoved(Connection& conn, const wire::ShardMoved& msg);
+  // A peer's process leaves (shuts down): see wire::Leave.
+  void handleLeave(Connection& conn, const wire::Leave& msg);
+  // Shutdown's first step: the peers hear that this process leaves, and the
+  // new hosts of its share of the directory get what it remembers of gone
+  // ids. `done` runs once, when all answered or after the leave timeout.
+  void leaveCluster(std::function<void()> done);
   void onStatusReply(Connection& conn, const wire::StatusReply& msg);
   void onLookupReply(Connection& conn, const wire::LookupReply& msg);
   double now() const override { return steadySeconds(); }

@@ -59,6 +59,20 @@ void Peers::stopRetrying(int rank) {
   if (peer != peers_.end()) peer->second.connectDeadline = 0;
 }
 
+void Peers::markLeaving(int rank) {
+  auto peer = peers_.find(rank);
+  if (peer == peers_.end()) return;
+  peer->second.leaving = true;
+  peer->second.connectDeadline = 0;
+}
+
+bool Peers::talksTo(int rank) const {
+  auto peer = peers_.find(rank);
+  if (peer == peers_.end()) return false;
+  return (peer->second.ready && peer->second.conn && peer->second.conn->isOpen()) ||
+         incoming_.count(peer->second.incoming) > 0;
+}
+
 bool Peers::isReady(int rank) const {
   auto peer = peers_.find(rank);
   return peer != peers_.end() && peer->second.ready;
@@ -152,7 +166,8 @@ void Peers::failPeer(int rank, const Status& why, bool gone) {
   peer.conn.reset();
   peer.ready = false;
   peer.queued.clear();
-  events_.onPeerFailed(rank, Status(Code::kPeerFailed, peerName(rank) + " failed: " + why.message));
+  events_.onPeerFailed(rank, Status(Code::kPeerFailed, peer.leaving ? peerName(rank) + " left (it shut down)"
+                                                                     : peerName(rank) + " failed: " + why.message));
 }
 
 std::shared_ptr<Connection> Peers::sharedConnection(Connection& conn) {

@@ -97,6 +97,11 @@ class Peers : public PeerLinks, public ConnectionObserver {
   void addPeer(int rank, const std::string& host, int port);
   // A connect to `rank` that is being refused is final from now on.
   void stopRetrying(int rank);
+  // `rank`'s process said it leaves: when its connections close, what waits
+  // for it fails saying so, and it is not dialed again.
+  void markLeaving(int rank);
+  // Whether this node has a connection to or from `rank` that finished its handshake.
+  bool talksTo(int rank) const;
   bool isReady(int rank) const;       // handshake done
   bool hasConnection(int rank) const;  // dialed, or being dialed
   bool sameHostEnabled() const { return !hostIdentity_.empty(); }
@@ -141,6 +146,7 @@ class Peers : public PeerLinks, public ConnectionObserver {
     double backoff = 0.05;
     bool lost = false;      // was reachable once and failed since: no retrying
     bool redialed = false;  // after it closed mid-handshake: dead or refusing us? (onDialedClosed)
+    bool leaving = false;   // it said it shuts down (markLeaving)
     double lastHeard = 0;   // any frame on the connection, for heartbeats
     std::string helloNonce;   // ours, until the peer's challenge is verified
     std::string helloListen;  // the listen address our hello claimed, as the proofs cover it

@@ -5,6 +5,7 @@
 
 #include "common/hmac.h"
 #include "net/transport_registry.h"
+#include "wire/frame.h"
 #include "python/node_handle.h"
 
 namespace py = pybind11;
@@ -122,6 +123,7 @@ PYBIND11_MODULE(_C, m) {
 #else
   m.attr("with_cuda") = false;
 #endif
+  m.attr("wire_version") = hoplite::wire::kVersion;  // for tests and tools that speak the protocol by hand
 
   py::class_<NodeHandle>(m, "Node")
       .def(py::init([](const py::dict& config) { return std::make_unique<NodeHandle>(configFromDict(config)); }))

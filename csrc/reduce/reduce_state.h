@@ -98,6 +98,7 @@ struct ReduceTaskState {
   // kRegistered (in the directory) or, refused, kUnregistered again.
   enum class Registration : uint8_t { kUnregistered, kRegistering, kRegistered };
   Registration registration = Registration::kUnregistered;
+  uint64_t token = 0;        // names the output's registration (wire::Register::token)
   bool closing = false;      // a failed root, taking its registration back (closeRoot)
   Status endStatus;          // what a closing root reports at the end
   double started = 0;        // steady clock, for the debug log

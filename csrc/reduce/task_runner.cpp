@@ -92,6 +92,10 @@ void ReduceTaskRunner::startTask(uint64_t taskId, std::shared_ptr<LocalObject> i
                                    task.alias ? input->buffer() : nullptr, /*sharedWithStored=*/task.alias);
   if (!s.ok()) return failTask(taskId, s);
   task.output->recomputable = msg.root;  // its coordinator computes the result again if a participant dies
+  // A root's output id is the result's, the same in every computation of it:
+  // its cleanups remove only this computation's registration.
+  task.token = tokens_() | 1;
+  task.output->registrationToken = task.token;
   node_.serveParkedPulls(task.output);
   task.children.assign(msg.childIds.size(), nullptr);
   wire::Register reg;
@@ -100,6 +104,7 @@ void ReduceTaskRunner::startTask(uint64_t taskId, std::shared_ptr<LocalObject> i
   reg.holder = rank_;
   reg.complete = false;
   reg.recomputable = msg.root;
+  reg.token = task.token;
   task.registration = ReduceTaskState::Registration::kRegistering;
   node_.directory().requestRegister(std::move(reg), [this, taskId, state = tasks_.at(taskId)](const Status& s) {
     using Registration = ReduceTaskState::Registration;
@@ -107,7 +112,7 @@ void ReduceTaskRunner::startTask(uint64_t taskId, std::shared_ptr<LocalObject> i
     auto it = tasks_.find(taskId);
     if (it == tasks_.end()) {  // failed meanwhile
       if (state->closing) return closeRoot(state);
-      if (s.ok()) node_.directory().deleteEverywhere(state->msg.outputId);  // free the id
+      if (s.ok()) node_.directory().deleteEverywhere(state->msg.outputId, state->token);  // free the id
       return;
     }
     if (!s.ok()) return failTask(taskId, s);
@@ -270,7 +275,8 @@ void ReduceTaskRunner::failTask(uint64_t taskId, const Status& why) {
   tasks_.erase(it);
   for (auto& [obj, listener] : task->listeners) obj->removeListener(listener);
   const wire::ReduceTask& msg = task->msg;
-  Status status(why.code, "reduce into " + printableId(msg.reduceId) + " failed on " + node_.peers().peerName(rank_) + ": " +
+  // Sent to the coordinator: "rank N", not this node's "(self)".
+  Status status(why.code, "reduce into " + printableId(msg.reduceId) + " failed on rank " + std::to_string(rank_) + ": " +
                               why.message);
   if (why.message.rfind("reduce into ", 0) == 0) status.message = why.message;  // already says so
   answerTask(*task, status);
@@ -292,7 +298,9 @@ void ReduceTaskRunner::failTask(uint64_t taskId, const Status& why) {
   }
   reportTaskEnd(*task, status);
   if (coordinated) return;
-  if (task->registration == ReduceTaskState::Registration::kRegistered) node_.directory().deleteEverywhere(msg.outputId);
+  if (task->registration == ReduceTaskState::Registration::kRegistered) {
+    node_.directory().deleteEverywhere(msg.outputId, task->token);
+  }
   for (const auto& child : msg.childIds) node_.directory().deleteEverywhere(child);
 }
 
@@ -303,7 +311,8 @@ void ReduceTaskRunner::failTask(uint64_t taskId, const Status& why) {
 void ReduceTaskRunner::closeRoot(const std::shared_ptr<ReduceTaskState>& task) {
   if (task->registration != ReduceTaskState::Registration::kRegistered) return reportTaskEnd(*task, task->endStatus);
   const std::string& id = task->msg.outputId;
-  node_.directory().requestDelete(id, /*retract=*/true, [this, task](const Status&) { reportTaskEnd(*task, task->endStatus); });
+  node_.directory().requestDelete(
+      id, /*retract=*/true, [this, task](const Status&) { reportTaskEnd(*task, task->endStatus); }, task->token);
 }
 
 void ReduceTaskRunner::handleAbort(Connection&, const wire::ReduceAbort& msg) {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <unordered_map>
 
 #include "coll/device_reducer.h"
@@ -63,6 +64,7 @@ class ReduceTaskRunner {
   std::shared_ptr<DeviceReducer> deviceReducer_;
   uint64_t nextTask_ = 1;
   std::unordered_map<uint64_t, std::shared_ptr<ReduceTaskState>> tasks_;
+  std::mt19937_64 tokens_{std::random_device{}()};  // registration tokens (ReduceTaskState::token)
   Counters counters_;
 };
 

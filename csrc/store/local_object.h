@@ -52,6 +52,8 @@ class LocalObject {
   // A reduce's result, which its coordinator recomputes if a participant dies:
   // a reader that loses its sender waits for it (loop thread only).
   bool recomputable = false;
+  // A reduce output's registration token (wire::Register::token; loop thread only).
+  uint64_t registrationToken = 0;
   // The get that pulled this copy and may take its buffer when the pull ends
   // (0: none); see TransferClient::handOver (loop thread only).
   uint64_t handOverTo = 0;

@@ -13,11 +13,12 @@ namespace hoplite {
 namespace wire {
 
 constexpr uint32_t kMagic = 0x544c5048;  // "HPLT" little-endian
-constexpr uint8_t kVersion = 11;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
+constexpr uint8_t kVersion = 12;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
                                   // 5: message kinds; 6: message withdrawal; 7: same-host reads;
                                   // 8: status kMoved (a copy handed to a get); 9: a lookup's preferred sender;
                                   // 10: the proofs cover the hello's listen address;
                                   // 11: moved shards name the incarnation that died (and return after a rejoin)
+                                  // 12: leaves, and shards hand over what they remember of gone ids
 constexpr size_t kHeaderSize = 16;
 constexpr size_t kDataSubheaderSize = 16;
 
@@ -47,8 +48,10 @@ enum class MsgType : uint8_t {
   kMessageWithdrawn = 23,
   kDataAt = 24,
   kMessageCredit = 25,
+  kShardHandOver = 26,
+  kLeave = 27,
 };
-constexpr uint8_t kMaxMsgType = 25;
+constexpr uint8_t kMaxMsgType = 27;
 
 struct FrameHeader {
   uint8_t type = 0;

@@ -165,6 +165,44 @@ ShardMoved ShardMoved::decode(Reader& r) {
   return m;
 }
 
+void ShardHandOver::encode(Writer& w) const {
+  w.u8(standby);
+  w.u32(static_cast<uint32_t>(gone.size()));
+  for (const GoneId& g : gone) {
+    encodeId(w, g.id);
+    w.u8(g.deleted);
+    w.i32(g.lastHolder);
+    w.u8(g.lastHolderLeft);
+  }
+}
+ShardHandOver ShardHandOver::decode(Reader& r) {
+  ShardHandOver m;
+  m.standby = decodeBool(r);
+  const uint32_t count = r.u32();
+  if (count > r.remaining() / 11) throw DecodeError("shard hand-over lists more ids than it holds");
+  m.gone.resize(count);
+  for (GoneId& g : m.gone) {
+    g.id = decodeId(r);
+    g.deleted = decodeBool(r);
+    g.lastHolder = r.i32();
+    g.lastHolderLeft = decodeBool(r);
+  }
+  r.expectEnd("shard hand-over");
+  return m;
+}
+
+void Leave::encode(Writer& w) const {
+  w.u64(request);
+  w.u64(incarnation);
+}
+Leave Leave::decode(Reader& r) {
+  Leave m;
+  m.request = r.u64();
+  m.incarnation = r.u64();
+  r.expectEnd("leave");
+  return m;
+}
+
 void Register::encode(Writer& w) const {
   w.u64(request);
   encodeId(w, id);
@@ -174,6 +212,7 @@ void Register::encode(Writer& w) const {
   w.u8(recomputable);
   w.u8(reannounce);
   w.u8(primary);
+  w.u64(token);
   w.u8(hasInline);
   if (hasInline) w.str(inlineData);
 }
@@ -187,6 +226,7 @@ Register Register::decode(Reader& r, uint64_t maxInline) {
   m.recomputable = decodeBool(r);
   m.reannounce = decodeBool(r);
   m.primary = decodeBool(r);
+  m.token = r.u64();
   m.hasInline = decodeBool(r);
   if (m.hasInline) {
     m.inlineData = r.str(maxInline, "inline object");

@@ -93,6 +93,39 @@ struct ShardMoved {
   static ShardMoved decode(Reader& r);
 };
 
+// What a shard remembers of an id that is gone: deleted, or lost with its
+// last holder (`lastHolder`, -1 if unknown), which failed or left.
+struct GoneId {
+  std::string id;
+  bool deleted = false;
+  int32_t lastHolder = -1;
+  bool lastHolderLeft = false;  // it shut down (else it failed)
+};
+
+// Old host → new host of some ids' directory entries (the old host leaves,
+// or their home rank rejoined): the ids among them that are gone, so that
+// gets of them keep failing at once instead of waiting for a put.
+// `standby`: host → the rank that takes its share over should it die, as
+// ids are deleted (`deleted`) or put again (not `deleted`: forget it).
+struct ShardHandOver {
+  static constexpr MsgType kType = MsgType::kShardHandOver;
+  bool standby = false;
+  std::vector<GoneId> gone;
+  void encode(Writer& w) const;
+  static ShardHandOver decode(Reader& r);
+};
+
+// A process that shuts down → each peer: process `incarnation` leaves. Its
+// share of the directory moves on as after a failure, its copies leave the
+// lists, and what waits for it fails saying it left. Answered by a StatusReply.
+struct Leave {
+  static constexpr MsgType kType = MsgType::kLeave;
+  uint64_t request = 0;
+  uint64_t incarnation = 0;
+  void encode(Writer& w) const;
+  static Leave decode(Reader& r);
+};
+
 // Register an object at its directory shard. Small objects carry their bytes inline.
 struct Register {
   static constexpr MsgType kType = MsgType::kRegister;
@@ -108,6 +141,9 @@ struct Register {
   // to an existing entry instead of failing (`primary`: it holds the put's copy).
   bool reannounce = false;
   bool primary = true;
+  // Names a reduce result's registration (0: none): a cleanup of one
+  // computation of it removes no later one's entry (IdRequest::ifToken).
+  uint64_t token = 0;
   bool hasInline = false;
   std::string inlineData;
   void encode(Writer& w) const;
@@ -171,23 +207,27 @@ struct LookupReply {
 
 // A request that names one object. `retract`: the object is being recomputed
 // (a reduce recovering from a failure), not deleted: its id is not remembered
-// as deleted, and whoever reads it looks it up again.
+// as deleted, and whoever reads it looks it up again. `ifToken` (deletes):
+// only an entry registered under that token, or under none, is removed.
 template <MsgType T>
 struct IdRequest {
   static constexpr MsgType kType = T;
   uint64_t request = 0;
   std::string id;
   bool retract = false;
+  uint64_t ifToken = 0;
   void encode(Writer& w) const {
     w.u64(request);
     encodeId(w, id);
     w.u8(retract);
+    w.u64(ifToken);
   }
   static IdRequest decode(Reader& r) {
     IdRequest m;
     m.request = r.u64();
     m.id = decodeId(r);
     m.retract = decodeBool(r);
+    m.ifToken = r.u64();
     r.expectEnd("request");
     return m;
   }

@@ -109,6 +109,7 @@ static void testMessages() {
   reg.recomputable = true;
   reg.reannounce = true;
   reg.primary = false;
+  reg.token = 0x1234567890abcdefull;
   reg.hasInline = true;
   reg.inlineData = std::string(24, 'x');
   checkTruncations(reg, [&](Reader& r) { Register::decode(r, maxInline); }, "register");
@@ -118,7 +119,7 @@ static void testMessages() {
   Register back = Register::decode(r, maxInline);
   CHECK(back.id == reg.id && back.meta.shape == reg.meta.shape && back.inlineData == reg.inlineData);
   CHECK(back.holder == 3 && back.complete && back.recomputable && back.request == 7);
-  CHECK(back.reannounce && !back.primary);
+  CHECK(back.reannounce && !back.primary && back.token == 0x1234567890abcdefull);
 
   LookupReply lr;
   lr.request = 9;
@@ -183,11 +184,11 @@ static void testMessages() {
   checkTruncations(Delete{1, "id"}, [](Reader& r) { Delete::decode(r); }, "delete");
   checkTruncations(DropCopy{1, "id", true}, [](Reader& r) { DropCopy::decode(r); }, "drop copy");
   {
-    std::string bytes = encode(Delete{3, "id", true});
+    std::string bytes = encode(Delete{3, "id", true, 77});
     Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
     Delete back = Delete::decode(r);
-    CHECK(back.request == 3 && back.id == "id" && back.retract);
-    bytes.back() = 2;  // not a boolean
+    CHECK(back.request == 3 && back.id == "id" && back.retract && back.ifToken == 77);
+    bytes[bytes.size() - 9] = 2;  // `retract`, not a boolean
     CHECK(throwsDecodeError(bytes, [](Reader& r) { Delete::decode(r); }));
   }
   checkTruncations(Pull{1, "id", 4, true}, [](Reader& r) { Pull::decode(r); }, "pull");
@@ -251,6 +252,23 @@ static void testMessages() {
     Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
     MessageWithdrawn back = MessageWithdrawn::decode(r);
     CHECK(back.request == (kMessageRequestBit | 9) && back.reason == "its send timed out");
+  }
+  checkTruncations(Leave{4, 9}, [](Reader& r) { Leave::decode(r); }, "leave");
+  {
+    ShardHandOver handOver;
+    handOver.standby = true;
+    handOver.gone = {GoneId{"deleted-one", true, -1}, GoneId{"lost-one", false, 3, true}};
+    checkTruncations(handOver, [](Reader& r) { ShardHandOver::decode(r); }, "shard hand-over");
+    std::string bytes = encode(handOver);
+    Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    ShardHandOver back = ShardHandOver::decode(r);
+    CHECK(back.standby && back.gone.size() == 2 && back.gone[0].id == "deleted-one" && back.gone[0].deleted &&
+          back.gone[1].id == "lost-one" && !back.gone[1].deleted && back.gone[1].lastHolder == 3 && back.gone[1].lastHolderLeft);
+    // A count the payload cannot hold is refused before allocating.
+    Writer w;
+    w.u8(0);
+    w.u32(1u << 30);
+    CHECK(throwsDecodeError(w.take(), [](Reader& r) { ShardHandOver::decode(r); }));
   }
   // A child count that the payload cannot hold is refused before allocating.
   {
