@@ -10,6 +10,8 @@ any rank may die). The nemesis's faults, at exponential intervals drawn from
 the seed, overlapping:
 
 - kill: SIGKILL a rank, restart it after a pause; it rejoins (a new incarnation);
+- leave: SIGTERM a rank, which ends its operation and shuts down (a graceful
+  leave), then restart it as after a kill;
 - pause: SIGSTOP a rank for longer than the heartbeat timeout, then SIGCONT;
 - stranger: connections to a rank that send garbage, or a hello of another
   cluster, or nothing at all.
@@ -33,6 +35,7 @@ from typing import Optional
 
 import torch.distributed as dist
 
+from torch_hoplite import _C
 from torch_hoplite.bench import soak_report, soak_workload
 from torch_hoplite.bench.common import RESULTS, machine
 
@@ -40,7 +43,7 @@ OPTIONS = {"timeout": 10.0, "connect_timeout": 3.0, "heartbeat_interval": 0.25, 
            "capacity_bytes": "512MiB",  # copies of objects whose owner died are evicted, not kept
            "same_host": False}
 GRACE = 5.0  # past an operation's timeout: a hang
-FAULTS = ("kill", "pause", "stranger")
+FAULTS = ("kill", "leave", "pause", "stranger")
 
 
 @dataclass
@@ -143,7 +146,9 @@ class Soak:
         for fault in self.faults:
             if fault.get("restart_at") and fault["restart_at"] <= now and not fault.get("restarted"):
                 r = self.ranks[fault["rank"]]
-                if fault["kind"] == "kill":
+                if fault["kind"] == "leave" and r.process.is_alive():
+                    continue  # still finishing its operation, or shutting down
+                if fault["kind"] in ("kill", "leave"):
                     r.incarnation += 1
                     self.start(r)
                 else:
@@ -165,6 +170,10 @@ class Soak:
             r.process.kill()
             fault["restart_at"] = now + self.rng.uniform(0.5, 3.0)
             r.busy_until = fault["restart_at"] + 10
+        elif kind == "leave":
+            os.kill(r.process.pid, signal.SIGTERM)
+            fault["restart_at"] = now + self.rng.uniform(0.5, 3.0)
+            r.busy_until = fault["restart_at"] + OPTIONS["timeout"] + 10
         elif kind == "pause":
             os.kill(r.process.pid, signal.SIGSTOP)
             fault["restart_at"] = now + OPTIONS["heartbeat_timeout"] + self.rng.uniform(0.5, 3.0)
@@ -180,7 +189,7 @@ def foreign_hello() -> bytes:
     def string(b: bytes) -> bytes:
         return struct.pack("<I", len(b)) + b
 
-    version = 11  # csrc/wire/frame.h kVersion
+    version = _C.wire_version
     body = struct.pack("<Ii", version, 0) + string(b"another-cluster") + string(b"n" * 16) + string(b"127.0.0.1")
     body += struct.pack("<IQ", 1, 0)
     return struct.pack("<IBBHQ", 0x544C5048, version, 1, 0, len(body)) + body

@@ -11,6 +11,10 @@ import re
 import statistics
 from typing import Any
 
+ENDS_PROCESS = ("kill", "leave")  # faults after which the rank's objects are gone
+DISRUPTIVE = ENDS_PROCESS + ("pause",)  # faults whose recovery is measured
+
+
 def read_logs(workdir: str) -> list[dict]:
     records = []
     for path in sorted(glob.glob(os.path.join(workdir, "rank*.jsonl"))):
@@ -40,9 +44,9 @@ def object_owners(op: dict) -> list[tuple[int, int]]:
 
 def lost_with_holder(op: dict, faults: list[dict]) -> bool:
     """Whether the operation touched an object whose owner's incarnation had
-    been killed before it ended: it may be gone with its only holder."""
+    been killed, or had left, before it ended: it may be gone with its only holder."""
     end = op["start"] + op["dur"]
-    killed = {(f["rank"], f["incarnation"]) for f in faults if f["kind"] == "kill" and f["t"] <= end}
+    killed = {(f["rank"], f["incarnation"]) for f in faults if f["kind"] in ENDS_PROCESS and f["t"] <= end}
     return any(owner in killed for owner in object_owners(op))
 
 
@@ -75,10 +79,10 @@ def counted(op: dict, faults: list[dict]) -> bool:
 
 
 def attribute(ops: list[dict], faults: list[dict], end: float) -> list[dict]:
-    """Sets each kill's and pause's `recovery_s` (from the fault, for a pause
+    """Sets each kill's, leave's and pause's `recovery_s` (from the fault, for a pause
     also `after_resume_s`, to the end of the last failure it explains; 0 if
     none) and returns the counted failures that no fault explains."""
-    disruptive = [f for f in faults if f["kind"] in ("kill", "pause")]
+    disruptive = [f for f in faults if f["kind"] in DISRUPTIVE]
     windows = []
     for f in disruptive:
         later = [g["t"] for g in disruptive if g["rank"] == f["rank"] and g["t"] > f["t"]]
@@ -143,7 +147,7 @@ def summarize(workdir: str, faults: list[dict], began: float, settings: dict, ma
             c["failed"] += 1
             kind = error_type(op)
             if lost_with_holder(op, faults):
-                kind += " (object of a killed rank)"
+                kind += " (object of a killed or departed rank)"
             c["errors"][kind] += 1
         else:
             c["ok"] += 1
@@ -204,7 +208,7 @@ def plot(report: dict, path: str) -> None:
     xs = list(range(len(failed)))
     ax_ops.stackplot(xs, [ok[k] for k in kinds], labels=kinds, alpha=0.8)
     ax_ops.plot(xs, failed, color="red", label="failed", linewidth=1)
-    colors = {"kill": "black", "pause": "purple", "stranger": "orange"}
+    colors = {"kill": "black", "leave": "green", "pause": "purple", "stranger": "orange"}
     for f in report["faults"]:
         for ax in (ax_ops, ax_rss, ax_fds):
             ax.axvline(f["t"], color=colors.get(f["kind"], "gray"), linewidth=0.8, alpha=0.6,
@@ -214,7 +218,7 @@ def plot(report: dict, path: str) -> None:
     s = report["settings"]
     ax_ops.set_title(f"soak: {s['nodes']} ranks, {s['minutes']:g} min, seed {s['seed']}; "
                      f"wrong bytes {report['wrong_bytes']}, hangs {report['hangs']}; "
-                     f"faults (lines): kill black, pause purple, stranger orange", fontsize=9)
+                     f"faults (lines): kill black, leave green, pause purple, stranger orange", fontsize=9)
     series = collections.defaultdict(list)
     for t, rank, inc, rss, fds, store, _objects in report["timeline"]["samples"]:
         series[(rank, inc)].append((t, rss, fds, store))
@@ -238,7 +242,7 @@ def print_summary(report: dict) -> None:
     print(f"soak: {report['seconds']:.0f} s, faults {report['faults_by_kind']}")
     for kind, c in report["operations"].items():
         print(f"  {kind:7s} ok {c['ok']:6d}  failed {c['failed']:5d}  {c['errors']}")
-    for kind in ("kill", "pause"):
+    for kind in DISRUPTIVE:
         recoveries = [f["recovery_s"] for f in report["faults"] if f["kind"] == kind]
         if recoveries:
             print(f"  recovery after a {kind}: median {statistics.median(recoveries):.2f} s, max {max(recoveries):.2f} s")

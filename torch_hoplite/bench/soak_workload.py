@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import random
+import signal
 import threading
 import time
 from typing import Any, Optional
@@ -181,6 +182,23 @@ class Workload:
             hop.delete(self.mine.popleft(), timeout=self.timeout)
         return 0
 
+    def delete_predecessors_objects(self) -> None:
+        """A restarted rank deletes what its previous process left undeleted
+        (its last puts, copied by readers), as a restarted worker cleans up
+        after a crash; else those copies fill the stores for good."""
+        last = self.last_of(self.rank)
+        if last is None:
+            return
+        incarnation, top, _ = last
+        deleted = 0
+        for index in range(max(1, top - 2 * KEEP), top + 1):
+            try:
+                hop.delete(object_id(self.rank, incarnation, index), timeout=self.timeout)
+                deleted += 1
+            except (hop.ObjectNotFoundError, hop.ObjectDeletedError, hop.PeerFailedError, hop.HopliteTimeoutError):
+                pass  # never put, lost with its only holder, or deleted already
+        self.log.write(event="cleanup", incarnation=incarnation, deleted=deleted)
+
     def op_reduce(self) -> int:
         size_class = self.rng.randrange(len(SIZES))
         inputs = []
@@ -240,17 +258,25 @@ def run(rank: int, world: int, port: int, seed: int, incarnation: int, stop_at: 
         options: dict, timeout: float, grace: float) -> None:
     """A rank's process: joins (rejoins, after the first incarnation), runs the
     workload until `stop_at` (wall clock), lets the others' last operations
-    finish, and leaves."""
+    finish, and leaves; or, on SIGTERM, ends its operation and leaves at once."""
     log = Log(log_path, rank, incarnation)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=datetime.timedelta(seconds=60))
     hop.init(store, rank=rank, world_size=world, rejoin=incarnation > 0, **options)
+    leaving = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: leaving.set())  # before "up": the driver's cue that it may stop us
     log.write(event="up", pid=os.getpid(), address=list(api._rt().address))
     sample_resources(log, 1.0)
     workload = Workload(rank, incarnation, world, store, random.Random(seed * 1000 + rank * 100 + incarnation),
                         log, timeout, grace)
+    if incarnation > 0:
+        workload.delete_predecessors_objects()
     workload.publish()
-    while time.time() < stop_at:
+    while time.time() < stop_at and not leaving.is_set():
         workload.step()
+    if leaving.is_set():
+        log.write(event="left")
+        hop.shutdown()
+        return
     time.sleep(max(0.0, stop_at + timeout + grace - time.time()))  # others may still pull from us
     log.write(event="down")
     hop.shutdown()
