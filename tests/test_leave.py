@@ -39,9 +39,16 @@ def test_a_rank_that_shuts_down_hands_over_its_share_of_the_directory(cluster3_f
 
 
 def test_what_waits_on_a_rank_that_left_fails_saying_it_left(cluster3_fast_heartbeats):
+    """Objects only the leaver held are lost, wherever their entry was: at a
+    peer's shard, or at the leaver's own (handed over as lost)."""
     c = cluster3_fast_heartbeats
-    (only,) = ids_with_shard("leave-only", 1, 3, lambda s: s == 2)
-    c.call(1, workers.put, torch.full((1 << 18,), 1.0), only)  # only rank 1 holds it
+    (at_peer,) = ids_with_shard("leave-only", 1, 3, lambda s: s == 2)
+    (at_leaver,) = ids_with_shard("leave-own", 1, 3, lambda s: s == 1)
+    for obj in (at_peer, at_leaver):
+        c.call(1, workers.put, torch.full((1 << 18,), 1.0), obj)  # only rank 1 holds it
     c.call(1, workers.shutdown)
-    with pytest.raises(hop.PeerFailedError, match=r"its last holder, rank 1, left \(it shut down\)"):
-        hop.get(only, timeout=10).wait()
+    for obj in (at_peer, at_leaver):
+        start = time.monotonic()
+        with pytest.raises(hop.PeerFailedError, match=r"its last holder, rank 1, left \(it shut down\)"):
+            hop.get(obj, timeout=10).wait()
+        assert time.monotonic() - start < 2

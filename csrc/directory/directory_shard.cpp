@@ -203,11 +203,19 @@ void DirectoryShard::lookup(const std::string& id, int asker, bool locate, doubl
   waiting_++;
 }
 
-std::vector<wire::GoneId> DirectoryShard::handOver(const std::function<bool(const std::string& id)>& leaves) {
-  for (auto e = entries_.begin(); e != entries_.end();) {
-    e = leaves(e->first) ? entries_.erase(e) : std::next(e);
-  }
+std::vector<wire::GoneId> DirectoryShard::handOver(const std::function<bool(const std::string& id)>& leaves,
+                                                   int leaving) {
   std::vector<wire::GoneId> handed;
+  for (auto e = entries_.begin(); e != entries_.end();) {
+    if (!leaves(e->first)) {
+      ++e;
+      continue;
+    }
+    const auto& holders = e->second.holders;
+    const bool onlyLeaver = leaving >= 0 && holders.size() == 1 && holders.count(leaving) && !e->second.recomputable;
+    if (onlyLeaver) handed.push_back(wire::GoneId{e->first, /*deleted=*/false, leaving, /*lastHolderLeft=*/true});
+    e = entries_.erase(e);
+  }
   for (auto g = gone_.begin(); g != gone_.end();) {
     if (!leaves(g->first)) {
       ++g;

@@ -89,8 +89,9 @@ class DirectoryShard {
   // rejoined, or this process leaves): their entries are dropped (their
   // holders register them there), the lookups parked for them are answered
   // kMoved, to be asked there, and what is remembered of those gone is
-  // returned, for their new host (adoptGone).
-  std::vector<wire::GoneId> handOver(const std::function<bool(const std::string& id)>& leaves);
+  // returned, for their new host (adoptGone). `leaving` (this node's rank,
+  // when it leaves): objects it alone holds are returned as lost with it.
+  std::vector<wire::GoneId> handOver(const std::function<bool(const std::string& id)>& leaves, int leaving = -1);
   // What the previous host remembered of an id that is gone, unless it was
   // registered here since: gets of it fail at once, also those parked now.
   void adoptGone(const wire::GoneId& gone);

@@ -66,9 +66,9 @@ namespace {
 constexpr size_t kHandOverBatch = 512;
 }  // namespace
 
-void ShardServer::handOver() {
+void ShardServer::handOver(int leaving) {
   std::map<int, std::vector<wire::GoneId>> byHost;
-  for (auto& gone : shard_.handOver([this](const std::string& id) { return !directory_.hosts(id); })) {
+  for (auto& gone : shard_.handOver([this](const std::string& id) { return !directory_.hosts(id); }, leaving)) {
     const int host = directory_.shardOf(gone.id);
     if (host != directory_.rank()) byHost[host].push_back(std::move(gone));
   }

@@ -23,9 +23,10 @@ class ShardServer {
   void forgetHolder(int rank, bool left = false) { shard_.forgetHolder(rank, left); }
   uint64_t waitingLookups() const { return shard_.waitingLookups(); }
   // Some ids are hosted elsewhere now (their home rank rejoined, or this
-  // process leaves): what this shard held for them goes, and what it
-  // remembers of those gone is sent to their new hosts (DirectoryShard::handOver).
-  void handOver();
+  // process leaves: `leaving` is its rank): what this shard held for them
+  // goes, and what it remembers of those gone is sent to their new hosts
+  // (DirectoryShard::handOver).
+  void handOver(int leaving = -1);
   // Shares moved to this node: the deletes its standby kept for them count here now.
   void adoptStandby();
 

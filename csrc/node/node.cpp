@@ -273,8 +273,8 @@ void Node::leaveCluster(std::function<void()> done) {
   }
   // After the leaves, on the same connections: parked lookups are answered
   // kMoved (asked again at the new host), and what this shard remembers of
-  // gone ids goes there.
-  shardServer_->handOver();
+  // gone ids goes there, with the objects only this node holds (lost now).
+  shardServer_->handOver(config_.rank);
   answered(Status());
 }
 

@@ -71,6 +71,16 @@ void testHandOver(EventLoop& loop) {
   CHECK(successor.isDeleted("gone"));
   CHECK(successor.remove("gone", false, &holders).code == Code::kDeleted);
   CHECK(old.remove("stays", false, &holders).ok());
+  // A leaving shard (rank 4) also hands over the objects only it holds, as lost with it.
+  CHECK(old.registerObject(registration("only-mine", 4, 0)).ok());
+  CHECK(old.registerObject(registration("shared", 4, 0)).ok());
+  CHECK(old.registerObject(registration("shared", 2, 0, /*reannounce=*/true)).ok());
+  handed = old.handOver([](const std::string&) { return true; }, /*leaving=*/4);
+  CHECK(handed.size() == 2);  // with "stays", deleted above
+  for (const auto& g : handed) {
+    CHECK(g.id == "stays" ? g.deleted && !g.lastHolderLeft
+                          : g.id == "only-mine" && !g.deleted && g.lastHolder == 4 && g.lastHolderLeft);
+  }
 }
 
 void testStandby(EventLoop& loop) {
