@@ -65,8 +65,10 @@ def test_heartbeat_settings_are_checked():
 
 
 def test_shutdown_waits_for_a_stopped_peer_no_longer_than_its_bound(cluster3_fast_heartbeats):
-    """Shutdown ends each connection gracefully (the peer reads what was sent,
-    then ends its side); a peer that never does holds it ~2 s, not longer."""
+    """Shutdown tells its peers it leaves (waiting for their answers up to the
+    heartbeat timeout, 1.5 s here), then ends each connection gracefully (the
+    peer reads what was sent, then ends its side); a peer that never does
+    holds it ~3.5 s in all, not longer."""
     ref = cluster3_fast_heartbeats.call(1, workers.put, torch.ones(1 << 18), "linger")
     assert torch.equal(hop.get(ref).wait(), torch.ones(1 << 18))  # a connection to rank 1
     cluster3_fast_heartbeats.freeze(1)
@@ -74,7 +76,7 @@ def test_shutdown_waits_for_a_stopped_peer_no_longer_than_its_bound(cluster3_fas
         start = time.monotonic()
         hop.shutdown()
         elapsed = time.monotonic() - start
-        assert 1.5 < elapsed < 5, elapsed  # waited for rank 1's end, then gave up at the bound
+        assert 1.5 < elapsed < 6, elapsed  # waited for rank 1's answer and end, then gave up at the bounds
     finally:
         os.kill(cluster3_fast_heartbeats.pids[1], signal.SIGCONT)
         cluster3_fast_heartbeats.kill(1)

@@ -26,7 +26,9 @@ def test_a_rank_that_shuts_down_hands_over_its_share_of_the_directory(cluster3_f
     # Moved at once by the leave (no heartbeat timeout, no failure).
     assert c.call(0, workers.stats)["shards_moved"] == 1
     assert c.call(2, workers.stats)["shards_moved"] == 1
-    # Its new host (rank 2) remembers the delete: a get fails at once, not after its timeout.
+    # Its new host (rank 2) remembers the delete: a get fails at once, not after
+    # its timeout. (Rank 2 is also rank 1's standby, which knows it too; the
+    # hand-over alone is checked in tests/cpp/test_directory_shard.cpp.)
     start = time.monotonic()
     with pytest.raises(hop.ObjectDeletedError, match=deleted):
         hop.get(deleted, timeout=10).wait()

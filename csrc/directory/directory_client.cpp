@@ -171,7 +171,9 @@ void DirectoryClient::requestShard(const std::string& id, wire::MsgType type, st
                     // Asked again where the entry lives now, if that changed by the end of the event that failed it.
                     return loop_.runSoon([this, id, type, payload = std::move(payload), request, shard, process,
                                           deadline, cb = std::move(cb), s]() mutable {
-                      if (closing_ || !shardMovedOrRestarted(id, shard, process)) return cb(s);
+                      if (closing_ || steadySeconds() >= deadline || !shardMovedOrRestarted(id, shard, process)) {
+                        return cb(s);
+                      }
                       requestShard(id, type, std::move(payload), request, std::move(cb), deadline);
                     });
                   }
@@ -211,7 +213,9 @@ void DirectoryClient::sendLookup(const wire::Lookup& msg, LookupCallback cb, dou
           // Its shard failed: ask the one that took over, or its new process,
           // once the event that failed it is handled.
           return loop_.runSoon([this, again, shard, process, cb, deadline, s] {
-            if (closing_ || !shardMovedOrRestarted(again.id, shard, process)) return cb(s, nullptr);
+            if (closing_ || steadySeconds() >= deadline || !shardMovedOrRestarted(again.id, shard, process)) {
+              return cb(s, nullptr);
+            }
             sendLookup(again, cb, deadline);
           });
         }

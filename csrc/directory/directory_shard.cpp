@@ -36,7 +36,9 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
   }
   auto gone = gone_.find(msg.id);
   if (gone != gone_.end()) {
-    if (msg.reannounce && gone->second.code == Code::kDeleted) return goneStatus(msg.id, gone->second);
+    if (msg.reannounce && gone->second.code == Code::kDeleted && !gone->second.fromStandby) {
+      return goneStatus(msg.id, gone->second);
+    }
     gone_.erase(gone);  // put again: a new object from now on
   }
   DirectoryEntry& entry = entries_[msg.id];
@@ -274,12 +276,13 @@ void DirectoryShard::adoptStandby(const std::function<bool(const std::string& id
     adopted.push_back(it->first);
     it = standby_.erase(it);
   }
-  for (const auto& id : adopted) adoptGone(wire::GoneId{id, /*deleted=*/true, -1, false});
+  for (const auto& id : adopted) adoptGone(wire::GoneId{id, /*deleted=*/true, -1, false}, /*fromStandby=*/true);
 }
 
-void DirectoryShard::adoptGone(const wire::GoneId& gone) {
+void DirectoryShard::adoptGone(const wire::GoneId& gone, bool fromStandby) {
   if (entries_.count(gone.id)) return;  // put (again) since: the entry is newer
-  rememberGone(gone.id, gone.deleted ? Code::kDeleted : Code::kPeerFailed, gone.lastHolder, gone.lastHolderLeft);
+  rememberGone(gone.id, gone.deleted ? Code::kDeleted : Code::kPeerFailed, gone.lastHolder, gone.lastHolderLeft,
+               fromStandby);
   auto w = waiters_.find(gone.id);
   if (w == waiters_.end()) return;
   const Gone& now = gone_.at(gone.id);
@@ -405,9 +408,9 @@ Status DirectoryShard::goneStatus(const std::string& id, const Gone& gone) {
                                (gone.left ? ", left (it shut down)" : ", failed"));
 }
 
-void DirectoryShard::rememberGone(const std::string& id, Code code, int rank, bool left) {
+void DirectoryShard::rememberGone(const std::string& id, Code code, int rank, bool left, bool fromStandby) {
   const uint64_t seq = ++goneSeq_;
-  gone_[id] = Gone{code, rank, left, seq};
+  gone_[id] = Gone{code, rank, left, fromStandby, seq};
   goneOrder_.emplace_back(id, seq);
   while (goneOrder_.size() > kMaxRememberedGone) {
     auto& [oldest, oldestSeq] = goneOrder_.front();

@@ -94,7 +94,8 @@ class DirectoryShard {
   std::vector<wire::GoneId> handOver(const std::function<bool(const std::string& id)>& leaves, int leaving = -1);
   // What the previous host remembered of an id that is gone, unless it was
   // registered here since: gets of it fail at once, also those parked now.
-  void adoptGone(const wire::GoneId& gone);
+  // (`fromStandby`: see adoptStandby.)
+  void adoptGone(const wire::GoneId& gone, bool fromStandby = false);
   // Whether the id is remembered as deleted.
   bool isDeleted(const std::string& id) const;
   // Standby: the deletes of the shares this node takes over should their
@@ -102,7 +103,8 @@ class DirectoryShard {
   // again). Bounded: the oldest are forgotten first.
   void keepStandby(const wire::GoneId& gone);
   // The standby ids this node hosts now (`hosted`, after their host died)
-  // are remembered as deleted here.
+  // are remembered as deleted here, unless a holder lists a copy again (the
+  // standby may have missed that the id was put again).
   void adoptStandby(const std::function<bool(const std::string& id)>& hosted);
   // Lookups parked here until their object is registered (any thread, for stats).
   uint64_t waitingLookups() const { return waiting_.load(); }
@@ -118,7 +120,7 @@ class DirectoryShard {
   };
   // Remembers why an id is gone (deleted, or lost with its last holder), so a
   // get of it fails at once instead of waiting. Bounded; forgotten once put again.
-  void rememberGone(const std::string& id, Code code, int rank, bool left = false);
+  void rememberGone(const std::string& id, Code code, int rank, bool left = false, bool fromStandby = false);
   using Entries = std::unordered_map<std::string, DirectoryEntry>;
   // An entry with no copy left (see lost()): forgets it, and remembers it as
   // lost (last holder, or -1) unless its reduce computes it again.
@@ -156,6 +158,7 @@ class DirectoryShard {
     Code code;  // kDeleted, or kPeerFailed for a lost object
     int rank;   // a lost object's last holder, or -1
     bool left;  // that holder shut down (else it failed)
+    bool fromStandby;  // a delete the dead host's standby kept: a holder listing a copy again wins
     uint64_t seq;
   };
   static Status goneStatus(const std::string& id, const Gone& gone);

@@ -26,7 +26,8 @@ constexpr double kShutdownLingerSeconds = 2;
 // included) before redialing them.
 constexpr double kResumeDelaySeconds = 0.2;
 // How long a shutting-down node waits for its peers to acknowledge that it
-// leaves (at most the connect timeout): one round trip, or a dial and one.
+// leaves (at most the connect and heartbeat timeouts: a peer silent that long
+// counts as failed anyway): one round trip, or a dial and one.
 constexpr double kLeaveSeconds = 2;
 
 // Control frames carry inline objects (up to the threshold) and their
@@ -265,7 +266,7 @@ void Node::leaveCluster(std::function<void()> done) {
   auto answered = [leaving, finish](const Status&) {
     if (--leaving->waiting == 0) finish();
   };
-  loop_.addTimer(std::min(kLeaveSeconds, config_.connectTimeoutSeconds), finish);
+  loop_.addTimer(std::min({kLeaveSeconds, config_.connectTimeoutSeconds, config_.heartbeatTimeoutSeconds}), finish);
   for (int rank : told) {
     const uint64_t request = directory_->newRequest();
     directory_->requestStatus(rank, wire::MsgType::kLeave, wire::encode(wire::Leave{request, incarnation_}), request,

@@ -159,6 +159,8 @@ Status Node::remove(const std::string& id, double timeoutSeconds) {
       auto obj = s.code == Code::kNotFound ? store_->find(id) : nullptr;
       if (obj && !obj->failed()) {
         dropLocalCopy(id, Status(Code::kDeleted, "object " + printableId(id) + " was deleted"));
+        // Again, after any listing of this copy (or another holder's) that was on its way.
+        directory_->deleteEverywhere(id);
         return done(Status());
       }
       done(s);

@@ -155,7 +155,10 @@ void Peers::handleHelloAck(Connection& conn, const wire::HelloAck& ack) {
   // same address) was restarted meanwhile.
   const bool restarted = peer.incarnation != 0 && ack.incarnation != peer.incarnation;
   peer.incarnation = ack.incarnation;
-  if (restarted) events_.onPeerRejoined(conn.peerRank());
+  if (restarted) {
+    peer.leaving = false;  // (the process that left is not this one)
+    events_.onPeerRejoined(conn.peerRank());
+  }
   peer.memory = acceptSameHost(conn.peerRank(), ack);  // before the queued pulls go out
   events_.onPeerReady(conn.peerRank(), ack);
   auto queued = std::move(peer.queued);

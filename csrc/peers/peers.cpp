@@ -204,7 +204,7 @@ void Peers::onDialedClosed(Connection& conn, const Status& why) {
     // It most likely declared this process failed while it was stalled: it
     // is not to blame and its shard stays (it tells us what it moved when we
     // dial it again).
-    HLOG(kWarn, "%s closed our connection while this process was stalled (%s): redialing it when needed",
+    HLOG(kWarn, "the connection to %s closed while this process was stalled (%s): redialing it when needed",
          peerName(rank).c_str(), why.message.c_str());
     peer.conn.reset();
     peer.ready = false;

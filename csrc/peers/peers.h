@@ -98,7 +98,7 @@ class Peers : public PeerLinks, public ConnectionObserver {
   // A connect to `rank` that is being refused is final from now on.
   void stopRetrying(int rank);
   // `rank`'s process said it leaves: when its connections close, what waits
-  // for it fails saying so, and it is not dialed again.
+  // for it fails saying so, and a refused connect to it is final.
   void markLeaving(int rank);
   // Whether this node has a connection to or from `rank` that finished its handshake.
   bool talksTo(int rank) const;

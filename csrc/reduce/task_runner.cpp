@@ -92,8 +92,9 @@ void ReduceTaskRunner::startTask(uint64_t taskId, std::shared_ptr<LocalObject> i
                                    task.alias ? input->buffer() : nullptr, /*sharedWithStored=*/task.alias);
   if (!s.ok()) return failTask(taskId, s);
   task.output->recomputable = msg.root;  // its coordinator computes the result again if a participant dies
-  // A root's output id is the result's, the same in every computation of it:
-  // its cleanups remove only this computation's registration.
+  // Each task's cleanups remove only its own registration of its output. (It
+  // matters for a root: its output id is the result's, the same in every
+  // computation of it.)
   task.token = tokens_() | 1;
   task.output->registrationToken = task.token;
   node_.serveParkedPulls(task.output);

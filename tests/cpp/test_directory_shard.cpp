@@ -1,7 +1,8 @@
 // What a directory shard remembers across moves: registration tokens keep a
 // cleanup of one computation of a reduce's result from removing a later
 // one's entry; remembered deletes travel with a hand-over and through the
-// standby list; an id put again after its delete is forgotten by the standby.
+// standby list; an id put again after its delete is forgotten by the standby,
+// and a holder listing a copy again overrides a standby's delete.
 #include <string>
 #include <vector>
 
@@ -95,9 +96,14 @@ void testStandby(EventLoop& loop) {
   CHECK(standby.isDeleted("deleted"));
   CHECK(!standby.isDeleted("put-again"));
   CHECK(!standby.isDeleted("elsewhere"));
-  // A copy of the deleted id listed again is refused; the id put again is taken.
-  CHECK(standby.registerObject(registration("deleted", 2, 0, /*reannounce=*/true)).code == Code::kDeleted);
+  // The id put again is taken. So is a copy of a standby-deleted id listed
+  // again (the standby may have missed its put; a holder's copy is evidence).
   CHECK(standby.registerObject(registration("put-again", 2, 0, /*reannounce=*/true)).ok());
+  CHECK(standby.registerObject(registration("deleted", 2, 0, /*reannounce=*/true)).ok());
+  // A delete the shard made itself still refuses a copy listed again.
+  std::vector<int> holders;
+  CHECK(standby.remove("deleted", /*retract=*/false, &holders).ok());
+  CHECK(standby.registerObject(registration("deleted", 3, 0, /*reannounce=*/true)).code == Code::kDeleted);
 }
 
 }  // namespace
