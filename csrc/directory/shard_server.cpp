@@ -72,13 +72,16 @@ void ShardServer::handOver(int leaving) {
     const int host = directory_.shardOf(gone.id);
     if (host != directory_.rank()) byHost[host].push_back(std::move(gone));
   }
-  for (auto& [host, gone] : byHost) {
-    for (size_t from = 0; from < gone.size(); from += kHandOverBatch) {
-      wire::ShardHandOver msg;
-      const size_t to = std::min(gone.size(), from + kHandOverBatch);
-      msg.gone.assign(std::make_move_iterator(gone.begin() + from), std::make_move_iterator(gone.begin() + to));
-      peers_.send(host, msg);
-    }
+  for (auto& [host, gone] : byHost) sendHandOver(host, /*standby=*/false, std::move(gone));
+}
+
+void ShardServer::sendHandOver(int rank, bool standby, std::vector<wire::GoneId> gone) {
+  for (size_t from = 0; from < gone.size(); from += kHandOverBatch) {
+    wire::ShardHandOver msg;
+    msg.standby = standby;
+    const size_t to = std::min(gone.size(), from + kHandOverBatch);
+    msg.gone.assign(std::make_move_iterator(gone.begin() + from), std::make_move_iterator(gone.begin() + to));
+    peers_.send(rank, msg);
   }
 }
 
@@ -105,14 +108,7 @@ void ShardServer::flushStandby() {
   std::vector<wire::GoneId> gone = std::move(toStandby_);
   toStandby_.clear();
   const int standby = directory_.standbyHost();
-  if (standby < 0) return;
-  for (size_t from = 0; from < gone.size(); from += kHandOverBatch) {
-    wire::ShardHandOver msg;
-    msg.standby = true;
-    const size_t to = std::min(gone.size(), from + kHandOverBatch);
-    msg.gone.assign(std::make_move_iterator(gone.begin() + from), std::make_move_iterator(gone.begin() + to));
-    peers_.send(standby, msg);
-  }
+  if (standby >= 0) sendHandOver(standby, /*standby=*/true, std::move(gone));
 }
 
 void ShardServer::handleLookup(Connection& conn, const wire::Lookup& msg) {

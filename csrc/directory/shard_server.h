@@ -43,6 +43,8 @@ class ShardServer {
   // `id` was deleted (or put again); batched per pass of the loop.
   void tellStandby(const std::string& id, bool deleted);
   void flushStandby();
+  // `gone` to `rank` in ShardHandOver frames of a bounded size.
+  void sendHandOver(int rank, bool standby, std::vector<wire::GoneId> gone);
   // Asks `holder` to drop its copy of `id`; `done` runs once it did (or is gone).
   void dropCopyAt(int holder, const std::string& id, bool retract, RequestTracker::StatusCallback done);
 
