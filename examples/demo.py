@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import time
 
 import torch
@@ -19,12 +18,7 @@ import torch.multiprocessing as mp
 
 import torch_hoplite as hop
 from torch_hoplite.config import parse_size
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from torch_hoplite.ports import free_port
 
 
 def report(store: dist.Store, step: str, rank: int, **values) -> None:

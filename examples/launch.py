@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 from typing import Any, Callable
 
 import torch.distributed.rpc as rpc
 import torch.multiprocessing as mp
+
+from torch_hoplite.ports import free_port
 
 RankMain = Callable[[int, int, Any], None]
 
@@ -20,9 +21,7 @@ def launch(rank_main: RankMain, world: int, args: Any) -> None:
     if "RANK" in os.environ:
         rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(_spawned, args=(rank_main, world, port, args), nprocs=world)
 
 

@@ -11,7 +11,6 @@ Gradients are integer-valued, so the final weights are checked exactly.
 from __future__ import annotations
 
 import argparse
-import socket
 
 import torch
 import torch.distributed as dist
@@ -19,6 +18,7 @@ import torch.multiprocessing as mp
 
 import torch_hoplite as hop
 from torch_hoplite.config import parse_size
+from torch_hoplite.ports import free_port
 
 
 def server(workers: int, steps: int, n: int) -> None:
@@ -80,9 +80,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--size", default="1MB")
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     n = parse_size(args.size) // 4
     mp.spawn(main_rank, args=(args.workers + 1, port, args.steps, n), nprocs=args.workers + 1, join=True)
 

@@ -4,7 +4,6 @@ MASTER_PORT / RANK / WORLD_SIZE, or from an initialized default process group.""
 import multiprocessing as mp
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -14,12 +13,7 @@ import torch
 import torch.distributed as dist
 
 import torch_hoplite as hop
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from torch_hoplite.ports import free_port
 
 
 def _via_env(rank: int, port: int, queue) -> None:

@@ -5,7 +5,6 @@ killed mid-allreduce."""
 from __future__ import annotations
 
 import multiprocessing as mp
-import socket
 import time
 
 import pytest
@@ -13,20 +12,15 @@ import torch.distributed as dist
 
 import c10d_cases
 import torch_hoplite  # noqa: F401
+from torch_hoplite.ports import free_port
 
 WORLDS = [2, 3, 4, 5]
 _results: dict[int, list[dict]] = {}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(target, world: int, timeout: float) -> list:
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     pipes, procs = [], []
     for rank in range(world):
         parent, child = ctx.Pipe()

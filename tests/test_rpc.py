@@ -16,7 +16,7 @@ import torch.distributed.rpc as rpc
 import rpc_workers as rw
 import torch_hoplite as hop
 import torch_hoplite.rpc as hop_rpc
-from torch_hoplite.bench.common import free_port
+from torch_hoplite.ports import free_port
 from workers import pattern
 
 WORLD = 3

@@ -196,7 +196,7 @@ def test_a_peer_whose_memory_cannot_be_read_is_served_over_tcp(tmp_path):
     """The kernel refuses the reads (here: a non-dumpable holder and a reader
     without CAP_SYS_PTRACE, as Yama's ptrace_scope does between siblings on many
     hosts): the reader finds out at the handshake and pulls over TCP instead."""
-    from torch_hoplite.bench.common import free_port
+    from torch_hoplite.ports import free_port
 
     port = free_port()
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "same_host_refused.py")

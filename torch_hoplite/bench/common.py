@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
 import subprocess
 import time
 from typing import Any
 
 import torch
+
+from torch_hoplite.ports import free_port  # noqa: F401  (the harnesses' rendezvous ports)
+
 
 def _results_dir() -> str:
     """benchmarks/results of the source checkout this runs from, else ./bench-results."""
@@ -28,12 +30,6 @@ SETTLE_ENV = "HOPLITE_BENCH_SETTLE"
 
 def settle_seconds() -> float:
     return float(os.environ.get(SETTLE_ENV, "0"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # Example flags that keep TensorPipe on TCP through the emulated links: its shm
