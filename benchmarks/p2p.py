@@ -6,7 +6,9 @@ torch_hoplite put/get, gloo send/recv and torch RPC (TensorPipe) rpc_sync.
 One round trip: rank 0's tensor reaches rank 1, which sends it back. One pair
 of processes runs hoplite and gloo interleaved trial by trial; torch RPC runs in
 a pair of its own (TensorPipe's polling threads would slow the others), and so
-do the hoplite-tcp systems (a node's path is fixed when it starts).
+do the hoplite-tcp systems (a node's path is fixed when it starts) and the
+ones that take fresh memory each trial (beside the others, hoplite-kept would
+take the buffers they free).
   hoplite:   put(x) on 0; get on 1, put(reply); get of the reply on 0, all
              with default options (put and get each copy once). On one host
              a get reads the holder's memory (the same-host path).
@@ -18,9 +20,15 @@ do the hoplite-tcp systems (a node's path is fixed when it starts).
              transport (HOPLITE_SAME_HOST=0, UCX_TLS=tcp unless set), in a
              pair of their own; listed when this build has UCX.
              Objects are deleted after each trial, outside the timed region.
+             "hoplite-kept": the same without deletes: every put and get
+             takes memory the process has not used before, as in a program
+             that keeps what it gets.
              Each record's "path" says what carried the bytes (from the
              nodes' counters).
   gloo:      send/recv into preallocated tensors, both directions.
+             "gloo-fresh": each recv into a tensor allocated for it, freed
+             after the trial. "gloo-kept": the same, every tensor kept until
+             the run ends, as hoplite-kept keeps its objects.
   torch-rpc: rpc_sync of an echo function taking and returning the tensor.
 Reported: median / min / max round-trip time over the trials after warm-up,
 GB/s = 2 * size / median (the ideal is 2 * size / link bandwidth), and the CPU
@@ -44,8 +52,9 @@ import torch.distributed.rpc as rpc
 
 from torch_hoplite.bench import common
 
-SYSTEMS = ["hoplite", "hoplite-zero-copy", "gloo", "hoplite-tcp", "hoplite-tcp-zero-copy", "torch-rpc"]
+SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-kept", "gloo", "gloo-fresh", "gloo-kept", "hoplite-tcp", "hoplite-tcp-zero-copy", "torch-rpc"]
 TCP_ONLY = ("hoplite-tcp", "hoplite-tcp-zero-copy")  # nodes started with same_host=False
+FRESH_MEMORY = ("hoplite-kept", "gloo-fresh", "gloo-kept")  # receive into memory not used before
 UCX = ("hoplite-ucx", "hoplite-ucx-zero-copy")  # nodes started with transport="ucx", same_host=False
 
 
@@ -67,9 +76,10 @@ def _echo(t: torch.Tensor) -> torch.Tensor:
 
 
 class Hoplite:
-    def __init__(self, zero_copy: bool):
+    def __init__(self, zero_copy: bool, kept: bool = False):
         self.copy = not zero_copy
-        self.prefix = "zc" if zero_copy else "cp"
+        self.kept = kept
+        self.prefix = "zc" if zero_copy else "kept" if kept else "cp"
         self.i = 0
 
     def round_trip(self, rank: int, x: torch.Tensor, buf: torch.Tensor) -> Optional[torch.Tensor]:
@@ -87,11 +97,21 @@ class Hoplite:
     def cleanup(self, rank: int) -> None:
         import torch_hoplite as hop
 
+        if self.kept:
+            return
         hop.delete(f"{self.prefix}-{'ping' if rank == 0 else 'pong'}-{self.i}")
 
 
 class Gloo:
+    def __init__(self, fresh: bool = False, kept: bool = False):
+        self.fresh = fresh or kept
+        self.kept: Optional[list[torch.Tensor]] = [] if kept else None
+
     def round_trip(self, rank: int, x: torch.Tensor, buf: torch.Tensor) -> Optional[torch.Tensor]:
+        if self.fresh:
+            buf = torch.empty_like(x)
+        if self.kept is not None:
+            self.kept.append(buf)
         if rank == 0:
             dist.send(x, 1)
             dist.recv(buf, 1)
@@ -128,8 +148,9 @@ def worker(rank, port, systems, sizes, warmup, minimum, queue):
     if "torch-rpc" in systems:
         opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port + 1}", rpc_timeout=600)
         rpc.init_rpc(f"w{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
-    impls = {s: Hoplite(zero_copy=s.endswith("-zero-copy")) for s in systems if s.startswith("hoplite")}
-    impls.update(gloo=Gloo(), **{"torch-rpc": TorchRpc()})
+    impls = {s: Hoplite(zero_copy=s.endswith("-zero-copy"), kept=s == "hoplite-kept")
+             for s in systems if s.startswith("hoplite")}
+    impls.update(gloo=Gloo(), **{"gloo-fresh": Gloo(fresh=True), "gloo-kept": Gloo(kept=True), "torch-rpc": TorchRpc()})
     results = {}
     for size in sizes:
         x = torch.arange(size // 4, dtype=torch.float32)  # a pattern: misplaced bytes show
@@ -180,7 +201,7 @@ def measure(systems: list[str], sizes: list[int], warmup: int, minimum: int) -> 
                 network = f"UCX ({os.environ['UCX_TLS']})" if system in UCX else "loopback TCP"
                 path = common.data_path(network, moved0[0] + moved1[0], moved0[1] + moved1[1])
             else:  # TensorPipe picks its own transport and channel (shared memory and CMA where it can)
-                path = "loopback TCP" if system == "gloo" else "TensorPipe's choice"
+                path = "loopback TCP" if system.startswith("gloo") else "TensorPipe's choice"
             records.append(
                 {
                     "system": system,
@@ -242,8 +263,9 @@ def main() -> None:
     os.environ.setdefault("UCX_TLS", "tcp")  # what the UCX systems use, inherited by their processes
 
     records = []
-    own_pair = ("torch-rpc",) + TCP_ONLY + UCX
-    groups = [[s for s in systems if s not in own_pair], [s for s in systems if s in TCP_ONLY],
+    own_pair = ("torch-rpc",) + TCP_ONLY + UCX + FRESH_MEMORY
+    groups = [[s for s in systems if s not in own_pair], [s for s in systems if s in FRESH_MEMORY],
+              [s for s in systems if s in TCP_ONLY],
               [s for s in systems if s in UCX], [s for s in systems if s == "torch-rpc"]]
     for group in filter(None, groups):
         print(f"measuring {', '.join(group)} at {', '.join(map(common.human_size, sizes))} ...", flush=True)

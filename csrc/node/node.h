@@ -97,7 +97,7 @@ class Node : private PeerEvents, private ReduceServices {
   Status put(const std::string& id, const ObjectMeta& meta, const uint8_t* src, uint64_t token,
              double timeoutSeconds, std::shared_ptr<Buffer> borrowed = nullptr,
              std::shared_ptr<DeviceSource> device = nullptr);
-  // Memory from the node's pool (reused, huge pages where the kernel allows),
+  // Memory from the node's pool (reused where it can be),
   // e.g. for a result that gets write into. Throws std::bad_alloc.
   std::shared_ptr<Buffer> allocate(size_t bytes) { return pool_->allocate(bytes); }
   // Device copies page-lock store buffers through `locker` (CUDA builds).

@@ -9,9 +9,11 @@ namespace hoplite {
 namespace {
 
 constexpr size_t kPage = 4096;
-constexpr size_t kHugePage = 2u << 20;
 // Below this, buffers come from malloc (cheap); above, from mmap (page aligned,
-// returned to the kernel whole, eligible for huge pages).
+// returned to the kernel whole). No MADV_HUGEPAGE: a huge page needs a free 2 MB
+// block, and a guest whose hypervisor takes back free blocks (free page
+// reporting) pays a host fault per page on first touch of one: five times the
+// cost of small pages (see benchmarks/README.md, "cold memory").
 constexpr size_t kMapThreshold = 256u << 10;
 
 uint8_t* mapMemory(size_t capacity) {
@@ -22,8 +24,6 @@ uint8_t* mapMemory(size_t capacity) {
   }
   void* p = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
-  // Transparent huge pages cut first-touch faults by 512x where the kernel allows them.
-  if (capacity >= kHugePage) ::madvise(p, capacity, MADV_HUGEPAGE);
   return static_cast<uint8_t*>(p);
 }
 
