@@ -232,6 +232,18 @@ def p2p_table() -> list[str]:
     return lines
 
 
+def p2p_fresh_memory_table() -> list[str]:
+    """Round trips that take memory not used before: hoplite keeping its objects, gloo receiving into new tensors."""
+    p2p = result(P2P)
+    lines = _head(["size", "gloo, reused tensor", "gloo-fresh", "gloo-kept", "hoplite-kept",
+                   "hoplite-kept / gloo-fresh", "hoplite-kept / gloo-kept"])
+    for size in sorted({r["size_bytes"] for r in p2p.records if r["system"] == "hoplite-kept"}):
+        t = {s: p2p.one(system=s, size_bytes=size)["median_s"] for s in ("gloo", "gloo-fresh", "gloo-kept", "hoplite-kept")}
+        lines.append(_row([_size(size)] + [_ms(t[s]) for s in ("gloo", "gloo-fresh", "gloo-kept", "hoplite-kept")] +
+                          [_x(t["hoplite-kept"] / t["gloo-fresh"]), _x(t["hoplite-kept"] / t["gloo-kept"])]))
+    return lines
+
+
 def ucx_p2p_table(name: str) -> list[str]:
     """UCX's round trip against our TCP's, copying and zero-copy, with gloo's for scale where it ran."""
     run = result(name)
@@ -599,6 +611,7 @@ def _congestion_block(run: str) -> tuple[str, str, Callable[[], list[str]]]:
 BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("README", "how-fast", readme_lines),
     ("BENCH_README", "p2p", p2p_table),
+    ("BENCH_README", "p2p-fresh-memory", p2p_fresh_memory_table),
     ("BENCH_README", "ucx-p2p", functools.partial(ucx_p2p_table, P2P_UCX)),
     ("BENCH_README", "ucx-p2p-h100-before", functools.partial(ucx_p2p_table, P2P_UCX_H100_BEFORE)),
     ("BENCH_README", "ucx-p2p-h100", functools.partial(ucx_p2p_table, P2P_UCX_H100)),
