@@ -20,9 +20,9 @@ take the buffers they free).
              transport (HOPLITE_SAME_HOST=0, UCX_TLS=tcp unless set), in a
              pair of their own; listed when this build has UCX.
              Objects are deleted after each trial, outside the timed region.
-             "hoplite-kept": the same without deletes: every put and get
-             takes memory the process has not used before, as in a program
-             that keeps what it gets.
+             "hoplite-kept": the same without deletes: every put takes
+             memory the process has not used before, as in a program that
+             keeps its objects (gets reuse the buffers of freed results).
              Each record's "path" says what carried the bytes (from the
              nodes' counters).
   gloo:      send/recv into preallocated tensors, both directions.
@@ -52,7 +52,8 @@ import torch.distributed.rpc as rpc
 
 from torch_hoplite.bench import common
 
-SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-kept", "gloo", "gloo-fresh", "gloo-kept", "hoplite-tcp", "hoplite-tcp-zero-copy", "torch-rpc"]
+SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-kept", "gloo", "gloo-fresh", "gloo-kept", "hoplite-tcp",
+           "hoplite-tcp-zero-copy", "torch-rpc"]
 TCP_ONLY = ("hoplite-tcp", "hoplite-tcp-zero-copy")  # nodes started with same_host=False
 FRESH_MEMORY = ("hoplite-kept", "gloo-fresh", "gloo-kept")  # receive into memory not used before
 UCX = ("hoplite-ucx", "hoplite-ucx-zero-copy")  # nodes started with transport="ucx", same_host=False

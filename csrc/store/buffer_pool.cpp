@@ -13,7 +13,7 @@ constexpr size_t kPage = 4096;
 // returned to the kernel whole). No MADV_HUGEPAGE: a huge page needs a free 2 MB
 // block, and a guest whose hypervisor takes back free blocks (free page
 // reporting) pays a host fault per page on first touch of one: five times the
-// cost of small pages (see benchmarks/README.md, "cold memory").
+// cost of small pages (benchmarks/README.md, "Fresh memory").
 constexpr size_t kMapThreshold = 256u << 10;
 
 uint8_t* mapMemory(size_t capacity) {
