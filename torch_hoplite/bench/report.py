@@ -237,9 +237,10 @@ def p2p_fresh_memory_table() -> list[str]:
     p2p = result(P2P)
     lines = _head(["size", "gloo, reused tensor", "gloo-fresh", "gloo-kept", "hoplite-kept",
                    "hoplite-kept / gloo-fresh", "hoplite-kept / gloo-kept"])
+    systems = ("gloo", "gloo-fresh", "gloo-kept", "hoplite-kept")
     for size in sorted({r["size_bytes"] for r in p2p.records if r["system"] == "hoplite-kept"}):
-        t = {s: p2p.one(system=s, size_bytes=size)["median_s"] for s in ("gloo", "gloo-fresh", "gloo-kept", "hoplite-kept")}
-        lines.append(_row([_size(size)] + [_ms(t[s]) for s in ("gloo", "gloo-fresh", "gloo-kept", "hoplite-kept")] +
+        t = {s: p2p.one(system=s, size_bytes=size)["median_s"] for s in systems}
+        lines.append(_row([_size(size)] + [_ms(t[s]) for s in systems] +
                           [_x(t["hoplite-kept"] / t["gloo-fresh"]), _x(t["hoplite-kept"] / t["gloo-kept"])]))
     return lines
 
