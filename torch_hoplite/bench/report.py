@@ -63,6 +63,9 @@ NODE_SPLIT_PAIRS = [
     ("node-split-broadcast-{}_n8_emulated_1gbit.json", "Broadcast again, 9 trials, before then after"),
     ("node-split-broadcast2-{}_n8_emulated_1gbit.json", "Broadcast a third time, 9 trials, after then before"),
 ]
+# Issue #30's frame sizes: the harness with 256 KiB frames (what the old rule chose at 1 and 16 MB), then the new rule.
+FRAMES_PAIRS = [("frames-{}_n8_emulated_1gbit.json", "1 and 16 MB, N = 8, 1 Gbit/s, 7 trials, before then after")]
+SCALE_16MB = "scale_16mb_emulated_250mbit.json"  # N = 4, 8, 16 at 250 Mbit/s (256 MB did not fit in memory at N = 16)
 # The same on loopback (one host, 2 cores; every hoplite byte read from a peer's memory).
 NODE_SPLIT_LOOPBACK_PAIRS = [
     ("node-split-loopback-{}.json", "Loopback, 5 trials, before then after"),
@@ -408,6 +411,19 @@ def node_split_table() -> list[str]:
     return lines[:-1]
 
 
+def frames_table() -> list[str]:
+    def emulated(b: dict, a: dict) -> str:
+        return _row([b["op"], _size(b["size_bytes"]), b["system"], _spread(b), _spread(a)])
+
+    return _pair_tables(FRAMES_PAIRS, "Time over the ideal, median (fastest–slowest trial):",
+                        ["op", "size", "system", "before", "after"], lambda r: True, emulated)[:-1]
+
+
+def scale_table() -> list[str]:
+    return _ideal_grid(SCALE_16MB, [("hoplite", "torch_hoplite"), ("gloo", "gloo")],
+                       ("hoplite", "hoplite time / gloo time"), ("cores (hoplite / gloo)", ["hoplite", "gloo"]))
+
+
 def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
@@ -640,6 +656,8 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("BENCH_README", "gpu", gpu_table),
     ("BENCH_README", "gpu-c10d", gpu_c10d_table),
     ("BENCH_README", "node-split", node_split_table),
+    ("BENCH_README", "frames", frames_table),
+    ("BENCH_README", "scale", scale_table),
     ("BENCH_README", "emulated-collectives", emulated_collectives_table),
 ]
 
