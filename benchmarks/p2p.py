@@ -20,9 +20,10 @@ take the buffers they free).
              transport (HOPLITE_SAME_HOST=0, UCX_TLS=tcp unless set), in a
              pair of their own; listed when this build has UCX.
              Objects are deleted after each trial, outside the timed region.
-             "hoplite-kept": the same without deletes: every put takes
-             memory the process has not used before, as in a program that
-             keeps its objects (gets reuse the buffers of freed results).
+             "hoplite-kept": the same without deletes, as in a program that
+             keeps its objects: each round trip leaves one more object per
+             rank, so each takes one buffer of memory not used before (the
+             other reuses a freed get result's).
              Each record's "path" says what carried the bytes (from the
              nodes' counters).
   gloo:      send/recv into preallocated tensors, both directions.
@@ -133,7 +134,7 @@ class TorchRpc:
         pass
 
 
-def worker(rank, port, systems, sizes, warmup, minimum, queue):
+def worker(rank, port, rpc_port, systems, sizes, warmup, minimum, queue):
     """Both processes run the given systems, interleaved trial by trial, so that
     drift in the machine's speed affects them alike. (torch RPC runs in a pair of
     its own: TensorPipe's threads poll and would slow everything beside them.)"""
@@ -147,7 +148,7 @@ def worker(rank, port, systems, sizes, warmup, minimum, queue):
         transport = "ucx" if any(s in UCX for s in systems) else "tcp"
         hop.init(dist.PrefixStore("hoplite", store), rank=rank, world_size=2, same_host=same_host, transport=transport)
     if "torch-rpc" in systems:
-        opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port + 1}", rpc_timeout=600)
+        opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{rpc_port}", rpc_timeout=600)
         rpc.init_rpc(f"w{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
     impls = {s: Hoplite(zero_copy=s.endswith("-zero-copy"), kept=s == "hoplite-kept")
              for s in systems if s.startswith("hoplite")}
@@ -191,7 +192,11 @@ def worker(rank, port, systems, sizes, warmup, minimum, queue):
 
 
 def measure(systems: list[str], sizes: list[int], warmup: int, minimum: int) -> list[dict]:
-    results = common.run_ranks(worker, 2, (common.free_port(), systems, sizes, warmup, minimum))
+    port = common.free_port()
+    rpc_port = common.free_port()
+    while rpc_port == port:
+        rpc_port = common.free_port()
+    results = common.run_ranks(worker, 2, (port, rpc_port, systems, sizes, warmup, minimum))
     records = []
     for system in systems:
         for size in sizes:

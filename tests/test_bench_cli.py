@@ -152,9 +152,10 @@ def test_p2p_benchmark_runs_every_system(tmp_path):
     run succeeds, which it does only if every trial's echo equals what was sent
     (a patterned tensor; p2p.py compares them outside the timed region)."""
     out = tmp_path / "p2p"
-    cmd = [sys.executable, "benchmarks/p2p.py", "--sizes", "1MB", "--systems", "hoplite,gloo,torch-rpc", "--trials",
-           "2", "--warmup", "1", "--out", str(out)]
+    systems = "hoplite,gloo,torch-rpc,hoplite-kept,gloo-fresh,gloo-kept"
+    cmd = [sys.executable, "benchmarks/p2p.py", "--sizes", "1MB", "--systems", systems, "--trials", "2", "--warmup", "1",
+           "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = json.loads((tmp_path / "p2p.json").read_text())["records"]
-    assert {r["system"] for r in records} == {"hoplite", "gloo", "torch-rpc"}
+    assert {r["system"] for r in records} == set(systems.split(","))

@@ -17,17 +17,17 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def _bindable(host: str, port: int) -> bool:
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
         try:
-            s.bind((host, port))
+            s.bind(("", port))  # every interface, as a store server listens
         except OSError:
             return False
         return True
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing on ``host`` uses now, outside the kernel's ephemeral range.
+def free_port() -> int:
+    """A port nothing on this host listens on now, outside the kernel's ephemeral range.
 
     A port the kernel hands out for ``bind(0)`` is also one it hands out to
     outgoing connections: a client that connects to it before the server
@@ -37,10 +37,12 @@ def free_port(host: str = "127.0.0.1") -> int:
     """
     low, high = _ephemeral_range()
     candidates = list(range(_FIRST_USER_PORT, low)) + list(range(high + 1, 65536))
-    # Random, so that two callers at once are unlikely to pick the same port.
-    for port in random.sample(candidates, min(len(candidates), 200)):
-        if _bindable(host, port):
+    # Random (not the module's state, which forked processes share), so that
+    # two callers at once are unlikely to pick the same port.
+    for port in random.SystemRandom().sample(candidates, min(len(candidates), 200)):
+        if _bindable(port):
             return port
+    # The ephemeral range covers every port (or all were taken): any free one.
     with socket.socket() as s:
-        s.bind((host, 0))
+        s.bind(("", 0))
         return s.getsockname()[1]

@@ -8,7 +8,7 @@
 
 namespace hoplite {
 namespace {
-// A relay sends what arrived in frames of at least this (or the rest).
+// A relay sends what arrived in frames of at least min(chunk, this) (or the rest).
 constexpr uint64_t kMinRelayFrame = 256u << 10;
 // A pull that reached this node before its copy exists waits this long for it.
 constexpr double kParkSeconds = 5.0;
