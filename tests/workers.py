@@ -191,3 +191,15 @@ def subscribe_forever(obj_id):
 
 def shutdown():
     hop.shutdown()
+
+
+def traced(fn_name, *args):
+    """Runs workers.<fn_name>(*args) with tracing on: its result and the steps
+    this rank traced meanwhile (as plain tuples)."""
+    hop.trace_events()
+    hop.enable_tracing()
+    try:
+        result = globals()[fn_name](*args)
+    finally:
+        hop.enable_tracing(False)
+    return result, [tuple(s) for s in hop.trace_events()]

@@ -42,6 +42,7 @@ from torch_hoplite.errors import (
 )
 from torch_hoplite.locations import Locations, Subscription
 from torch_hoplite.object_ref import ObjectRef
+from torch_hoplite.tracing import TraceStep, enable_tracing, trace_events
 from torch_hoplite import c10d_backend as _c10d_backend
 if torch.distributed.rpc.is_available():
     from torch_hoplite import rpc  # hop.rpc.enable(): large torch.distributed.rpc tensors through the store
@@ -56,5 +57,5 @@ __all__ = [
     "reduce", "wait_reduce", "allreduce", "gather", "ReduceOp", "ReducePlan", "InvalidArgumentError",
     "HopliteError", "HopliteTimeoutError", "ObjectExistsError", "ObjectNotFoundError",
     "ObjectDeletedError", "PeerFailedError", "CapacityError", "ProtocolError", "NotInitializedError",
-    "StoreLostError",
+    "StoreLostError", "enable_tracing", "trace_events", "TraceStep",
 ]

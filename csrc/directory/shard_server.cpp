@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/step_trace.h"
 #include "common/timeouts.h"
 
 namespace hoplite {
@@ -119,6 +120,7 @@ void ShardServer::handleLookup(Connection& conn, const wire::Lookup& msg) {
     conn.sendControl(wire::MsgType::kLookupReply, wire::encode(reply));
     return;
   }
+  traceStep(Step::kShardLookup, msg.id, conn.peerRank());
   std::weak_ptr<Connection> weak = peers_.sharedConnection(conn);
   uint64_t request = msg.request;
   // The asker's timeout, within bounds: a peer must not park requests forever.
@@ -126,9 +128,10 @@ void ShardServer::handleLookup(Connection& conn, const wire::Lookup& msg) {
   const int preferred = msg.preferred < worldSize_ ? msg.preferred : -1;
   shard_.lookup(
       msg.id, conn.peerRank(), msg.locate, timeout,
-      [weak, request](const Status& s, const DirectoryEntry* entry, int sender) {
+      [weak, request, id = msg.id](const Status& s, const DirectoryEntry* entry, int sender) {
         auto c = weak.lock();
         if (!c) return;  // the asker went away
+        traceStep(Step::kShardAnswer, id, c->peerRank());
         wire::LookupReply reply;
         reply.request = request;
         reply.status = s;

@@ -6,6 +6,7 @@
 
 #include "common/chunking.h"
 #include "common/logging.h"
+#include "common/step_trace.h"
 #include "node/node.h"
 
 namespace hoplite {
@@ -26,6 +27,7 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
   if (s.ok() && device && borrowed) s = Status(Code::kInvalidArgument, "put: a device source cannot be borrowed");
   if (!s.ok()) return s;
   if (stopped()) return Status(Code::kShutdown, "put of object " + printableId(id) + ": node is shut down");
+  traceStep(Step::kPutCall, id);
   const bool zeroCopy = borrowed != nullptr;
   std::shared_ptr<LocalObject> obj;
   s = store_->create(id, meta, /*primary=*/true, &obj, std::move(borrowed));
@@ -63,6 +65,7 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
     if (reg.complete) obj->advance(obj->size());
     std::string id = reg.id;
     directory_->requestRegister(std::move(reg), [this, id, decided, done](const Status& s) {
+      traceStep(Step::kPutRegistered, id);
       if (decided->exchange(1) == 2 && s.ok()) directory_->deleteEverywhere(id);  // the put timed out before this answer came
       done(s);
     });

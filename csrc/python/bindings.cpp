@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "common/hmac.h"
+#include "common/step_trace.h"
 #include "net/transport_registry.h"
 #include "wire/frame.h"
 #include "python/node_handle.h"
@@ -172,6 +173,19 @@ PYBIND11_MODULE(_C, m) {
       .def("stats", [](NodeHandle& h) { return h.node().stats(); })
       .def("empty", &NodeHandle::empty, py::arg("numel"), py::arg("dtype"))
       .def("shutdown", &NodeHandle::shutdown);
+  m.def("set_tracing", &hoplite::setTracing, py::arg("on"), "Record the steps of operations (torch_hoplite.trace_events).");
+  m.def(
+      "take_trace",
+      [] {
+        uint64_t dropped = 0;
+        std::vector<hoplite::StepRecord> records = hoplite::takeTrace(&dropped);
+        py::list steps;
+        for (const auto& r : records) {
+          steps.append(py::make_tuple(r.seconds, hoplite::stepName(r.step), py::bytes(r.id), r.peer, r.bytes));
+        }
+        return py::make_tuple(steps, dropped);
+      },
+      "The steps recorded since the last call, and how many were dropped (over the cap).");
   m.def("transports", &hoplite::transportNames, "Names of the transports this build has (HOPLITE_TRANSPORT).");
   m.def(
       "hmac_sha256",

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common/logging.h"
+#include "common/step_trace.h"
 #include "net/loop_call.h"
 
 namespace hoplite {
@@ -45,6 +46,7 @@ Status ReduceCoordinator::reduce(const ReduceRequest& request, ReducePlan* plan)
   if (node_.stopped()) {
     return Status(Code::kShutdown, "reduce into " + printableId(request.resultId) + ": node is shut down");
   }
+  traceStep(Step::kReduceCall, request.resultId);
   auto result = std::make_shared<ReducePlan>();
   auto started = startOnLoop(loop_, [this, request, result](std::function<void(Status)> done) {
     uint64_t key = nextReduce_++;
@@ -120,6 +122,7 @@ void ReduceCoordinator::startReduce(uint64_t key) {
     auto it = reduces_.find(key);
     if (it == reduces_.end()) return;
     it->second->linkKnown = true;
+    traceStep(Step::kReduceLinkKnown, it->second->request.resultId);
     launchReadyInputs(key);
   });
 }
@@ -197,6 +200,7 @@ void ReduceCoordinator::onInput(uint64_t key, int index, const Status& status, c
     // No copy left, or the directory has not heard of its holder's death yet: ask again shortly.
     return relocateInput(key, index, holder, kRelocateDelay);
   }
+  traceStep(Step::kReduceLocated, id, holder);
   c.arrived[index] = true;
   c.lost[index] = false;
   c.ready.push_back(std::move(input));
@@ -364,6 +368,7 @@ bool ReduceCoordinator::sendTask(uint64_t key, int position) {
                                                        " makes a tree node's list of children too long to send"));
     return false;
   }
+  traceStep(Step::kReduceTaskSent, p.output, p.holder);
   p.state = ReducePosition::State::kRunning;
   p.registered = false;
   p.endRequest = task.endRequest;
@@ -455,6 +460,7 @@ void ReduceCoordinator::endReduce(uint64_t key, const Status& outcome) {
     }
   }
   if (!outcome.ok() && c->resultRegistered) node_.directory().deleteEverywhere(c->request.resultId);
+  if (outcome.ok()) traceStep(Step::kReduceDone, c->request.resultId);
   remember(*c, outcome);
   if (c->returned) c->returned(outcome, *c->plan);
   for (auto& w : c->waiters) w(outcome, *c->plan);

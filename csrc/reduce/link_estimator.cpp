@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <memory>
 
+#include "common/step_trace.h"
+
 namespace hoplite {
 
 namespace {
@@ -28,6 +30,7 @@ void LinkEstimator::withEstimate(std::function<void()> then) {
   waiters_.push_back(std::move(then));
   if (waiters_.size() > 1) return;  // a probe is already out
   const int peer = (rank_ + 1) % worldSize_;
+  traceStep(Step::kLinkProbe, std::string(), peer);
   // Settled once: by the probes, or by the timer when the peer is slow to answer.
   struct Round {
     bool settled = false;

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "common/logging.h"
+#include "common/step_trace.h"
 
 namespace hoplite {
 
@@ -117,6 +118,7 @@ void ReduceTaskRunner::startTask(uint64_t taskId, std::shared_ptr<LocalObject> i
       return;
     }
     if (!s.ok()) return failTask(taskId, s);
+    traceStep(Step::kTaskStart, state->msg.outputId);
     answerTask(*it->second, Status());
     startTaskInputs(taskId);
   });
@@ -181,6 +183,7 @@ void ReduceTaskRunner::progressTask(uint64_t taskId) {
   const uint64_t item = std::max<uint64_t>(1, task.msg.meta.itemsize);
   if (ready < size) ready -= ready % item;
   if (task.alias) {
+    if (ready > 0 && task.output->watermark() == 0) traceStep(Step::kTaskFirstOutput, task.msg.outputId, -1, ready);
     if (ready > task.output->watermark()) task.output->advance(ready);
     if (ready == size) finishTask(taskId);
     return;
@@ -216,6 +219,7 @@ void ReduceTaskRunner::progressTask(uint64_t taskId) {
     task.reduced = to;
     counters_.bytes += bytes;
     if (onDevice && onDevice->ok()) counters_.bytesOnDevice += bytes;
+    if (task.output->watermark() == 0) traceStep(Step::kTaskFirstOutput, task.msg.outputId, -1, to);
     if (onDevice && !onDevice->ok() && task.onDevice) {
       HLOG(kWarn, "reduce into %s continues on the CPU: the device step failed (%s)",
            printableId(task.msg.reduceId).c_str(), onDevice->message.c_str());
@@ -248,6 +252,7 @@ void ReduceTaskRunner::finishTask(uint64_t taskId) {
   tasks_.erase(it);
   for (auto& [obj, listener] : task->listeners) obj->removeListener(listener);
   const std::string& out = task->msg.outputId;
+  traceStep(Step::kTaskDone, out);
   HLOG(kDebug, "reduce task for %s (%zu children) ran %.3f to %.3f s (steady clock)", printableId(out).c_str(),
        task->msg.childIds.size(), task->started, node_.now());
   node_.directory().updateHolder(out, wire::HolderState::kComplete);

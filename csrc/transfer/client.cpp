@@ -7,6 +7,7 @@
 
 #include "common/chunking.h"
 #include "common/logging.h"
+#include "common/step_trace.h"
 
 namespace hoplite {
 namespace {
@@ -84,6 +85,7 @@ bool TransferClient::get(const std::string& id, double timeoutSeconds, bool copy
     }
     return true;
   }
+  traceStep(Step::kGetCall, id);
   bool posted = loop_.post([this, id, timeoutSeconds, copy, token, target = target ? *target : GetTarget{}, source] {
     if (closing_) {
       complete_(Completion{token, Completion::Kind::kGet, Status(Code::kShutdown, "node is shut down"), nullptr, {}});
@@ -122,10 +124,12 @@ void TransferClient::startGet(uint64_t token) {
   op.stage.clear();  // at the directory
   op.lookups++;
   const int preferred = std::exchange(op.source, -1);  // asked for once
+  traceStep(Step::kGetLookup, op.id);
   fetch(op.id, op.timeoutSeconds, [this, token](const Status& status, std::shared_ptr<LocalObject> obj, int sender) {
     auto it = gets_.find(token);
     if (it == gets_.end()) return;  // timed out meanwhile
     GetOp& op = it->second;
+    traceStep(Step::kGetLocated, op.id, sender);
     if (!status.ok()) {
       Status s = status;
       if (s.code == Code::kTimeout) {
@@ -394,6 +398,7 @@ void TransferClient::finishGet(uint64_t token, Status status, std::shared_ptr<Bu
   }
   GetOp op = std::move(it->second);
   gets_.erase(it);
+  traceStep(Step::kGetDone, op.id);
   if (op.timer) loop_.cancelTimer(op.timer);
   if (op.listener) op.object->removeListener(op.listener);
   Completion c{token, Completion::Kind::kGet, status, nullptr, {}};

@@ -169,12 +169,15 @@ class TransferClient {
     int resumes = 0;        // senders lost so far
     PullState state = PullState::kActive;
     Status failure;  // kReadFailed: why
+    bool receivedBytes = false;
     // Same-host pulls: read from the holder's memory, one range at a time,
     // in the order the holder announced them, on the loop or a copy thread.
     std::shared_ptr<same_host::PeerMemory> holderMemory;
     std::deque<SameHostRange> toRead;
   };
   void startPull(int holder, const std::shared_ptr<LocalObject>& object, int resumes = 0);
+  // The pull's bytes up to `end` arrived: counted, traced, and its copy advanced.
+  void advancePull(PullOp& pull, uint64_t end);
   void resumePull(std::shared_ptr<LocalObject> object, int deadRank, int resumes, Status why);
   void dropFailedCopy(const std::shared_ptr<LocalObject>& object, int rank, const Status& why);
   void finishPull(uint64_t request);

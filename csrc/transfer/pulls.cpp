@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/step_trace.h"
 #include "common/timeouts.h"
 #include "transfer/client.h"
 
@@ -58,6 +59,7 @@ void TransferClient::startPull(int holder, const std::shared_ptr<LocalObject>& o
     const bool sameHost = it->second.holderMemory != nullptr;
     const uint64_t get = it->second.object->handOverTo;
     conn.sendControl(wire::MsgType::kPull, wire::encode(wire::Pull{request, id, offset, sameHost}));
+    traceStep(Step::kPullSent, id, holder);
     if (!sameHost && get) stopTakeOver(get);  // over TCP: the copy stays, the get copies as bytes arrive
   });
 }
@@ -84,9 +86,15 @@ void TransferClient::onDataReceived(Connection& conn, uint64_t request, uint64_t
   auto it = pulls_.find(request);
   if (it == pulls_.end()) return;
   auto obj = it->second.object;
+  advancePull(it->second, end);
+  if (end == obj->size()) finishPull(request);
+}
+
+void TransferClient::advancePull(PullOp& pull, uint64_t end) {
+  auto obj = pull.object;  // the last bytes' listeners may end the pull
+  if (!std::exchange(pull.receivedBytes, true)) traceStep(Step::kPullFirstBytes, obj->id(), pull.rank, end - obj->watermark());
   counters_.bytesReceived += end - obj->watermark();
   obj->advance(end);
-  if (end == obj->size()) finishPull(request);
 }
 
 void TransferClient::finishPull(uint64_t request) {
@@ -97,6 +105,7 @@ void TransferClient::finishPull(uint64_t request) {
   const bool sameHost = it->second.holderMemory != nullptr;
   pulls_.erase(it);  // first: telling the holder may close the connection, which fails its pulls
   counters_.pullsCompleted++;
+  traceStep(Step::kPullDone, obj->id(), sender);
   HLOG(kDebug, "pull of %s from rank %d done at %.3f s (steady clock)", printableId(obj->id()).c_str(), sender, steadySeconds());
   const uint64_t get = std::exchange(obj->handOverTo, 0);
   const bool handedOver = get && sameHost && handOver(get, obj, sender);  // the get completes first

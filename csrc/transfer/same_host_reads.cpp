@@ -102,10 +102,8 @@ bool TransferClient::onRangeRead(uint64_t request, uint64_t end, const Status& s
     return false;
   }
   auto obj = pull.object;
-  const uint64_t read = end - obj->watermark();
-  counters_.bytesReceived += read;
-  counters_.bytesReceivedSameHost += read;
-  obj->advance(end);
+  counters_.bytesReceivedSameHost += end - obj->watermark();
+  advancePull(pull, end);
   if (end == obj->size()) {
     finishPull(request);
     return false;

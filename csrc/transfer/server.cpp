@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common/chunking.h"
+#include "common/step_trace.h"
 #include "common/object_meta.h"
 
 namespace hoplite {
@@ -53,6 +54,7 @@ void TransferServer::handleCancel(Connection& conn, const wire::Cancel& msg) {
 
 void TransferServer::handlePull(Connection& conn, const wire::Pull& msg) {
   HOPLITE_ASSERT_ON_LOOP(loop_);
+  traceStep(Step::kServePull, msg.id, conn.peerRank());
   auto shared = peers_.sharedConnection(conn);
   if (auto obj = store_.find(msg.id)) {
     start(shared, msg, obj);

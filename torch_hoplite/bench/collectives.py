@@ -67,7 +67,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from torch_hoplite.bench import common, mpi_peer
+from torch_hoplite.bench import common, latency_budget, mpi_peer
 
 OPS = ["broadcast", "reduce", "allreduce", "gather", "allgather"]
 SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-one-piece", "hoplite-d1", "hoplite-d2", "hoplite-dn",
@@ -178,10 +178,12 @@ def check(op: str, rank: int, world: int, x: torch.Tensor, got) -> None:
         raise AssertionError(f"{op}: wrong result on rank {rank}")
 
 
-def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival=0.0) -> dict:
+def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival=0.0, trace=False) -> dict:
     """Every torch system (not MPI's, which run on their own after them).
     arrival > 0: rank r becomes ready (calls its part) r * arrival seconds after the others' start.
-    Every rank waits --settle seconds between the barrier and its call."""
+    Every rank waits --settle seconds between the barrier and its call.
+    trace: each timed trial of a torch_hoplite system also keeps the steps this
+    rank traced during it (torch_hoplite.trace_events), for latency budgets."""
     settle = common.settle_seconds()
     import torch_hoplite as hop
 
@@ -192,6 +194,7 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival
     store = dist.TCPStore(host, port, world, is_master=(rank == 0), timeout=datetime.timedelta(seconds=900))
     dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=world)
     hop.init(dist.PrefixStore("hoplite", store), rank=rank, world_size=world)
+    hop.enable_tracing(trace)
     groups = {"gloo": None}
     if "hoplite-c10d" in systems:
         groups["hoplite-c10d"] = dist.new_group(backend="hoplite")
@@ -210,6 +213,7 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival
                     reset(op, rank, x, buf)
                     outs = gather_outputs(op, system, rank, world, x, groups)
                     dist.barrier()
+                    hop.trace_events()  # only this trial's steps are kept
                     if settle or arrival:
                         time.sleep(settle + rank * arrival)
                     c0, t0 = time.process_time(), time.monotonic()
@@ -217,12 +221,16 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival
                     t1 = time.monotonic()
                     dist.barrier()
                     c1, t2 = time.process_time(), time.monotonic()
+                    steps = hop.trace_events() if trace and before else []
                     check(op, rank, world, x, got)  # every trial, outside the timed region
                     del got, outs
                     cleanup(op, system, rank, tag)
                     if trial >= warmup:
                         moved = common.bytes_moved(before, hop.stats()) if before else (0, 0)
-                        results.setdefault((op, system, size), []).append((t0, t1, (c1 - c0) / (t2 - t0), moved))
+                        run = (t0, t1, (c1 - c0) / (t2 - t0), moved)
+                        if steps:
+                            run += ({"tag": tag, "steps": [[t, s, str(i), p, n] for t, s, i, p, n in steps]},)
+                        results.setdefault((op, system, size), []).append(run)
                     if bar is not None:
                         bar.update(1)
     if bar is not None:
@@ -251,14 +259,14 @@ def _progress(total: int, what: str):
     return tqdm(total=total, desc=what, unit="run", mininterval=0.5 if sys.stderr.isatty() else 30)
 
 
-def _queue_worker(rank, world, port, ops, sizes, trials, warmup, systems, arrival, queue):
-    queue.put((rank, worker(rank, world, "127.0.0.1", port, ops, sizes, trials, warmup, systems, arrival)))
+def _queue_worker(rank, world, port, ops, sizes, trials, warmup, systems, arrival, trace, queue):
+    queue.put((rank, worker(rank, world, "127.0.0.1", port, ops, sizes, trials, warmup, systems, arrival, trace)))
 
 
 def run_loopback(world: int, ops: list[str], sizes: list[int], trials: int, warmup: int, systems: list[str],
-                 arrival: float = 0.0) -> dict:
+                 arrival: float = 0.0, trace: bool = False) -> dict:
     per_rank = common.run_ranks(_queue_worker, world,
-                                (world, common.free_port(), ops, sizes, trials, warmup, systems, arrival))
+                                (world, common.free_port(), ops, sizes, trials, warmup, systems, arrival, trace))
     for mpi in _mpi_systems(systems, ops):
         _merge(per_rank, mpi_peer.run_loopback(world, ops, sizes, trials, warmup, arrival, system=mpi))
     return per_rank
@@ -270,7 +278,7 @@ MIN_LINK_SHARE = 0.85
 
 def run_emulated(world: int, ops: list[str], sizes: list[int], trials: int, warmup: int, systems: list[str],
                  rate: str, link_checks: dict, arrival: float = 0.0, congestion: Optional[str] = None,
-                 congestion_used: Optional[dict] = None) -> dict:
+                 congestion_used: Optional[dict] = None, trace: bool = False) -> dict:
     """One process per network namespace, links limited to `rate` each way,
     after checking what one TCP flow gets through them (in link_checks[world]);
     the nodes' kernels default to `congestion` (None: the host's default; what
@@ -297,7 +305,7 @@ def run_emulated(world: int, ops: list[str], sizes: list[int], trials: int, warm
             cmd = [sys.executable, "-m", "torch_hoplite.bench", "--worker", str(r), "--nodes", str(world),
                    "--master", cluster.address(0), "--sizes", ",".join(map(str, sizes)), "--ops", ",".join(ops),
                    "--trials", str(trials), "--warmup", str(warmup), "--systems", ",".join(systems),
-                   "--arrival-interval", str(arrival), "--out", os.path.join(tmp, f"rank{r}")]
+                   "--arrival-interval", str(arrival), "--out", os.path.join(tmp, f"rank{r}")] + ["--trace"] * trace
             procs.append(cluster.popen(r, cmd, env=env))
         for p in procs:
             if p.wait(timeout=1800) != 0:
@@ -360,6 +368,10 @@ def summarize(per_rank: dict, world: int, path: str, rate_bps: float, arrival: f
         median = statistics.median(times)
         units, factor = ideal_and_factor(op, world)
         ideal = units * size / (rate_bps / 8) if rate_bps and not arrival else None
+        traced = all(len(run[i]) > 4 for run in runs for i in range(trials))
+        budget = latency_budget.summarize(
+            op, [[(run[i][0], run[i][1], run[i][4]["steps"]) for run in runs] for i in range(trials)],
+            [runs[0][i][4]["tag"] for i in range(trials)]) if traced and trials else None
         records.append(
             {
                 "system": system,
@@ -380,6 +392,7 @@ def summarize(per_rank: dict, world: int, path: str, rate_bps: float, arrival: f
                 "times_s": times,
                 "start_skew_s": statistics.median(skews),
                 "after_last_start_s": statistics.median(after_last),
+                **({"budget": budget} if budget else {}),
             }
         )
     return records
@@ -542,6 +555,9 @@ def main() -> None:
                              "cores: a rank that starts early slows the others' exit from the barrier); default 0")
     parser.add_argument("--transport", default=os.environ.get("HOPLITE_TRANSPORT", "tcp"), choices=["tcp", "ucx"],
                         help="what carries the torch_hoplite systems' bytes (gloo's are always its own TCP)")
+    parser.add_argument("--trace", action="store_true",
+                        help="trace the torch_hoplite systems' steps and add each broadcast's and reduce's latency "
+                             "budget (latency_budget.py) to the results, plotted in OUT-budget.png")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--master", default="127.0.0.1", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -572,7 +588,7 @@ def main() -> None:
         import json
 
         results = worker(args.worker, int(args.nodes), args.master, 29511, ops, sizes, args.trials, args.warmup,
-                         systems, args.arrival_interval)
+                         systems, args.arrival_interval, args.trace)
         with open(args.out + ".json", "w") as f:
             json.dump({"/".join(map(str, key)): v for key, v in results.items()}, f)
         return
@@ -593,11 +609,12 @@ def main() -> None:
         if rate:
             print(f"measuring {','.join(ops)} with {world} nodes at {rate} ...", flush=True)
             per_rank = run_emulated(world, ops, sizes, args.trials, args.warmup, systems, rate, link_checks,
-                                    args.arrival_interval, args.tcp_congestion, congestion_used)
+                                    args.arrival_interval, args.tcp_congestion, congestion_used, args.trace)
             path, rate_bps = f"emulated cluster, tbf {rate} per node each way", _rate_bps(rate)
         else:
             print(f"measuring {','.join(ops)} with {world} processes ...", flush=True)
-            per_rank = run_loopback(world, ops, sizes, args.trials, args.warmup, systems, args.arrival_interval)
+            per_rank = run_loopback(world, ops, sizes, args.trials, args.warmup, systems, args.arrival_interval,
+                                    args.trace)
             path, rate_bps = "loopback TCP", 0.0
         carrier = path if args.transport == "tcp" else f"{path}, over UCX ({os.environ['UCX_TLS']})"
         records += summarize(per_rank, world, path, rate_bps, args.arrival_interval, carrier)
@@ -627,12 +644,16 @@ def main() -> None:
     settings = {"ops": ops, "sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup,
                 "rate": rate, "requested_rate": args.rate, "systems": systems, "transport": args.transport,
                 "ucx_env": common.ucx_env(),
-                "arrival_interval_s": args.arrival_interval, "settle_s": args.settle,
+                "arrival_interval_s": args.arrival_interval, "settle_s": args.settle, "trace": args.trace,
                 "link_check_bps": {str(n): bps for n, bps in link_checks.items()},
                 "tcp_congestion": {str(n): cc for n, cc in congestion_used.items()}}
     common.write_json(json_path, "collectives", records, settings)
     plot(records, plot_path)
     print(f"wrote {json_path} and {plot_path}")
+    if any(r.get("budget") for r in records):
+        budget_path = os.path.splitext(plot_path)[0] + "-budget.png"
+        latency_budget.plot(records, budget_path)
+        print(f"wrote {budget_path}")
 
 
 if __name__ == "__main__":

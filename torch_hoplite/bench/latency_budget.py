@@ -1,0 +1,161 @@
+"""Latency budgets (issue #30): where one trial's time went, phase by phase,
+from the steps every rank traced (`python -m torch_hoplite.bench --trace`).
+
+A budget follows the critical path: the participant that finished last
+(broadcast: the last receiver; reduce: rank 0, which calls reduce and gets the
+result) and the steps on other ranks that it waited for (the directory shard
+that answered its lookup, the holder that served its pull, the reduce tasks).
+Its milestones are taken in order; a phase is the time from the latest
+milestone so far to the next one (0 when that one came earlier, as when the
+put registered before the get asked), so the phases of a trial sum exactly to
+its time, from the first rank's start to the last rank's end. All ranks share
+one monotonic clock: one host's kernel, or network namespaces of it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Optional
+
+# One trial of one rank: its start and end (time.monotonic) and its traced steps
+# as [time, step, id, peer, nbytes].
+Trial = tuple[float, float, list]
+
+BROADCAST_PHASES = [
+    "start skew (barrier exit)",
+    "Python call into the extension",
+    "hand-off to the event loop",
+    "lookup reaches the directory shard",
+    "waiting at the shard (for the put, or a free sender)",
+    "shard's answer reaches the getter",
+    "pull request reaches the sender",
+    "first bytes (sender's own copy filling: pipeline fill)",
+    "remaining bytes",
+    "completion on the event loop",
+    "hand-off back to Python",
+]
+
+REDUCE_PHASES = [
+    "start skew (barrier exit)",
+    "put of rank 0's input (copy, registration)",
+    "put returns, reduce called",
+    "inputs located (waiting for the others' puts)",
+    "link estimate (probes when stale)",
+    "tree set up: tasks sent",
+    "tasks started (outputs registered)",
+    "first bytes of the result (tree fill)",
+    "remaining bytes of the result",
+    "coordinator sees the result complete",
+    "get of the result completes",
+    "hand-off back to Python",
+]
+
+
+def _steps(trial: Trial, step: str, id: Optional[str] = None, peer: Optional[int] = None) -> list[float]:
+    return sorted(t for t, s, i, p, _ in trial[2] if s == step and (id is None or i == id) and (peer is None or p == peer))
+
+
+def _first(times: list[float]) -> Optional[float]:
+    return times[0] if times else None
+
+
+def _last(times: list[float]) -> Optional[float]:
+    return times[-1] if times else None
+
+
+def _phases(names: list[str], start: float, milestones: list[Optional[float]]) -> dict[str, float]:
+    """Seconds per phase; a milestone not traced (None) adds its time to the next phase."""
+    if len(names) != len(milestones):
+        raise ValueError("one milestone per phase")
+    out, reached = {}, start
+    for name, t in zip(names, milestones):
+        if t is None:
+            out[name] = 0.0
+            continue
+        out[name] = max(0.0, t - reached)
+        reached = max(reached, t)
+    return out
+
+
+def broadcast_budget(runs: list[Trial], tag: str) -> dict[str, float]:
+    """Rank 0 put `tag`; every other rank got it (N = 2: a lone get)."""
+    start = min(run[0] for run in runs)
+    last = max(range(1, len(runs)), key=lambda r: runs[r][1])
+    me = runs[last]
+    located = _first(_steps(me, "get.located", tag))
+    shard_lookup = _first([t for run in runs for t in _steps(run, "shard.lookup", tag, last)])
+    shard_answer = _last([t for run in runs for t in _steps(run, "shard.answer", tag, last) if located is None or t <= located])
+    served = _first([t for run in runs for t in _steps(run, "serve.pull", tag, last)])
+    return _phases(BROADCAST_PHASES, start, [
+        me[0], _first(_steps(me, "get.call", tag)), _first(_steps(me, "get.lookup", tag)), shard_lookup,
+        shard_answer, located, served, _first(_steps(me, "pull.first_bytes", tag)), _last(_steps(me, "pull.done", tag)),
+        _last(_steps(me, "get.done", tag)), me[1],
+    ])
+
+
+def reduce_budget(runs: list[Trial], tag: str) -> dict[str, float]:
+    """Every rank put `tag/r`; rank 0 reduced them into `tag` and got it."""
+    start = min(run[0] for run in runs)
+    root = runs[0]
+    outputs = {i for _, s, i, _, _ in root[2] if s == "reduce.task_sent"}
+    every = [step for run in runs for step in run[2]]
+    return _phases(REDUCE_PHASES, start, [
+        root[0], _first(_steps(root, "put.registered", f"{tag}/0")), _first(_steps(root, "reduce.call", tag)),
+        _last(_steps(root, "reduce.located")), _first(_steps(root, "reduce.link_known", tag)),
+        _last(_steps(root, "reduce.task_sent")),
+        max((t for t, s, i, _, _ in every if s == "task.start" and i in outputs), default=None),
+        _first([t for t, s, i, _, _ in every if s == "task.first_output" and i == tag]),
+        _first([t for t, s, i, _, _ in every if s == "task.done" and i == tag]),
+        _first(_steps(root, "reduce.done", tag)), _last(_steps(root, "get.done", tag)), root[1],
+    ])
+
+
+BUDGETS = {"broadcast": (BROADCAST_PHASES, broadcast_budget), "reduce": (REDUCE_PHASES, reduce_budget)}
+
+
+def summarize(op: str, trials: list[list[Trial]], tags: list[str]) -> Optional[dict]:
+    """Mean and median of each phase over the trials (the means sum to the mean
+    trial time), with every trial's phases; None for an op without a budget."""
+    if op not in BUDGETS:
+        return None
+    names, budget = BUDGETS[op]
+    per_trial = [budget(runs, tag) for runs, tag in zip(trials, tags)]
+    return {
+        "phases": names,
+        "mean_ms": {n: statistics.fmean(b[n] for b in per_trial) * 1e3 for n in names},
+        "median_ms": {n: statistics.median(b[n] for b in per_trial) * 1e3 for n in names},
+        "trials_ms": [{n: b[n] * 1e3 for n in names} for b in per_trial],
+    }
+
+
+def plot(records: list[dict], path: str) -> None:
+    """A horizontal bar per traced point: its mean phases stacked, the ideal time marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    traced = [r for r in records if r.get("budget")]
+    names = list(dict.fromkeys(n for r in traced for n in r["budget"]["phases"]))
+    cmap = plt.get_cmap("tab20")
+    colors = {n: cmap(i % 20) for i, n in enumerate(names)}
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.7 * len(traced) + 0.22 * len(names)))
+    labeled: set[str] = set()
+    for y, r in enumerate(traced):
+        left = 0.0
+        for n in r["budget"]["phases"]:
+            w = r["budget"]["mean_ms"][n]
+            ax.barh(y, w, left=left, color=colors[n], label=None if n in labeled else n, edgecolor="white", linewidth=0.5)
+            labeled.add(n)
+            left += w
+        if r.get("ideal_s"):
+            ax.plot([r["ideal_s"] * 1e3] * 2, [y - 0.4, y + 0.4], color="black", linewidth=1.5)
+    ax.set_yticks(range(len(traced)))
+    ax.set_yticklabels([f"{r['op']} N={r['nodes']}\n{r['size_bytes'] / 2**20:g} MiB" for r in traced], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("mean time per trial (ms); black line: ideal (size / link rate)")
+    ax.set_title(f"Latency budget, {traced[0].get('path', '')}" if traced else "Latency budget", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
