@@ -181,10 +181,12 @@ def check(op: str, rank: int, world: int, x: torch.Tensor, got) -> None:
 def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival=0.0, trace=False) -> dict:
     """Every torch system (not MPI's, which run on their own after them).
     arrival > 0: rank r becomes ready (calls its part) r * arrival seconds after the others' start.
-    Every rank waits --settle seconds between the barrier and its call.
+    Every rank waits --settle seconds between the barrier and its call, or
+    with --common-start until the instant rank 0 sent (plus its arrival offset).
     trace: each timed trial of a torch_hoplite system also keeps the steps this
     rank traced during it (torch_hoplite.trace_events), for latency budgets."""
     settle = common.settle_seconds()
+    lead = common.common_start_seconds()
     import torch_hoplite as hop
 
     systems = [s for s in systems if s not in mpi_peer.SYSTEMS]
@@ -214,7 +216,11 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival
                     outs = gather_outputs(op, system, rank, world, x, groups)
                     dist.barrier()
                     hop.trace_events()  # only this trial's steps are kept
-                    if settle or arrival:
+                    if lead:
+                        start = torch.tensor([time.monotonic() + lead], dtype=torch.float64)
+                        dist.broadcast(start, src=0)
+                        time.sleep(max(0.0, start.item() + rank * arrival - time.monotonic()))
+                    elif settle or arrival:
                         time.sleep(settle + rank * arrival)
                     c0, t0 = time.process_time(), time.monotonic()
                     got = run_op(op, system, rank, world, x, buf, outs, tag, groups)
@@ -553,6 +559,11 @@ def main() -> None:
                         help="seconds every rank of every system waits between the barrier and its timed call, so "
                              "that all have left the barrier before any starts (emulated nodes share this host's "
                              "cores: a rank that starts early slows the others' exit from the barrier); default 0")
+    parser.add_argument("--common-start", type=float, default=0.0,
+                        help="seconds: after the barrier rank 0 sends every rank the instant this far ahead on the "
+                             "host's monotonic clock (shared by loopback ranks and emulated nodes), and every rank "
+                             "starts its timed call then, instead of as it leaves the barrier (the emulated nodes "
+                             "share this host's cores, so they leave it milliseconds apart); default 0: off")
     parser.add_argument("--transport", default=os.environ.get("HOPLITE_TRANSPORT", "tcp"), choices=["tcp", "ucx"],
                         help="what carries the torch_hoplite systems' bytes (gloo's are always its own TCP)")
     parser.add_argument("--trace", action="store_true",
@@ -563,7 +574,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.settle < 0:
         parser.error("--settle: seconds, at least 0")
+    if args.common_start < 0 or (args.common_start and args.settle):
+        parser.error("--common-start: seconds, at least 0, and not with --settle")
     os.environ[common.SETTLE_ENV] = str(args.settle)  # every rank process inherits it
+    os.environ[common.COMMON_START_ENV] = str(args.common_start)
     os.environ["HOPLITE_TRANSPORT"] = args.transport  # so does this, read by hop.init
     if args.transport == "ucx":
         os.environ.setdefault("UCX_TLS", "tcp")
@@ -644,7 +658,8 @@ def main() -> None:
     settings = {"ops": ops, "sizes": sizes, "nodes": args.nodes, "trials": args.trials, "warmup": args.warmup,
                 "rate": rate, "requested_rate": args.rate, "systems": systems, "transport": args.transport,
                 "ucx_env": common.ucx_env(),
-                "arrival_interval_s": args.arrival_interval, "settle_s": args.settle, "trace": args.trace,
+                "arrival_interval_s": args.arrival_interval, "settle_s": args.settle,
+                "common_start_s": args.common_start, "trace": args.trace,
                 "link_check_bps": {str(n): bps for n, bps in link_checks.items()},
                 "tcp_congestion": {str(n): cc for n, cc in congestion_used.items()}}
     common.write_json(json_path, "collectives", records, settings)

@@ -32,6 +32,15 @@ def settle_seconds() -> float:
     return float(os.environ.get(SETTLE_ENV, "0"))
 
 
+# Its --common-start (seconds ahead of rank 0's clock reading after the barrier
+# at which every rank starts; 0: off), read the same way.
+COMMON_START_ENV = "HOPLITE_BENCH_COMMON_START"
+
+
+def common_start_seconds() -> float:
+    return float(os.environ.get(COMMON_START_ENV, "0"))
+
+
 # Example flags that keep TensorPipe on TCP through the emulated links: its shm
 # transport and cma channel would cross between namespaces through memory.
 TENSORPIPE_OVER_LINKS = ["--rpc-transports", "uv", "--rpc-channels", "basic"]

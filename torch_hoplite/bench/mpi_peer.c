@@ -4,11 +4,12 @@
  * shares; CPU time of this process). Rank r holds r + 1 (broadcast: the root
  * holds ones); the first warm-up trial checks the result exactly.
  *
- *   mpi_peer OPS SIZES WARMUP TRIALS ARRIVAL SETTLE   (OPS, SIZES: comma lists; sizes in bytes)
+ *   mpi_peer OPS SIZES WARMUP TRIALS ARRIVAL SETTLE LEAD   (OPS, SIZES: comma lists; sizes in bytes)
  *
  * Rank r calls the op SETTLE + r * ARRIVAL seconds after the barrier
  * (ARRIVAL > 0: participants becoming ready one by one; SETTLE: every rank has
- * left the barrier before any starts).
+ * left the barrier before any starts); with LEAD > 0 instead at rank 0's
+ * clock reading after the barrier + LEAD + r * ARRIVAL (a common start).
  *
  * Rank 0 prints one JSON object per (op, size):
  *   {"op": "...", "size": N, "runs": [[[t0, t1, cores] for each rank] for each trial]}
@@ -50,13 +51,14 @@ int main(int argc, char** argv) {
   int rank, world;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (argc != 7) {
-    if (rank == 0) fprintf(stderr, "usage: mpi_peer OPS SIZES WARMUP TRIALS ARRIVAL SETTLE\n");
+  if (argc != 8) {
+    if (rank == 0) fprintf(stderr, "usage: mpi_peer OPS SIZES WARMUP TRIALS ARRIVAL SETTLE LEAD\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const int warmup = atoi(argv[3]), trials = atoi(argv[4]);
   const double arrival = atof(argv[5]);
   const double settle = atof(argv[6]);
+  const double lead = atof(argv[7]);
   char* ops = strdup(argv[1]);
   for (char* op = strtok(ops, ","); op; op = strtok(NULL, ",")) {
     char* sizes = strdup(argv[2]);
@@ -72,7 +74,14 @@ int main(int argc, char** argv) {
         const float v = strcmp(op, "broadcast") == 0 ? (rank == 0 ? 1.0f : 0.0f) : (float)(rank + 1);
         for (int i = 0; i < count; ++i) buf[i] = v, out[i] = 0.0f;
         MPI_Barrier(MPI_COMM_WORLD);
-        if (settle > 0 || arrival > 0) usleep((useconds_t)((settle + rank * arrival) * 1e6));
+        if (lead > 0) {
+          double start = now(CLOCK_MONOTONIC) + lead;
+          MPI_Bcast(&start, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+          const double wait = start + rank * arrival - now(CLOCK_MONOTONIC);
+          if (wait > 0) usleep((useconds_t)(wait * 1e6));
+        } else if (settle > 0 || arrival > 0) {
+          usleep((useconds_t)((settle + rank * arrival) * 1e6));
+        }
         const double c0 = now(CLOCK_PROCESS_CPUTIME_ID), t0 = now(CLOCK_MONOTONIC);
         run_op(op, buf, out, count, rank);
         const double t1 = now(CLOCK_MONOTONIC);
