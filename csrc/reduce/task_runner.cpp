@@ -10,8 +10,9 @@
 namespace hoplite {
 
 namespace {
-// Reduce at least this much at a time (or what is left), at most kMaxStep:
-// every step delays the parent by its own length, so steps stay short.
+// Reduce at least a chunk at a time, but no more than this (or what is left),
+// and at most kMaxStep: every step delays the parent by its own length, so
+// steps stay short (the cost model's tree takes a chunk per level).
 constexpr uint64_t kMinStep = 128u << 10;
 constexpr uint64_t kMaxStep = 2u << 20;
 // Steps up to this size run on the loop thread (~100 us of arithmetic), which
@@ -190,7 +191,7 @@ void ReduceTaskRunner::progressTask(uint64_t taskId) {
   }
   const uint64_t from = task.reduced;
   if (from == size) return finishTask(taskId);
-  if (ready - from < std::min(kMinStep, size - from)) return;
+  if (ready - from < std::min({kMinStep, node_.chunkFor(size), size - from})) return;
   const uint64_t to = std::min(ready, from + kMaxStep);
   const bool divide = task.msg.root && task.kernel.divide != nullptr && task.msg.count > 1;
   const uint64_t divisor = divide ? task.msg.count : 1;

@@ -65,6 +65,9 @@ NODE_SPLIT_PAIRS = [
 ]
 # Issue #30's frame sizes: the harness with 256 KiB frames (what the old rule chose at 1 and 16 MB), then the new rule.
 FRAMES_PAIRS = [("frames-{}_n8_emulated_1gbit.json", "1 and 16 MB, N = 8, 1 Gbit/s, 7 trials, before then after")]
+# Issue #30's latency budget (--trace --common-start 0.05): before and after reduce steps follow the chunk.
+BUDGET_PAIRS = [("budget-{}_n8_emulated_1gbit.json", "1 MB, N = 8, 1 Gbit/s, common start, 15 trials, before then after")]
+BUDGET = "budget-after_n8_emulated_1gbit.json"
 SCALE_16MB = "scale_16mb_emulated_250mbit.json"  # N = 4, 8, 16 at 250 Mbit/s (256 MB did not fit in memory at N = 16)
 # The same on loopback (one host, 2 cores; every hoplite byte read from a peer's memory).
 NODE_SPLIT_LOOPBACK_PAIRS = [
@@ -419,6 +422,34 @@ def frames_table() -> list[str]:
                         ["op", "size", "system", "before", "after"], lambda r: True, emulated)[:-1]
 
 
+def budget_table() -> list[str]:
+    """A table per traced op: each phase's mean over the trials (median) in ms, a column per node count."""
+    res = result(BUDGET)
+    lines = []
+    for op in OPS:
+        runs = sorted((r for r in res.where(op=op, system="hoplite") if r.get("budget")), key=lambda r: r["nodes"])
+        if not runs:
+            continue
+        lines += _head([f"{op}, phase"] + [f"N = {r['nodes']}, mean (median) ms" for r in runs])
+        for phase in runs[0]["budget"]["phases"]:
+            lines.append(_row([phase] + [f"{r['budget']['mean_ms'][phase]:.2f} ({r['budget']['median_ms'][phase]:.2f})"
+                                         for r in runs]))
+        lines.append(_row(["**sum: mean trial time**"] + [f"**{sum(r['budget']['mean_ms'].values()):.2f}**" for r in runs]))
+        lines.append(_row(["median trial time (× ideal)"] + [f"{_ms3(r['median_s'])} ({_x(r['ratio_to_ideal'])})"
+                                                            for r in runs]))
+        lines.append(_row(["ideal: size / link rate"] + [_ms3(r["ideal_s"]) for r in runs]))
+        lines.append("")
+    return _sourced(res, lines[:-1])
+
+
+def budget_targets_table() -> list[str]:
+    def emulated(b: dict, a: dict) -> str:
+        return _row([b["op"], str(b["nodes"]), b["system"], _spread(b), _spread(a)])
+
+    return _pair_tables(BUDGET_PAIRS, "Time over the ideal, median (fastest–slowest trial):",
+                        ["op", "N", "system", "before", "after"], lambda r: True, emulated)[:-1]
+
+
 def scale_table() -> list[str]:
     return _ideal_grid(SCALE_16MB, [("hoplite", "torch_hoplite"), ("gloo", "gloo")],
                        ("hoplite", "hoplite time / gloo time"), ("cores (hoplite / gloo)", ["hoplite", "gloo"]))
@@ -658,6 +689,8 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("BENCH_README", "node-split", node_split_table),
     ("BENCH_README", "frames", frames_table),
     ("BENCH_README", "scale", scale_table),
+    ("BENCH_README", "budget", budget_table),
+    ("BENCH_README", "budget-targets", budget_targets_table),
     ("BENCH_README", "emulated-collectives", emulated_collectives_table),
 ]
 
