@@ -10,8 +10,9 @@ HOPLITE_LISTEN_PORT  port      TCP port (0: any free port)                 0
 HOPLITE_TRANSPORT    transport  how nodes reach each other, by name       tcp
                                (``torch_hoplite.transports()`` lists them)
 HOPLITE_CHUNK_BYTES  chunk     pipelining chunk (0: by object size,        0
-                     _bytes    about 1/64 of the object, 256 KiB ..
-                               4 MiB; at least 16 chunks, down to 64 KiB)
+                     _bytes    about 1/128 of the object, 128 KiB
+                               .. 4 MiB; at least 16 chunks, down to
+                               64 KiB)
 HOPLITE_STORE_CAPACITY         bytes of object copies this node keeps      half of RAM
                      capacity
                      _bytes
