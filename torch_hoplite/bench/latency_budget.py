@@ -129,7 +129,8 @@ def summarize(op: str, trials: list[list[Trial]], tags: list[str]) -> Optional[d
 
 
 def plot(records: list[dict], path: str) -> None:
-    """A horizontal bar per traced point: its mean phases stacked, the ideal time marked."""
+    """A horizontal bar per traced point: its mean phases stacked, in units of
+    its ideal time where it has one (so sizes share an axis), else in ms."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -137,23 +138,24 @@ def plot(records: list[dict], path: str) -> None:
 
     traced = [r for r in records if r.get("budget")]
     names = list(dict.fromkeys(n for r in traced for n in r["budget"]["phases"]))
-    cmap = plt.get_cmap("tab20")
-    colors = {n: cmap(i % 20) for i, n in enumerate(names)}
+    palette = list(plt.get_cmap("tab20").colors) + list(plt.get_cmap("tab20b").colors)
+    colors = {n: palette[i % len(palette)] for i, n in enumerate(names)}
+    ideal = all(r.get("ideal_s") for r in traced)
     fig, ax = plt.subplots(figsize=(11, 1.2 + 0.7 * len(traced) + 0.22 * len(names)))
     labeled: set[str] = set()
     for y, r in enumerate(traced):
-        left = 0.0
+        left, unit = 0.0, r["ideal_s"] * 1e3 if ideal else 1.0
         for n in r["budget"]["phases"]:
-            w = r["budget"]["mean_ms"][n]
+            w = r["budget"]["mean_ms"][n] / unit
             ax.barh(y, w, left=left, color=colors[n], label=None if n in labeled else n, edgecolor="white", linewidth=0.5)
             labeled.add(n)
             left += w
-        if r.get("ideal_s"):
-            ax.plot([r["ideal_s"] * 1e3] * 2, [y - 0.4, y + 0.4], color="black", linewidth=1.5)
+    if ideal:
+        ax.axvline(1.0, color="black", linewidth=1.2)
     ax.set_yticks(range(len(traced)))
     ax.set_yticklabels([f"{r['op']} N={r['nodes']}\n{r['size_bytes'] / 2**20:g} MiB" for r in traced], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("mean time per trial (ms); black line: ideal (size / link rate)")
+    ax.set_xlabel("mean time per trial / ideal (size / link rate; black line)" if ideal else "mean time per trial (ms)")
     ax.set_title(f"Latency budget, {traced[0].get('path', '')}" if traced else "Latency budget", fontsize=9)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
     ax.grid(True, axis="x", alpha=0.3)

@@ -67,7 +67,7 @@ NODE_SPLIT_PAIRS = [
 FRAMES_PAIRS = [("frames-{}_n8_emulated_1gbit.json", "1 and 16 MB, N = 8, 1 Gbit/s, 7 trials, before then after")]
 # Issue #30's latency budget (--trace --common-start 0.05): before and after reduce steps follow the chunk.
 BUDGET_PAIRS = [("budget-{}_n8_emulated_1gbit.json", "1 MB, N = 8, 1 Gbit/s, common start, 15 trials, before then after")]
-BUDGET = "budget-after_n8_emulated_1gbit.json"
+BUDGET = "budget-cubic_n8_emulated_1gbit.json"  # the same with CUBIC, at 1 and 16 MB, N = 2 and 8
 SCALE_16MB = "scale_16mb_emulated_250mbit.json"  # N = 4, 8, 16 at 250 Mbit/s (256 MB did not fit in memory at N = 16)
 # The same on loopback (one host, 2 cores; every hoplite byte read from a peer's memory).
 NODE_SPLIT_LOOPBACK_PAIRS = [
@@ -423,14 +423,15 @@ def frames_table() -> list[str]:
 
 
 def budget_table() -> list[str]:
-    """A table per traced op: each phase's mean over the trials (median) in ms, a column per node count."""
+    """A table per traced op: each phase's mean over the trials (median) in ms, a column per node count and size."""
     res = result(BUDGET)
     lines = []
     for op in OPS:
-        runs = sorted((r for r in res.where(op=op, system="hoplite") if r.get("budget")), key=lambda r: r["nodes"])
+        runs = sorted((r for r in res.where(op=op, system="hoplite") if r.get("budget")),
+                      key=lambda r: (r["nodes"], r["size_bytes"]))
         if not runs:
             continue
-        lines += _head([f"{op}, phase"] + [f"N = {r['nodes']}, mean (median) ms" for r in runs])
+        lines += _head([f"{op}: phase, mean (median) ms"] + [f"N = {r['nodes']}, {_size(r['size_bytes'])}" for r in runs])
         for phase in runs[0]["budget"]["phases"]:
             lines.append(_row([phase] + [f"{r['budget']['mean_ms'][phase]:.2f} ({r['budget']['median_ms'][phase]:.2f})"
                                          for r in runs]))
