@@ -68,6 +68,12 @@ FRAMES_PAIRS = [("frames-{}_n8_emulated_1gbit.json", "1 and 16 MB, N = 8, 1 Gbit
 # Issue #30's latency budget (--trace --common-start 0.05): before and after reduce steps follow the chunk.
 BUDGET_PAIRS = [("budget-{}_n8_emulated_1gbit.json", "1 MB, N = 8, 1 Gbit/s, common start, 15 trials, before then after")]
 BUDGET = "budget-cubic_n8_emulated_1gbit.json"  # the same with CUBIC, at 1 and 16 MB, N = 2 and 8
+# Frames of 1/128 of an object: the budget's CUBIC run again, and 64 MB (N = 4) and 256 MB (N = 8), before and after.
+FRAMES128_PAIRS = [
+    ((BUDGET, "frames128-after_n8_emulated_1gbit.json"), "1 and 16 MB, N = 2 and 8, 15 trials, before then after"),
+    ("frames128-{}_n4_64mb_emulated_1gbit.json", "64 MB reduce, N = 4, 7 trials, before then after"),
+    ("frames128-{}_n8_256mb_emulated_1gbit.json", "256 MB, N = 8, 5 trials, before then after"),
+]
 SCALE_16MB = "scale_16mb_emulated_250mbit.json"  # N = 4, 8, 16 at 250 Mbit/s (256 MB did not fit in memory at N = 16)
 # The same on loopback (one host, 2 cores; every hoplite byte read from a peer's memory).
 NODE_SPLIT_LOOPBACK_PAIRS = [
@@ -384,13 +390,15 @@ def _ratio_rows(res: Result, systems: list[tuple[str, str]]) -> list[str]:
     return lines
 
 
-def _pair_tables(pairs: list[tuple[str, str]], caption: str, header: list[str],
+def _pair_tables(pairs: list[tuple[str | tuple[str, str], str]], caption: str, header: list[str],
                  keep: Callable[[dict], bool], row: Callable[[dict, dict], str]) -> list[str]:
-    """One table per before/after pair of result files: a row for each kept record of "before" and its
-    match in "after"."""
+    """One table per before/after pair of result files (a name pattern with {} for "before" and "after", or
+    the two names): a row for each kept record of "before" and its match in "after"."""
     lines = []
-    for pattern, what in pairs:
-        before, after = result(pattern.format("before")), result(pattern.format("after"))
+    for names, what in pairs:
+        if isinstance(names, str):
+            names = (names.format("before"), names.format("after"))
+        before, after = result(names[0]), result(names[1])
         lines += [f"{what}: {before.source()} against {after.source()}. {caption}", ""] + _head(header)
         for r in filter(keep, before.records):
             a = after.one(op=r["op"], system=r["system"], nodes=r["nodes"], size_bytes=r["size_bytes"])
@@ -449,6 +457,15 @@ def budget_targets_table() -> list[str]:
 
     return _pair_tables(BUDGET_PAIRS, "Time over the ideal, median (fastest–slowest trial):",
                         ["op", "N", "system", "before", "after"], lambda r: True, emulated)[:-1]
+
+
+def frames128_table() -> list[str]:
+    def emulated(b: dict, a: dict) -> str:
+        return _row([b["op"], str(b["nodes"]), _size(b["size_bytes"]), b["system"], _spread(b), _spread(a)])
+
+    return _pair_tables(FRAMES128_PAIRS, "Time over the ideal, median (fastest–slowest trial):",
+                        ["op", "N", "size", "system", "before", "after"],
+                        lambda r: r["nodes"] > 2, emulated)[:-1]
 
 
 def scale_table() -> list[str]:
@@ -645,9 +662,22 @@ def emulated_collectives_table() -> list[str]:
                        ("hoplite", "hoplite time / gloo time"), ("cores (hoplite / gloo)", ["hoplite", "gloo"]))
 
 
+def small_objects_line() -> list[str]:
+    """The object store at 1 and 16 MB, N = 8, beside gloo: time over the ideal."""
+    res = result(FRAMES128_PAIRS[0][0][1])
+    cells = []
+    for size in (MiB, 16 * MiB):
+        at = ", ".join(f"{op} {_x(res.value('ratio_to_ideal', op=op, system='hoplite', nodes=8, size_bytes=size))} "
+                       f"(gloo {_x(res.value('ratio_to_ideal', op=op, system='gloo', nodes=8, size_bytes=size))})"
+                       for op in ("broadcast", "reduce", "allreduce"))
+        cells.append(f"{_size(size)}: {at}")
+    return [f"Smaller objects, same cluster (CUBIC, ranks started at one instant), time over the ideal, "
+            f"{res.source()}: " + "; ".join(cells) + ". Where the rest goes: the latency budget in benchmarks/README.md."]
+
+
 def readme_lines() -> list[str]:
     lines = []
-    for paragraph in (emulated_table(), same_host_lines(), rpc_lines(), workload_lines()):
+    for paragraph in (emulated_table(), small_objects_line(), same_host_lines(), rpc_lines(), workload_lines()):
         lines += ([""] if lines else []) + paragraph
     return lines
 
@@ -692,6 +722,7 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("BENCH_README", "scale", scale_table),
     ("BENCH_README", "budget", budget_table),
     ("BENCH_README", "budget-targets", budget_targets_table),
+    ("BENCH_README", "frames128", frames128_table),
     ("BENCH_README", "emulated-collectives", emulated_collectives_table),
 ]
 
