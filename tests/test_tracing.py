@@ -7,7 +7,8 @@ import torch_hoplite as hop
 import workers
 from torch_hoplite.bench import latency_budget
 
-GET_STEPS = ["get.call", "get.lookup", "get.located", "pull.sent", "pull.first_bytes", "pull.done", "get.done"]
+GET_STEPS = ["get.call", "get.lookup", "get.located", "pull.sent", "pull.first_bytes", "pull.done", "get.done",
+             "get.delivered"]
 
 
 def test_a_pulled_get_traces_its_steps_in_order_on_both_sides(cluster4):
@@ -51,7 +52,7 @@ def test_broadcast_budget_follows_the_last_receiver_and_sums_to_the_trial():
     last = (0.0001, 0.0200, [
         _step(0.0002, "get.call", tag), _step(0.0004, "get.lookup", tag), _step(0.0011, "get.located", tag, 0),
         _step(0.0012, "pull.sent", tag, 0), _step(0.0030, "pull.first_bytes", tag, 0, 65536),
-        _step(0.0180, "pull.done", tag, 0), _step(0.0190, "get.done", tag)])
+        _step(0.0180, "pull.done", tag, 0), _step(0.0190, "get.done", tag), _step(0.0194, "get.delivered", tag)])
     shard = (0.0, 0.003, [_step(0.0006, "shard.lookup", tag, 2), _step(0.0010, "shard.answer", tag, 2)])
     # ranks: 0 sender, 1 early receiver, 2 last receiver, 3 the shard (and an early receiver)
     b = latency_budget.broadcast_budget([sender, early, last, shard], tag)
@@ -69,7 +70,8 @@ def test_broadcast_budget_follows_the_last_receiver_and_sums_to_the_trial():
         "first bytes (sender's own copy filling: pipeline fill)": 10,
         "remaining bytes": 150,
         "completion on the event loop": 10,
-        "hand-off back to Python": 10,
+        "hand-off to the completion thread": 4,
+        "hand-off back to Python": 6,
     }
 
 

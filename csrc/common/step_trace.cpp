@@ -24,6 +24,7 @@ const char* stepName(Step step) {
     case Step::kGetLookup: return "get.lookup";
     case Step::kGetLocated: return "get.located";
     case Step::kGetDone: return "get.done";
+    case Step::kGetDelivered: return "get.delivered";
     case Step::kShardLookup: return "shard.lookup";
     case Step::kShardAnswer: return "shard.answer";
     case Step::kPullSent: return "pull.sent";

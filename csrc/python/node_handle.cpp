@@ -1,6 +1,7 @@
 #include "python/node_handle.h"
 
 #include "common/scalar_types.h"
+#include "common/step_trace.h"
 #include "store/tensor_target.h"
 #ifdef HOPLITE_WITH_CUDA
 #include "device_reducer.h"
@@ -62,6 +63,7 @@ struct PendingGet {
   c10::intrusive_ptr<c10::ivalue::Future> fut;
   at::Tensor out;
   std::shared_ptr<TensorTarget> device;
+  std::string id;
 };
 
 #ifdef HOPLITE_WITH_CUDA
@@ -85,6 +87,7 @@ void complete(const PendingGet& get, Completion c, const py::object& errorFromSt
     try {
       at::Tensor tensor = get.device ? get.device->tensor() : get.out.defined() ? get.out : tensorOf(c);
       if (fut->completed()) return;  // completed by the user meanwhile
+      traceStep(Step::kGetDelivered, get.id);
       fut->markCompleted(c10::IValue(std::move(tensor)));
       return;
     } catch (const std::exception& e) {
@@ -102,6 +105,7 @@ void complete(const PendingGet& get, Completion c, const py::object& errorFromSt
       error = std::current_exception();
     }
   }
+  traceStep(Step::kGetDelivered, get.id);
   try {
     fut->setError(error);
   } catch (const std::exception&) {
@@ -226,7 +230,7 @@ void NodeHandle::get(const py::bytes& id, double timeout, bool copy, const py::o
                      const std::string& outDtype, int cudaDevice, int source) {
   auto wrapper = future.cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>();
   std::string key = id;
-  PendingGet pending{wrapper->fut, at::Tensor(), nullptr};
+  PendingGet pending{wrapper->fut, at::Tensor(), nullptr, key};
   GetTarget target;
   if (!out.is_none()) {
     if (!THPVariable_Check(out.ptr())) throw py::type_error("get: out must be a tensor");

@@ -32,6 +32,7 @@ BROADCAST_PHASES = [
     "first bytes (sender's own copy filling: pipeline fill)",
     "remaining bytes",
     "completion on the event loop",
+    "hand-off to the completion thread",
     "hand-off back to Python",
 ]
 
@@ -47,6 +48,7 @@ REDUCE_PHASES = [
     "remaining bytes of the result",
     "coordinator sees the result complete",
     "get of the result completes",
+    "hand-off to the completion thread",
     "hand-off back to Python",
 ]
 
@@ -89,7 +91,7 @@ def broadcast_budget(runs: list[Trial], tag: str) -> dict[str, float]:
     return _phases(BROADCAST_PHASES, start, [
         me[0], _first(_steps(me, "get.call", tag)), _first(_steps(me, "get.lookup", tag)), shard_lookup,
         shard_answer, located, served, _first(_steps(me, "pull.first_bytes", tag)), _last(_steps(me, "pull.done", tag)),
-        _last(_steps(me, "get.done", tag)), me[1],
+        _last(_steps(me, "get.done", tag)), _last(_steps(me, "get.delivered", tag)), me[1],
     ])
 
 
@@ -106,7 +108,8 @@ def reduce_budget(runs: list[Trial], tag: str) -> dict[str, float]:
         max((t for t, s, i, _, _ in every if s == "task.start" and i in outputs), default=None),
         _first([t for t, s, i, _, _ in every if s == "task.first_output" and i == tag]),
         _first([t for t, s, i, _, _ in every if s == "task.done" and i == tag]),
-        _first(_steps(root, "reduce.done", tag)), _last(_steps(root, "get.done", tag)), root[1],
+        _first(_steps(root, "reduce.done", tag)), _last(_steps(root, "get.done", tag)),
+        _last(_steps(root, "get.delivered", tag)), root[1],
     ])
 
 
