@@ -202,4 +202,15 @@ def traced(fn_name, *args):
         result = globals()[fn_name](*args)
     finally:
         hop.enable_tracing(False)
-    return result, [tuple(s) for s in hop.trace_events()]
+    return result, trace_events()
+
+
+def trace_events():
+    """This rank's traced steps (as plain tuples), taken."""
+    return [tuple(s) for s in hop.trace_events()]
+
+
+def get_then_trace(ref, timeout=30):
+    """A get, then what this rank traced meanwhile (tracing left as it was)."""
+    hop.get(ref, timeout=timeout).wait()
+    return trace_events()

@@ -11,9 +11,17 @@ std::atomic<bool> gTracing{false};
 }  // namespace detail
 
 namespace {
-std::mutex gMutex;
-std::vector<StepRecord> gRecords;
-uint64_t gDropped = 0;
+struct Records {
+  std::mutex mutex;
+  std::vector<StepRecord> kept;
+  uint64_t dropped = 0;
+};
+
+// Never destroyed: node threads may still record while the process exits.
+Records& records() {
+  static Records* r = new Records;
+  return *r;
+}
 }  // namespace
 
 const char* stepName(Step step) {
@@ -47,19 +55,21 @@ const char* stepName(Step step) {
 void setTracing(bool on) { detail::gTracing.store(on, std::memory_order_relaxed); }
 
 void detail::recordStep(Step step, const std::string& id, int peer, uint64_t bytes) {
-  const double now = steadySeconds();
-  std::lock_guard<std::mutex> lock(gMutex);
-  if (gRecords.size() >= kMaxStepRecords) {
-    gDropped++;
+  StepRecord record{steadySeconds(), step, id, peer, bytes};  // the copy of the id outside the lock
+  Records& r = records();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (r.kept.size() >= kMaxStepRecords) {
+    r.dropped++;
     return;
   }
-  gRecords.push_back(StepRecord{now, step, id, peer, bytes});
+  r.kept.push_back(std::move(record));
 }
 
 std::vector<StepRecord> takeTrace(uint64_t* dropped) {
-  std::lock_guard<std::mutex> lock(gMutex);
-  *dropped = std::exchange(gDropped, 0);
-  return std::exchange(gRecords, {});
+  Records& r = records();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  *dropped = std::exchange(r.dropped, 0);
+  return std::exchange(r.kept, {});
 }
 
 }  // namespace hoplite

@@ -1,8 +1,9 @@
 // Timestamps of the steps of puts, gets, pulls and reduces, kept in memory for
 // latency budgets (torch_hoplite.trace_events; `python -m torch_hoplite.bench
 // --trace`). Process-wide, like logging; off by default, when a step costs one
-// relaxed atomic load. Times are on the steady clock (CLOCK_MONOTONIC, which
-// every process of one kernel shares, as Python's time.monotonic does).
+// relaxed atomic load (gets and lookups keep a copy of their id either way).
+// Times are on the steady clock (CLOCK_MONOTONIC, which every process of one
+// kernel shares, as Python's time.monotonic does).
 #pragma once
 
 #include <atomic>
@@ -14,25 +15,25 @@ namespace hoplite {
 
 enum class Step : uint8_t {
   kPutCall,         // put: on the caller's thread
-  kPutRegistered,   // put: the shard's answer reached the caller
+  kPutRegistered,   // put: the shard's answer arrived (on the event loop)
   kGetCall,         // get: handed to the loop (no complete local copy)
   kGetLookup,       // get: on the loop, lookup sent
   kGetLocated,      // get: the shard's answer (peer: the sender it assigned)
   kGetDone,         // get: completion handed back to the caller
-  kGetDelivered,    // get: its future completed (Python API: on the completion thread)
+  kGetDelivered,    // get: its future completed (Python API; on the completion thread, or the caller's when served at once)
   kShardLookup,     // shard: a lookup arrived (peer: the asker)
   kShardAnswer,     // shard: its answer leaves (peer: the asker; waits for a put or a free sender)
   kPullSent,        // pull request sent (peer: the holder)
   kServePull,       // holder: a pull request arrived (peer: the puller)
   kPullFirstBytes,  // pull: its first bytes arrived (bytes: how many)
-  kPullDone,        // pull: its last bytes arrived
+  kPullDone,        // pull: its last bytes arrived (before they wake the get)
   kReduceCall,      // reduce: on the caller's thread
   kReduceLinkKnown, // reduce: the link estimate is there (probes ran if stale)
   kReduceLocated,   // reduce: one input located (peer: its holder)
   kReduceTaskSent,  // reduce: a position's task sent (peer: its node; id: its output)
   kTaskStart,       // task: output registered, inputs start (id: its output)
   kTaskFirstOutput, // task: first output bytes reduced (bytes: how many)
-  kTaskDone,        // task: output complete
+  kTaskDone,        // task: output complete (before it wakes the output's readers)
   kReduceDone,      // reduce: the coordinator saw the result complete
   kLinkProbe,       // the link estimator's probes begin (peer: the probed node)
 };

@@ -57,8 +57,9 @@ std::shared_ptr<Buffer> borrow(const at::Tensor& tensor) {
                                   [keep = tensor]() mutable { keep = at::Tensor(); });
 }
 
-// A get waiting for its completion: its future, and the tensor it fills if
-// the caller passed one (get(out=...)) or the device tensor it fills.
+// A get waiting for its completion: its future, the tensor it fills if the
+// caller passed one (get(out=...)) or the device tensor it fills, and the
+// object's id (for its traced step).
 struct PendingGet {
   c10::intrusive_ptr<c10::ivalue::Future> fut;
   at::Tensor out;
@@ -105,6 +106,7 @@ void complete(const PendingGet& get, Completion c, const py::object& errorFromSt
       error = std::current_exception();
     }
   }
+  if (fut->completed()) return;  // completed by the user meanwhile
   traceStep(Step::kGetDelivered, get.id);
   try {
     fut->setError(error);

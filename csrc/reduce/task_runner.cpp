@@ -10,9 +10,10 @@
 namespace hoplite {
 
 namespace {
-// Reduce at least a chunk at a time, but no more than this (or what is left),
-// and at most kMaxStep: every step delays the parent by its own length, so
-// steps stay short (the cost model's tree takes a chunk per level).
+// A step waits for a chunk of every source's bytes, or for this much where
+// chunks are larger (or for what is left), and takes at most kMaxStep: every
+// step delays the parent by its own length, so steps stay short (the cost
+// model's tree takes a chunk per level).
 constexpr uint64_t kMinStep = 128u << 10;
 constexpr uint64_t kMaxStep = 2u << 20;
 // Steps up to this size run on the loop thread (~100 us of arithmetic), which
@@ -184,8 +185,7 @@ void ReduceTaskRunner::progressTask(uint64_t taskId) {
   const uint64_t item = std::max<uint64_t>(1, task.msg.meta.itemsize);
   if (ready < size) ready -= ready % item;
   if (task.alias) {
-    if (ready > 0 && task.output->watermark() == 0) traceStep(Step::kTaskFirstOutput, task.msg.outputId, -1, ready);
-    if (ready > task.output->watermark()) task.output->advance(ready);
+    if (ready > task.output->watermark()) advanceOutput(task, ready);
     if (ready == size) finishTask(taskId);
     return;
   }
@@ -220,13 +220,12 @@ void ReduceTaskRunner::progressTask(uint64_t taskId) {
     task.reduced = to;
     counters_.bytes += bytes;
     if (onDevice && onDevice->ok()) counters_.bytesOnDevice += bytes;
-    if (task.output->watermark() == 0) traceStep(Step::kTaskFirstOutput, task.msg.outputId, -1, to);
     if (onDevice && !onDevice->ok() && task.onDevice) {
       HLOG(kWarn, "reduce into %s continues on the CPU: the device step failed (%s)",
            printableId(task.msg.reduceId).c_str(), onDevice->message.c_str());
       task.onDevice.reset();
     }
-    task.output->advance(to);
+    advanceOutput(task, to);
     progressTask(taskId);
   };
   task.busy = true;
@@ -241,6 +240,13 @@ void ReduceTaskRunner::progressTask(uint64_t taskId) {
   });
 }
 
+void ReduceTaskRunner::advanceOutput(ReduceTaskState& task, uint64_t to) {
+  if (task.output->watermark() == 0) traceStep(Step::kTaskFirstOutput, task.msg.outputId, -1, to);
+  // Before the advance, whose listeners (a get of the result) may complete at once.
+  if (to == task.output->size()) traceStep(Step::kTaskDone, task.msg.outputId);
+  task.output->advance(to);
+}
+
 void ReduceTaskRunner::finishTask(uint64_t taskId) {
   auto it = tasks_.find(taskId);
   if (it == tasks_.end()) return;
@@ -253,7 +259,6 @@ void ReduceTaskRunner::finishTask(uint64_t taskId) {
   tasks_.erase(it);
   for (auto& [obj, listener] : task->listeners) obj->removeListener(listener);
   const std::string& out = task->msg.outputId;
-  traceStep(Step::kTaskDone, out);
   HLOG(kDebug, "reduce task for %s (%zu children) ran %.3f to %.3f s (steady clock)", printableId(out).c_str(),
        task->msg.childIds.size(), task->started, node_.now());
   node_.directory().updateHolder(out, wire::HolderState::kComplete);

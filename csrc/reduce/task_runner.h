@@ -51,6 +51,8 @@ class ReduceTaskRunner {
   void reportTaskEnd(const ReduceTaskState& task, const Status& status);
   void watchTaskObject(uint64_t task, const std::shared_ptr<LocalObject>& obj);
   void progressTask(uint64_t task);
+  // The task's output is valid up to `to`: traced, then its readers woken.
+  void advanceOutput(ReduceTaskState& task, uint64_t to);
   void finishTask(uint64_t task);
   void failTask(uint64_t task, const Status& why);
   void closeRoot(const std::shared_ptr<ReduceTaskState>& task);

@@ -169,7 +169,7 @@ class TransferClient {
     int resumes = 0;        // senders lost so far
     PullState state = PullState::kActive;
     Status failure;  // kReadFailed: why
-    bool receivedBytes = false;
+    bool firstBytesTraced = false;
     // Same-host pulls: read from the holder's memory, one range at a time,
     // in the order the holder announced them, on the loop or a copy thread.
     std::shared_ptr<same_host::PeerMemory> holderMemory;

@@ -92,7 +92,9 @@ void TransferClient::onDataReceived(Connection& conn, uint64_t request, uint64_t
 
 void TransferClient::advancePull(PullOp& pull, uint64_t end) {
   auto obj = pull.object;  // the last bytes' listeners may end the pull
-  if (!std::exchange(pull.receivedBytes, true)) traceStep(Step::kPullFirstBytes, obj->id(), pull.rank, end - obj->watermark());
+  if (!std::exchange(pull.firstBytesTraced, true)) traceStep(Step::kPullFirstBytes, obj->id(), pull.rank, end - obj->watermark());
+  // Before the advance, whose listeners may complete a get at once.
+  if (end == obj->size()) traceStep(Step::kPullDone, obj->id(), pull.rank);
   counters_.bytesReceived += end - obj->watermark();
   obj->advance(end);
 }
@@ -105,7 +107,6 @@ void TransferClient::finishPull(uint64_t request) {
   const bool sameHost = it->second.holderMemory != nullptr;
   pulls_.erase(it);  // first: telling the holder may close the connection, which fails its pulls
   counters_.pullsCompleted++;
-  traceStep(Step::kPullDone, obj->id(), sender);
   HLOG(kDebug, "pull of %s from rank %d done at %.3f s (steady clock)", printableId(obj->id()).c_str(), sender, steadySeconds());
   const uint64_t get = std::exchange(obj->handOverTo, 0);
   const bool handedOver = get && sameHost && handOver(get, obj, sender);  // the get completes first

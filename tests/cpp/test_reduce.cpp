@@ -1,6 +1,6 @@
-// Unit tests of the reduce planner (tree shapes, cost model) and the CPU
-// kernels (every op on exact values, NaN, wrap-around, rounding). Built with
-// ASan + UBSan by tests/test_cpp_units.py.
+// Unit tests of the reduce planner (tree shapes, cost model, the frame rule it
+// is told) and the CPU kernels (every op on exact values, NaN, wrap-around,
+// rounding). Built with ASan + UBSan by tests/test_cpp_units.py.
 #include <cmath>
 #include <complex>
 #include <cstdio>
@@ -11,6 +11,7 @@
 
 #include "coll/reduce_kernels.h"
 #include "coll/reduce_plan.h"
+#include "common/chunking.h"
 
 #include "check.h"
 
@@ -234,7 +235,24 @@ static void testHalfBlocks() {
   CHECK(divided);
 }
 
+// About 1/128 of an object within 128 KiB..4 MiB, at least 16 frames down to 64 KiB.
+static void testChunkRule() {
+  constexpr uint64_t KiB = 1024, MiB = 1024 * KiB;
+  CHECK(chunkSize(1 * KiB, 0) == 64 * KiB);
+  CHECK(chunkSize(1 * MiB, 0) == 64 * KiB);
+  CHECK(chunkSize(2 * MiB, 0) == 128 * KiB);
+  CHECK(chunkSize(4 * MiB, 0) == 128 * KiB);
+  CHECK(chunkSize(16 * MiB, 0) == 128 * KiB);
+  CHECK(chunkSize(32 * MiB, 0) == 256 * KiB);
+  CHECK(chunkSize(64 * MiB, 0) == 512 * KiB);
+  CHECK(chunkSize(256 * MiB, 0) == 2 * MiB);
+  CHECK(chunkSize(512 * MiB, 0) == 4 * MiB);
+  CHECK(chunkSize(4096 * MiB, 0) == 4 * MiB);
+  CHECK(chunkSize(16 * MiB, 4 * KiB) == 4 * KiB);  // configured: as given
+}
+
 int main() {
+  testChunkRule();
   testTrees();
   testCostModel();
   testKernels();

@@ -178,6 +178,10 @@ def check(op: str, rank: int, world: int, x: torch.Tensor, got) -> None:
         raise AssertionError(f"{op}: wrong result on rank {rank}")
 
 
+# A timed trial of one rank: (start, end, CPU cores, bytes moved) and, traced, {"tag": ..., "steps": [...]}.
+TRACE_FIELD = 4
+
+
 def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival=0.0, trace=False) -> dict:
     """Every torch system (not MPI's, which run on their own after them).
     arrival > 0: rank r becomes ready (calls its part) r * arrival seconds after the others' start.
@@ -217,9 +221,13 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival
                     dist.barrier()
                     hop.trace_events()  # only this trial's steps are kept
                     if lead:
-                        start = torch.tensor([time.monotonic() + lead], dtype=torch.float64)
-                        dist.broadcast(start, src=0)
-                        time.sleep(max(0.0, start.item() + rank * arrival - time.monotonic()))
+                        instant = torch.tensor([time.monotonic() + lead], dtype=torch.float64)
+                        dist.broadcast(instant, src=0)
+                        wait = instant.item() + rank * arrival - time.monotonic()
+                        if wait < 0:
+                            print(f"rank {rank}: {tag} started {-wait * 1e3:.1f} ms after the common start "
+                                  "(raise --common-start)", file=sys.stderr, flush=True)
+                        time.sleep(max(0.0, wait))
                     elif settle or arrival:
                         time.sleep(settle + rank * arrival)
                     c0, t0 = time.process_time(), time.monotonic()
@@ -374,10 +382,11 @@ def summarize(per_rank: dict, world: int, path: str, rate_bps: float, arrival: f
         median = statistics.median(times)
         units, factor = ideal_and_factor(op, world)
         ideal = units * size / (rate_bps / 8) if rate_bps and not arrival else None
-        traced = all(len(run[i]) > 4 for run in runs for i in range(trials))
+        traced = all(len(run[i]) > TRACE_FIELD for run in runs for i in range(trials))
+        bounds = [(start(run[i][0] for run in runs), max(run[i][1] for run in runs)) for i in range(trials)]
         budget = latency_budget.summarize(
-            op, [[(run[i][0], run[i][1], run[i][4]["steps"]) for run in runs] for i in range(trials)],
-            [runs[0][i][4]["tag"] for i in range(trials)]) if traced and trials else None
+            op, [[(run[i][0], run[i][1], run[i][TRACE_FIELD]["steps"]) for run in runs] for i in range(trials)],
+            [runs[0][i][TRACE_FIELD]["tag"] for i in range(trials)], bounds) if traced and trials else None
         records.append(
             {
                 "system": system,
@@ -567,8 +576,8 @@ def main() -> None:
     parser.add_argument("--transport", default=os.environ.get("HOPLITE_TRANSPORT", "tcp"), choices=["tcp", "ucx"],
                         help="what carries the torch_hoplite systems' bytes (gloo's are always its own TCP)")
     parser.add_argument("--trace", action="store_true",
-                        help="trace the torch_hoplite systems' steps and add each broadcast's and reduce's latency "
-                             "budget (latency_budget.py) to the results, plotted in OUT-budget.png")
+                        help="trace the torch_hoplite systems' steps and add the latency budget (latency_budget.py) "
+                             "of each object-store broadcast and reduce to the results, plotted in OUT-budget.png")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--master", default="127.0.0.1", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -78,7 +78,12 @@ int main(int argc, char** argv) {
           double start = now(CLOCK_MONOTONIC) + lead;
           MPI_Bcast(&start, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
           const double wait = start + rank * arrival - now(CLOCK_MONOTONIC);
-          if (wait > 0) usleep((useconds_t)(wait * 1e6));
+          if (wait > 0) {
+            usleep((useconds_t)(wait * 1e6));
+          } else {
+            fprintf(stderr, "mpi_peer: rank %d started %s %.1f ms after the common start (raise --common-start)\n",
+                    rank, op, -wait * 1e3);
+          }
         } else if (settle > 0 || arrival > 0) {
           usleep((useconds_t)((settle + rank * arrival) * 1e6));
         }

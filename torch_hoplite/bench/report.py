@@ -69,8 +69,9 @@ FRAMES_PAIRS = [("frames-{}_n8_emulated_1gbit.json", "1 and 16 MB, N = 8, 1 Gbit
 BUDGET_PAIRS = [("budget-{}_n8_emulated_1gbit.json", "1 MB, N = 8, 1 Gbit/s, common start, 15 trials, before then after")]
 BUDGET = "budget-cubic_n8_emulated_1gbit.json"  # the same with CUBIC, at 1 and 16 MB, N = 2 and 8
 # Frames of 1/128 of an object: the budget's CUBIC run again, and 64 MB (N = 4) and 256 MB (N = 8), before and after.
+FRAMES128_AFTER = "frames128-after_n8_emulated_1gbit.json"
 FRAMES128_PAIRS = [
-    ((BUDGET, "frames128-after_n8_emulated_1gbit.json"), "1 and 16 MB, N = 2 and 8, 15 trials, before then after"),
+    ((BUDGET, FRAMES128_AFTER), "1 and 16 MB, N = 8, 15 trials, before then after"),
     ("frames128-{}_n4_64mb_emulated_1gbit.json", "64 MB reduce, N = 4, 7 trials, before then after"),
     ("frames128-{}_n8_256mb_emulated_1gbit.json", "256 MB, N = 8, 5 trials, before then after"),
 ]
@@ -407,27 +408,35 @@ def _pair_tables(pairs: list[tuple[str | tuple[str, str], str]], caption: str, h
     return lines
 
 
-def node_split_table() -> list[str]:
-    def emulated(b: dict, a: dict) -> str:
-        return _row([b["op"], b["system"], _spread(b), _spread(a)])
+_KEY_CELLS: dict[str, Callable[[dict], str]] = {
+    "op": lambda r: r["op"], "N": lambda r: str(r["nodes"]), "size": lambda r: _size(r["size_bytes"]),
+    "system": lambda r: r["system"],
+}
 
+
+def _ideal_pair_tables(pairs: list[tuple[str | tuple[str, str], str]], keys: list[str],
+                       keep: Callable[[dict], bool] = lambda r: True) -> list[str]:
+    """_pair_tables of time over the ideal, with the `keys` columns (of _KEY_CELLS) naming each row."""
+    def row(b: dict, a: dict) -> str:
+        return _row([_KEY_CELLS[k](b) for k in keys] + [_spread(b), _spread(a)])
+
+    return _pair_tables(pairs, "Time over the ideal, median (fastest–slowest trial):", keys + ["before", "after"],
+                        keep, row)[:-1]
+
+
+def node_split_table() -> list[str]:
     def loopback(b: dict, a: dict) -> str:
         cells = [f"{_ms(x['median_s'])} ({_x(x['time_vs_gloo'])})" for x in (b, a)]
         return _row([b["op"], str(b["nodes"]), _size(b["size_bytes"])] + cells)
 
-    lines = _pair_tables(NODE_SPLIT_PAIRS, "Time over the ideal, median (fastest–slowest trial):",
-                         ["op", "system", "before", "after"], lambda r: True, emulated)
+    lines = _ideal_pair_tables(NODE_SPLIT_PAIRS, ["op", "system"]) + [""]
     lines += _pair_tables(NODE_SPLIT_LOOPBACK_PAIRS, "Median time, and time over gloo's in the same run:",
                           ["op", "N", "size", "before", "after"], lambda r: r["system"] == "hoplite", loopback)
     return lines[:-1]
 
 
 def frames_table() -> list[str]:
-    def emulated(b: dict, a: dict) -> str:
-        return _row([b["op"], _size(b["size_bytes"]), b["system"], _spread(b), _spread(a)])
-
-    return _pair_tables(FRAMES_PAIRS, "Time over the ideal, median (fastest–slowest trial):",
-                        ["op", "size", "system", "before", "after"], lambda r: True, emulated)[:-1]
+    return _ideal_pair_tables(FRAMES_PAIRS, ["op", "size", "system"])
 
 
 def budget_table() -> list[str]:
@@ -452,20 +461,11 @@ def budget_table() -> list[str]:
 
 
 def budget_targets_table() -> list[str]:
-    def emulated(b: dict, a: dict) -> str:
-        return _row([b["op"], str(b["nodes"]), b["system"], _spread(b), _spread(a)])
-
-    return _pair_tables(BUDGET_PAIRS, "Time over the ideal, median (fastest–slowest trial):",
-                        ["op", "N", "system", "before", "after"], lambda r: True, emulated)[:-1]
+    return _ideal_pair_tables(BUDGET_PAIRS, ["op", "N", "system"])
 
 
 def frames128_table() -> list[str]:
-    def emulated(b: dict, a: dict) -> str:
-        return _row([b["op"], str(b["nodes"]), _size(b["size_bytes"]), b["system"], _spread(b), _spread(a)])
-
-    return _pair_tables(FRAMES128_PAIRS, "Time over the ideal, median (fastest–slowest trial):",
-                        ["op", "N", "size", "system", "before", "after"],
-                        lambda r: r["nodes"] > 2, emulated)[:-1]
+    return _ideal_pair_tables(FRAMES128_PAIRS, ["op", "N", "size", "system"], lambda r: r["nodes"] > 2)
 
 
 def scale_table() -> list[str]:
@@ -664,7 +664,7 @@ def emulated_collectives_table() -> list[str]:
 
 def small_objects_line() -> list[str]:
     """The object store at 1 and 16 MB, N = 8, beside gloo: time over the ideal."""
-    res = result(FRAMES128_PAIRS[0][0][1])
+    res = result(FRAMES128_AFTER)
     cells = []
     for size in (MiB, 16 * MiB):
         at = ", ".join(f"{op} {_x(res.value('ratio_to_ideal', op=op, system='hoplite', nodes=8, size_bytes=size))} "
