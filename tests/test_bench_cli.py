@@ -120,6 +120,29 @@ def test_settling_after_the_barrier_is_recorded_and_not_timed(tmp_path):
         assert 0 < r["median_s"] < 0.15, r  # every rank slept 0.3 s before its call, outside the timing
 
 
+def test_a_traced_run_with_a_common_start_budgets_each_object_store_point(tmp_path):
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, "-m", "torch_hoplite.bench", "--nodes", "2", "--sizes", "256KB", "--ops",
+           "broadcast,reduce,allreduce", "--systems", "hoplite,gloo", "--trials", "2", "--warmup", "1", "--trace",
+           "--common-start", "0.3", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["settings"]["common_start_s"] == 0.3 and result["settings"]["trace"] is True
+    for r in result["records"]:
+        assert 0 < r["median_s"] < 0.15, r  # the 0.3 s before the common start is not timed
+        if r["system"] != "hoplite" or r["op"] == "allreduce":
+            assert "budget" not in r
+            continue
+        trials = r["budget"]["trials_ms"]
+        assert len(trials) == 2 and list(trials[0]) == r["budget"]["phases"]
+        for phases, seconds in zip(trials, r["times_s"]):
+            assert sum(phases.values()) == pytest.approx(seconds * 1e3)  # the phases make up the trial
+    assert (tmp_path / "out-budget.png").stat().st_size > 0
+    both = subprocess.run(cmd + ["--settle", "0.1"], capture_output=True, text=True, timeout=60)
+    assert both.returncode == 2 and "--common-start" in both.stderr
+
+
 def test_a_point_too_big_for_the_machine_is_refused_before_anything_starts():
     cmd = [sys.executable, "-m", "torch_hoplite.bench", "--nodes", "64", "--sizes", "1MB,1GB", "--ops", "allgather"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)

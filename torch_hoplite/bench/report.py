@@ -67,14 +67,17 @@ NODE_SPLIT_PAIRS = [
 FRAMES_PAIRS = [("frames-{}_n8_emulated_1gbit.json", "1 and 16 MB, N = 8, 1 Gbit/s, 7 trials, before then after")]
 # Issue #30's latency budget (--trace --common-start 0.05): before and after reduce steps follow the chunk.
 BUDGET_PAIRS = [("budget-{}_n8_emulated_1gbit.json", "1 MB, N = 8, 1 Gbit/s, common start, 15 trials, before then after")]
-BUDGET = "budget-cubic_n8_emulated_1gbit.json"  # the same with CUBIC, at 1 and 16 MB, N = 2 and 8
+BUDGET_CUBIC = "budget-cubic_n8_emulated_1gbit.json"  # the same with CUBIC, at 1 and 16 MB, N = 2 and 8
+BUDGET = "budget_n8_emulated_1gbit.json"  # again, with frames of 1/128 and the budget's final cut
 # Frames of 1/128 of an object: the budget's CUBIC run again, and 64 MB (N = 4) and 256 MB (N = 8), before and after.
 FRAMES128_AFTER = "frames128-after_n8_emulated_1gbit.json"
 FRAMES128_PAIRS = [
-    ((BUDGET, FRAMES128_AFTER), "1 and 16 MB, N = 8, 15 trials, before then after"),
+    ((BUDGET_CUBIC, FRAMES128_AFTER), "1 and 16 MB, N = 8, 15 trials, before then after"),
     ("frames128-{}_n4_64mb_emulated_1gbit.json", "64 MB reduce, N = 4, 7 trials, before then after"),
     ("frames128-{}_n8_256mb_emulated_1gbit.json", "256 MB, N = 8, 5 trials, before then after"),
 ]
+SCALE_16MB_FRAMES128 = "scale_16mb-frames128_emulated_250mbit.json"  # the same with frames of 1/128
+SCALE_64MB = "scale_64mb_emulated_250mbit.json"
 SCALE_16MB = "scale_16mb_emulated_250mbit.json"  # N = 4, 8, 16 at 250 Mbit/s (256 MB did not fit in memory at N = 16)
 # The same on loopback (one host, 2 cores; every hoplite byte read from a peer's memory).
 NODE_SPLIT_LOOPBACK_PAIRS = [
@@ -468,8 +471,8 @@ def frames128_table() -> list[str]:
     return _ideal_pair_tables(FRAMES128_PAIRS, ["op", "N", "size", "system"], lambda r: r["nodes"] > 2)
 
 
-def scale_table() -> list[str]:
-    return _ideal_grid(SCALE_16MB, [("hoplite", "torch_hoplite"), ("gloo", "gloo")],
+def scale_table(name: str) -> list[str]:
+    return _ideal_grid(name, [("hoplite", "torch_hoplite"), ("gloo", "gloo")],
                        ("hoplite", "hoplite time / gloo time"), ("cores (hoplite / gloo)", ["hoplite", "gloo"]))
 
 
@@ -719,7 +722,9 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("BENCH_README", "gpu-c10d", gpu_c10d_table),
     ("BENCH_README", "node-split", node_split_table),
     ("BENCH_README", "frames", frames_table),
-    ("BENCH_README", "scale", scale_table),
+    ("BENCH_README", "scale", functools.partial(scale_table, SCALE_16MB)),
+    ("BENCH_README", "scale-16mb-frames128", functools.partial(scale_table, SCALE_16MB_FRAMES128)),
+    ("BENCH_README", "scale-64mb", functools.partial(scale_table, SCALE_64MB)),
     ("BENCH_README", "budget", budget_table),
     ("BENCH_README", "budget-targets", budget_targets_table),
     ("BENCH_README", "frames128", frames128_table),
