@@ -10,8 +10,8 @@ namespace hoplite {
 // 64 KiB) for objects under 2 MiB. A relay chain of depth D ends D frames
 // after its source, so the fill costs D/chunks of the transfer: a 16 MB
 // broadcast in 64 frames took 1.13x the ideal on 8 emulated nodes, in 128
-// 1.08x. Frames under 128 KiB cost more CPU than the shorter fill saved for
-// the allreduce's pieces (benchmarks/README.md, "Frame size").
+// 1.08x. Smaller frames at 16 MB saved nothing more and cost CPU, and made
+// the allreduce's 2 MiB pieces slower (benchmarks/README.md, "Frame size").
 inline uint64_t chunkSize(uint64_t size, uint64_t configured) {
   if (configured > 0) return configured;
   uint64_t chunk = 128u << 10;
