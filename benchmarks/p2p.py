@@ -20,6 +20,10 @@ take the buffers they free).
              transport (HOPLITE_SAME_HOST=0, UCX_TLS=tcp unless set), in a
              pair of their own; listed when this build has UCX.
              Objects are deleted after each trial, outside the timed region.
+             "hoplite-completer-wait": hoplite with each get's future
+             waited for as a plain torch future, which the node's
+             completion thread completes: without the hand-off of the
+             outcome from the event loop straight to the waiting thread.
              "hoplite-kept": the same without deletes, as in a program that
              keeps its objects: each round trip leaves one more object per
              rank, so each takes one buffer of memory not used before (the
@@ -53,7 +57,7 @@ import torch.distributed.rpc as rpc
 
 from torch_hoplite.bench import common
 
-SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-kept", "gloo", "gloo-fresh", "gloo-kept", "hoplite-tcp",
+SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-completer-wait", "hoplite-kept", "gloo", "gloo-fresh", "gloo-kept", "hoplite-tcp",
            "hoplite-tcp-zero-copy", "torch-rpc"]
 TCP_ONLY = ("hoplite-tcp", "hoplite-tcp-zero-copy")  # nodes started with same_host=False
 FRESH_MEMORY = ("hoplite-kept", "gloo-fresh", "gloo-kept")  # receive into memory not used before
@@ -78,10 +82,12 @@ def _echo(t: torch.Tensor) -> torch.Tensor:
 
 
 class Hoplite:
-    def __init__(self, zero_copy: bool, kept: bool = False):
+    def __init__(self, zero_copy: bool, kept: bool = False, completer_wait: bool = False):
         self.copy = not zero_copy
         self.kept = kept
-        self.prefix = "zc" if zero_copy else "kept" if kept else "cp"
+        self.prefix = "zc" if zero_copy else "kept" if kept else "cw" if completer_wait else "cp"
+        # torch's own wait(): the completion thread completes the future (no hand-off to the waiter)
+        self.wait = torch.futures.Future.wait if completer_wait else (lambda fut: fut.wait())
         self.i = 0
 
     def round_trip(self, rank: int, x: torch.Tensor, buf: torch.Tensor) -> Optional[torch.Tensor]:
@@ -91,8 +97,8 @@ class Hoplite:
         ping, pong = f"{self.prefix}-ping-{self.i}", f"{self.prefix}-pong-{self.i}"
         if rank == 0:
             hop.put(x, ping, copy=self.copy)
-            return hop.get(pong, copy=self.copy).wait()
-        y = hop.get(ping, copy=self.copy).wait()
+            return self.wait(hop.get(pong, copy=self.copy))
+        y = self.wait(hop.get(ping, copy=self.copy))
         hop.put(y, pong, copy=self.copy)
         return None
 
@@ -150,7 +156,8 @@ def worker(rank, port, rpc_port, systems, sizes, warmup, minimum, queue):
     if "torch-rpc" in systems:
         opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{rpc_port}", rpc_timeout=600)
         rpc.init_rpc(f"w{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
-    impls = {s: Hoplite(zero_copy=s.endswith("-zero-copy"), kept=s == "hoplite-kept")
+    impls = {s: Hoplite(zero_copy=s.endswith("-zero-copy"), kept=s == "hoplite-kept",
+                        completer_wait=s == "hoplite-completer-wait")
              for s in systems if s.startswith("hoplite")}
     impls.update(gloo=Gloo(), **{"gloo-fresh": Gloo(fresh=True), "gloo-kept": Gloo(kept=True), "torch-rpc": TorchRpc()})
     results = {}

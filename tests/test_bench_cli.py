@@ -175,7 +175,7 @@ def test_p2p_benchmark_runs_every_system(tmp_path):
     run succeeds, which it does only if every trial's echo equals what was sent
     (a patterned tensor; p2p.py compares them outside the timed region)."""
     out = tmp_path / "p2p"
-    systems = "hoplite,gloo,torch-rpc,hoplite-kept,gloo-fresh,gloo-kept"
+    systems = "hoplite,gloo,torch-rpc,hoplite-kept,gloo-fresh,gloo-kept,hoplite-completer-wait"
     cmd = [sys.executable, "benchmarks/p2p.py", "--sizes", "1MB", "--systems", systems, "--trials", "2", "--warmup", "1",
            "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -1,6 +1,7 @@
 """put / get / delete across real processes (4 ranks on localhost)."""
 
 import pickle
+import threading
 import time
 
 import pytest
@@ -143,6 +144,31 @@ def test_get_waits_for_a_later_put(cluster4):
     time.sleep(0.3)
     hop.put(torch.full((10,), 4.0), "later")
     assert torch.equal(pending.result(), torch.full((10,), 4.0))
+
+
+def test_a_waited_get_completes_on_the_waiting_thread_and_every_waiter_gets_it(cluster4):
+    pending = cluster4.submit(2, workers.put_after, 0.3, torch.full((300_000,), 5.0), "waited")
+    fut = hop.get("waited", timeout=30)
+    completed_on = []
+    fut.then(lambda f: completed_on.append(threading.get_ident()))
+    others = [None, None]
+
+    def wait_too(i):
+        others[i] = fut.wait()
+
+    threads = [threading.Thread(target=wait_too, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    got = fut.wait()
+    for t in threads:
+        t.join(timeout=30)
+    pending.result()
+    want = torch.full((300_000,), 5.0)
+    assert torch.equal(got, want) and all(torch.equal(o, want) for o in others)
+    # The loop handed the outcome to one of the waiting threads, which ran the callback
+    # (through the completion thread it would have run there, on a thread Python never started).
+    assert completed_on and completed_on[0] in {threading.get_ident()} | {t.ident for t in threads}
+    hop.delete("waited")
 
 
 def test_four_processes_exchange_with_each_other(cluster4):

@@ -124,7 +124,7 @@ def test_broadcast_budget_follows_the_last_receiver_and_sums_to_the_trial():
         "first bytes (sender's own copy filling: pipeline fill)": 10,
         "remaining bytes": 150,
         "completion on the event loop": 10,
-        "hand-off to the completion thread": 4,
+        "hand-off to the thread completing the future": 4,
         "hand-off back to Python": 6,
         latency_budget.LAST_PHASE: 10,
     }
@@ -154,5 +154,5 @@ def test_reduce_budget_ends_at_the_callers_get():
     assert b["first bytes of the result (tree fill)"] == pytest.approx(0.005)
     assert b["remaining bytes of the result"] == pytest.approx(0.013)
     assert b["get of the result completes"] == pytest.approx(0.001)
-    assert b["hand-off to the completion thread"] == pytest.approx(0.002)
+    assert b["hand-off to the thread completing the future"] == pytest.approx(0.002)
     assert b["link estimate (probes when stale)"] == 0.0

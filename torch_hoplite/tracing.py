@@ -27,7 +27,7 @@ STEPS = {
     "get.lookup": "get: lookup sent, on the event loop",
     "get.located": "get: the shard's answer arrived (peer: the sender it assigned)",
     "get.done": "get: completion handed back to the caller",
-    "get.delivered": "get: its future completed (on the node's completion thread, or the caller's when served at once)",
+    "get.delivered": "get: its future completed (on the thread waiting for it, else the node's completion thread)",
     "shard.lookup": "shard: a lookup arrived (peer: the asker)",
     "shard.answer": "shard: its answer leaves (peer: the asker)",
     "pull.sent": "pull request sent (peer: the holder)",

@@ -20,7 +20,7 @@ enum class Step : uint8_t {
   kGetLookup,       // get: on the loop, lookup sent
   kGetLocated,      // get: the shard's answer (peer: the sender it assigned)
   kGetDone,         // get: completion handed back to the caller
-  kGetDelivered,    // get: its future completed (Python API; on the completion thread, or the caller's when served at once)
+  kGetDelivered,    // get: its future completed (Python API; on the thread waiting for it, else the completion thread)
   kShardLookup,     // shard: a lookup arrived (peer: the asker)
   kShardAnswer,     // shard: its answer leaves (peer: the asker; waits for a put or a free sender)
   kPullSent,        // pull request sent (peer: the holder)

@@ -291,6 +291,7 @@ void Node::onLookupReply(Connection&, const wire::LookupReply& msg) {
 // ---------------------------------------------------------------- completions, stats, shutdown
 
 void Node::pushCompletion(Completion c) {
+  if (directCompletion_ && directCompletion_(c)) return;
   {
     std::lock_guard<std::mutex> lock(completionMutex_);
     completions_.push_back(std::move(c));

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -132,6 +133,11 @@ class Node : private PeerEvents, private ReduceServices {
   TaggedMessenger& messenger() { return *mailbox_; }
   // Waits up to `timeoutSeconds` for completions; false once shut down and drained.
   bool waitCompletions(std::vector<Completion>* out, double timeoutSeconds);
+  // Offers each completion to `handler` first, on the thread that completes
+  // it (the loop, mostly): what it takes (returns true for) is not queued for
+  // waitCompletions. It must be quick and must not call into the node. Set
+  // before the first operation.
+  void setDirectCompletion(std::function<bool(Completion&)> handler) { directCompletion_ = std::move(handler); }
   std::map<std::string, uint64_t> stats();
   void shutdown();
 
@@ -221,6 +227,7 @@ class Node : private PeerEvents, private ReduceServices {
   // Loop-thread state.
   bool shuttingDown_ = false;
 
+  std::function<bool(Completion&)> directCompletion_;
   std::mutex completionMutex_;
   std::condition_variable completionCv_;
   std::deque<Completion> completions_;

@@ -139,6 +139,7 @@ PYBIND11_MODULE(_C, m) {
       .def("get", &NodeHandle::get, py::arg("id"), py::arg("timeout"), py::arg("copy"), py::arg("future"),
            py::arg("out") = py::none(), py::arg("out_dtype") = "", py::arg("cuda_device") = -1,
            py::arg("source") = -1)
+      .def("wait_get", &NodeHandle::waitGet, py::arg("token"), py::arg("timeout"))
       .def(
           "delete",
           [](NodeHandle& h, const py::bytes& id, double timeout) {

@@ -16,6 +16,7 @@
 #include <pthread.h>
 
 #include <condition_variable>
+#include <optional>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -59,12 +60,15 @@ std::shared_ptr<Buffer> borrow(const at::Tensor& tensor) {
 
 // A get waiting for its completion: its future, the tensor it fills if the
 // caller passed one (get(out=...)) or the device tensor it fills, and the
-// object's id (for its traced step).
+// object's id (for its traced step). A thread blocked in waitGet takes its
+// completion straight from the loop (`ready`), one thread hop instead of two.
 struct PendingGet {
   c10::intrusive_ptr<c10::ivalue::Future> fut;
   at::Tensor out;
   std::shared_ptr<TensorTarget> device;
   std::string id;
+  bool waiter = false;
+  std::optional<Completion> ready;
 };
 
 #ifdef HOPLITE_WITH_CUDA
@@ -126,6 +130,7 @@ struct NodeHandle::State {
   };
   std::mutex mutex;
   std::condition_variable putDone;
+  std::condition_variable getReady;  // a waited get's completion arrived, or the get is gone
   uint64_t nextToken = 1;
   std::unordered_map<uint64_t, PendingGet> gets;
   std::unordered_map<uint64_t, Put> puts;
@@ -137,10 +142,16 @@ struct NodeHandle::State {
 void completeLoop(Node& node, NodeHandle::State& state);
 // Completes the future of a get, or releases the source of a finished put.
 void deliver(NodeHandle::State& state, Completion c);
+// Hands a get's completion to the thread waiting for it in waitGet, if any.
+bool handToWaiter(NodeHandle::State& state, Completion& c);
 
 NodeHandle::NodeHandle(const NodeConfig& config)
     : node_(std::make_shared<Node>(config)), state_(std::make_shared<State>()) {
   state_->errorFromStatus = py::module_::import("torch_hoplite.errors").attr("error_from_status");
+  node_->setDirectCompletion([state = std::weak_ptr<State>(state_)](Completion& c) {
+    auto s = state.lock();
+    return s && handToWaiter(*s, c);
+  });
   state_->completer = std::thread([node = node_, state = state_] { completeLoop(*node, *state); });
   ::pthread_setname_np(state_->completer.native_handle(), "hoplite-done");
 #ifdef HOPLITE_WITH_CUDA
@@ -228,8 +239,8 @@ py::object NodeHandle::empty(int64_t numel, const std::string& dtype) {
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(tensor)));
 }
 
-void NodeHandle::get(const py::bytes& id, double timeout, bool copy, const py::object& future, const py::object& out,
-                     const std::string& outDtype, int cudaDevice, int source) {
+uint64_t NodeHandle::get(const py::bytes& id, double timeout, bool copy, const py::object& future, const py::object& out,
+                         const std::string& outDtype, int cudaDevice, int source) {
   auto wrapper = future.cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>();
   std::string key = id;
   PendingGet pending{wrapper->fut, at::Tensor(), nullptr, key};
@@ -265,11 +276,34 @@ void NodeHandle::get(const py::bytes& id, double timeout, bool copy, const py::o
   }
   Completion now;
   try {
-    if (!node_->get(key, timeout, copy, token, &now, targeted ? &target : nullptr, source)) return;
+    if (!node_->get(key, timeout, copy, token, &now, targeted ? &target : nullptr, source)) return token;
   } catch (const std::exception& e) {
     now = Completion{token, Completion::Kind::kGet, Status(Code::kInternal, e.what()), nullptr, {}};
   }
   deliver(*state_, std::move(now));  // served at once, or failed
+  return token;
+}
+
+void NodeHandle::waitGet(uint64_t token, double timeout) {
+  py::gil_scoped_release release;
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  auto it = state_->gets.find(token);
+  if (it == state_->gets.end() || it->second.waiter) return;  // delivered already, or another thread waits
+  it->second.waiter = true;
+  auto arrived = [&] {
+    it = state_->gets.find(token);
+    return it == state_->gets.end() || it->second.ready.has_value();
+  };
+  if (!state_->getReady.wait_for(lock, std::chrono::duration<double>(timeout), arrived)) {
+    it->second.waiter = false;  // the completer thread delivers it
+    return;
+  }
+  if (it == state_->gets.end()) return;  // delivered by the completer thread, or failed by shutdown
+  PendingGet get = std::move(it->second);
+  state_->gets.erase(it);
+  lock.unlock();
+  Completion c = std::move(*get.ready);
+  complete(get, std::move(c), state_->errorFromStatus);
 }
 
 void completeLoop(Node& node, NodeHandle::State& state) {
@@ -278,6 +312,18 @@ void completeLoop(Node& node, NodeHandle::State& state) {
     for (auto& c : batch) deliver(state, std::move(c));
     batch.clear();
   }
+}
+
+bool handToWaiter(NodeHandle::State& state, Completion& c) {
+  if (c.kind != Completion::Kind::kGet) return false;
+  {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    auto it = state.gets.find(c.token);
+    if (it == state.gets.end() || !it->second.waiter) return false;
+    it->second.ready = std::move(c);
+  }
+  state.getReady.notify_all();
+  return true;
 }
 
 void deliver(NodeHandle::State& state, Completion c) {
@@ -301,6 +347,7 @@ void deliver(NodeHandle::State& state, Completion c) {
   PendingGet get = std::move(it->second);
   state.gets.erase(it);
   lock.unlock();
+  state.getReady.notify_all();  // a waiter that came too late for this one stops waiting
   complete(get, std::move(c), state.errorFromStatus);
 }
 
@@ -338,9 +385,12 @@ void NodeHandle::shutdown() {
       }
     }
     state_->putDone.notify_all();
+    state_->getReady.notify_all();
     for (auto& [token, get] : left) {
-      complete(get, Completion{token, Completion::Kind::kGet, Status(Code::kShutdown, "node shut down"), nullptr, {}},
-               state_->errorFromStatus);
+      Completion c = get.ready ? std::move(*get.ready)
+                               : Completion{token, Completion::Kind::kGet, Status(Code::kShutdown, "node shut down"),
+                                            nullptr, {}};
+      complete(get, std::move(c), state_->errorFromStatus);
     }
   }
 }

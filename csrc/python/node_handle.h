@@ -1,6 +1,7 @@
 // The node as Python sees it. Completes torch futures and releases put sources
 // from a C++ thread, so a finished get reaches a waiting Python thread without
-// a hop through a Python thread (measured here: ~110 us per get saved).
+// a hop through a Python thread (measured here: ~110 us per get saved); a
+// thread blocked in the future's wait() takes the outcome from the loop itself.
 // Torch headers stay in node_handle.cpp; this header is pybind11-only.
 #pragma once
 
@@ -29,8 +30,14 @@ class NodeHandle {
   // or None) the bytes land in `out`, which the future then gives back.
   // cudaDevice >= 0: the tensor is on that CUDA device (CUDA builds).
   // source >= 0: the rank to pull from if it holds a copy (Node::get).
-  void get(const pybind11::bytes& id, double timeout, bool copy, const pybind11::object& future,
-           const pybind11::object& out, const std::string& outDtype, int cudaDevice, int source);
+  // Returns the get's token, for waitGet.
+  uint64_t get(const pybind11::bytes& id, double timeout, bool copy, const pybind11::object& future,
+               const pybind11::object& out, const std::string& outDtype, int cudaDevice, int source);
+  // Blocks (GIL released) until get `token` completes, up to `timeout`, and
+  // completes its future on this thread: the loop hands the outcome straight
+  // here instead of through the completer thread. Returns at once if the get
+  // was delivered already or another thread waits for it.
+  void waitGet(uint64_t token, double timeout);
   // A 1-D CPU tensor of `numel` elements of `dtype` over a buffer of the
   // node's pool (returned to it when the tensor is freed): contents undefined.
   pybind11::object empty(int64_t numel, const std::string& dtype);

@@ -35,7 +35,7 @@ BROADCAST_PHASES = [
     "first bytes (sender's own copy filling: pipeline fill)",
     "remaining bytes",
     "completion on the event loop",
-    "hand-off to the completion thread",
+    "hand-off to the thread completing the future",
     "hand-off back to Python",
     LAST_PHASE,
 ]
@@ -51,7 +51,7 @@ REDUCE_PHASES = [
     "first bytes of the result (tree fill)",
     "remaining bytes of the result",
     "get of the result completes",
-    "hand-off to the completion thread",
+    "hand-off to the thread completing the future",
     "hand-off back to Python",
     LAST_PHASE,
 ]
