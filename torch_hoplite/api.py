@@ -200,7 +200,7 @@ def delete(ref: Union[ObjectRef, ObjectId], timeout: Optional[float] = None) -> 
     Raises ObjectNotFoundError for an unknown id, ObjectDeletedError if it was
     deleted already.
     """
-    _rt().delete(id_of(ref), timeout)
+    _rt().delete([id_of(ref)], timeout)
 
 
 def subscribe(ref: Union[ObjectRef, ObjectId]) -> Subscription:

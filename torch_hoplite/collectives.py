@@ -272,8 +272,8 @@ def allreduce(
         futures = [api.get(out, timeout=timeout, out=piece, source=source)
                    for out, piece, source in zip(outputs, result.tensor_split(len(pieces)), sources)]
         torch.futures.wait_all(futures)
-    for j in range(len(pieces)):  # every piece is reduced, so every input was consumed
-        api.delete(inputs[j][me], timeout=timeout)
+    # Every piece is reduced, so every input was consumed.
+    rt.delete([inputs[j][me] for j in range(len(pieces))], timeout)
     _release_when_all_done(key, members, me, [outputs[j] for j in range(me, len(pieces), n)], timeout)
     return result.view(tensor.shape)
 
@@ -294,12 +294,11 @@ def _release_when_all_done(key: bytes, members: list[int], me: int, owned: list[
 
 
 def _delete_all(ids: list[bytes]) -> None:
-    """Runs on the node's completion thread; failures only mean nothing is left to free."""
-    for obj in ids:
-        try:
-            api.delete(obj)
-        except Exception as e:  # noqa: BLE001
-            _log.debug("allreduce cleanup of %r: %s", obj, e)
+    """Runs on the node's completion thread; a failure only means something was not left to free."""
+    try:
+        api._rt().delete(ids, None)
+    except Exception as e:  # noqa: BLE001
+        _log.debug("allreduce cleanup of %r: %s", ids, e)
 
 
 def gather(refs: Sequence[Union[ObjectRef, ObjectId]], timeout: Optional[float] = None) -> list[torch.Tensor]:

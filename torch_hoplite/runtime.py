@@ -108,8 +108,9 @@ class Runtime:
                                    -1 if source is None else source)
         return fut
 
-    def delete(self, obj_id: ObjectId, timeout: Optional[float]) -> None:
-        code, message = self.node.delete(id_bytes(obj_id), self.timeout(timeout))
+    def delete(self, obj_ids: list[ObjectId], timeout: Optional[float]) -> None:
+        """Deletes them all, the requests at once; raises the first failure."""
+        code, message = self.node.delete([id_bytes(i) for i in obj_ids], self.timeout(timeout))
         if code != 0:
             raise error_from_status(code, message)
 

@@ -115,7 +115,9 @@ class Node : private PeerEvents, private ReduceServices {
   // otherwise, and after any failure.
   bool get(const std::string& id, double timeoutSeconds, bool copy, uint64_t token, Completion* now,
            const GetTarget* target = nullptr, int source = -1);
-  Status remove(const std::string& id, double timeoutSeconds);
+  // Deletes every object of `ids` and every copy of them; the requests go out
+  // at once. The outcome is the first failure in the order of `ids`, if any.
+  Status remove(const std::vector<std::string>& ids, double timeoutSeconds);
   // Starts a streaming reduce (reduce/coordinator.h) and returns once its inputs are
   // chosen and every tree position has registered its output: the result
   // object then exists and fills as the reduce streams. This node coordinates
@@ -193,6 +195,8 @@ class Node : private PeerEvents, private ReduceServices {
   }
 
   // --- its copies (node_objects.cpp) ---
+  // Loop thread: asks the shard to delete `id` everywhere; `done` gets the outcome.
+  void deleteOne(const std::string& id, std::function<void(const Status&)> done);
   void handleDropCopy(Connection& conn, const wire::DropCopy& msg);
   void serveParkedPulls(const std::shared_ptr<LocalObject>& obj) override { server_->serveParkedPulls(obj); }
   void dropLocalCopy(const std::string& id, const Status& why) override;

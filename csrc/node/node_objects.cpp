@@ -150,26 +150,46 @@ void Node::copyIn(std::shared_ptr<LocalObject> obj, const uint8_t* src, std::sha
 
 // ---------------------------------------------------------------- delete
 
-Status Node::remove(const std::string& id, double timeoutSeconds) {
-  Status s = validateId(id);
-  if (!s.ok()) return s;
-  if (stopped()) return Status(Code::kShutdown, "delete of object " + printableId(id) + ": node is shut down");
-  auto deleted = startOnLoop(loop_, [this, id](std::function<void(Status)> done) {
-    directory_->requestDelete(id, /*retract=*/false, [this, id, done](const Status& s) {
-      // The directory forgot this node's copy (its peers took this process
-      // for failed while it was stalled, before it listed its copies again):
-      // dropping the copy is the delete.
-      auto obj = s.code == Code::kNotFound ? store_->find(id) : nullptr;
-      if (obj && !obj->failed()) {
-        dropLocalCopy(id, Status(Code::kDeleted, "object " + printableId(id) + " was deleted"));
-        // Again, after any listing of this copy (or another holder's) that was on its way.
-        directory_->deleteEverywhere(id);
-        return done(Status());
-      }
-      done(s);
-    });
+Status Node::remove(const std::vector<std::string>& ids, double timeoutSeconds) {
+  for (const auto& id : ids) {
+    Status s = validateId(id);
+    if (!s.ok()) return s;
+  }
+  if (ids.empty()) return Status();
+  const std::string what = ids.size() == 1 ? "object " + printableId(ids[0]) : std::to_string(ids.size()) + " objects";
+  if (stopped()) return Status(Code::kShutdown, "delete of " + what + ": node is shut down");
+  // Every request at once: one round trip for all, not one each.
+  auto deleted = startOnLoop(loop_, [this, ids](std::function<void(Status)> done) {
+    auto outcomes = std::make_shared<std::vector<Status>>(ids.size());
+    auto left = std::make_shared<size_t>(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      deleteOne(ids[i], [outcomes, left, i, done](const Status& s) {
+        (*outcomes)[i] = s;
+        if (--*left > 0) return;
+        for (const Status& outcome : *outcomes) {
+          if (!outcome.ok()) return done(outcome);  // the first failure, in the order asked
+        }
+        done(Status());
+      });
+    }
   });
-  return awaitStatus(deleted, timeoutSeconds, "deleting object " + printableId(id));
+  return awaitStatus(deleted, timeoutSeconds, "deleting " + what);
+}
+
+void Node::deleteOne(const std::string& id, std::function<void(const Status&)> done) {
+  directory_->requestDelete(id, /*retract=*/false, [this, id, done = std::move(done)](const Status& s) {
+    // The directory forgot this node's copy (its peers took this process
+    // for failed while it was stalled, before it listed its copies again):
+    // dropping the copy is the delete.
+    auto obj = s.code == Code::kNotFound ? store_->find(id) : nullptr;
+    if (obj && !obj->failed()) {
+      dropLocalCopy(id, Status(Code::kDeleted, "object " + printableId(id) + " was deleted"));
+      // Again, after any listing of this copy (or another holder's) that was on its way.
+      directory_->deleteEverywhere(id);
+      return done(Status());
+    }
+    done(s);
+  });
 }
 
 // ---------------------------------------------------------------- dropping copies

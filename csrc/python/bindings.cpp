@@ -142,16 +142,16 @@ PYBIND11_MODULE(_C, m) {
       .def("wait_get", &NodeHandle::waitGet, py::arg("token"), py::arg("timeout"))
       .def(
           "delete",
-          [](NodeHandle& h, const py::bytes& id, double timeout) {
-            std::string key = id;
+          [](NodeHandle& h, const std::vector<py::bytes>& ids, double timeout) {
+            std::vector<std::string> keys(ids.begin(), ids.end());
             Status s;
             {
               py::gil_scoped_release release;
-              s = h.node().remove(key, timeout);
+              s = h.node().remove(keys, timeout);
             }
             return py::make_tuple(static_cast<int>(s.code), s.message);
           },
-          py::arg("id"), py::arg("timeout"))
+          py::arg("ids"), py::arg("timeout"))
       .def("reduce", &reduce, py::arg("result_id"), py::arg("input_ids"), py::arg("count"), py::arg("op"),
            py::arg("degree"), py::arg("timeout"), py::arg("ordered") = false)
       .def("reduce_outcome", &reduceOutcome, py::arg("result_id"), py::arg("timeout"))
