@@ -147,7 +147,8 @@ def test_get_waits_for_a_later_put(cluster4):
 
 
 def test_a_waited_get_completes_on_the_waiting_thread_and_every_waiter_gets_it(cluster4):
-    pending = cluster4.submit(2, workers.put_after, 0.3, torch.full((300_000,), 5.0), "waited")
+    # The put comes a second later: every waiting thread is in wait() by then.
+    pending = cluster4.submit(2, workers.put_after, 1.0, torch.full((300_000,), 5.0), "waited")
     fut = hop.get("waited", timeout=30)
     completed_on = []
     fut.then(lambda f: completed_on.append(threading.get_ident()))
@@ -167,7 +168,7 @@ def test_a_waited_get_completes_on_the_waiting_thread_and_every_waiter_gets_it(c
     assert torch.equal(got, want) and all(torch.equal(o, want) for o in others)
     # The loop handed the outcome to one of the waiting threads, which ran the callback
     # (through the completion thread it would have run there, on a thread Python never started).
-    assert completed_on and completed_on[0] in {threading.get_ident()} | {t.ident for t in threads}
+    assert len(completed_on) == 1 and completed_on[0] in {threading.get_ident()} | {t.ident for t in threads}
     hop.delete("waited")
 
 

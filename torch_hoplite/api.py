@@ -143,6 +143,11 @@ def get(
     instead of the holder the directory would choose; it is a hint: a rank
     that gets no copy within 5 s, or fails, is replaced by the directory's choice.
 
+    The future is completed by the thread blocked in its ``wait()`` if there is
+    one (the node hands it the outcome; callbacks added with ``then()`` before
+    then run there, before ``wait()`` returns), else by the node's completion
+    thread, where callbacks must not block on other gets.
+
     The future fails with HopliteTimeoutError (a TimeoutError),
     ObjectDeletedError, PeerFailedError, CapacityError or InvalidArgumentError
     (`out` does not fit the object); messages name the object and the peer involved.

@@ -294,7 +294,8 @@ def _release_when_all_done(key: bytes, members: list[int], me: int, owned: list[
 
 
 def _delete_all(ids: list[bytes]) -> None:
-    """Runs on the node's completion thread; a failure only means something was not left to free."""
+    """Runs where the last marker's future completes (the node's completion
+    thread); a failure only means something was not left to free."""
     try:
         api._rt().delete(ids, None)
     except Exception as e:  # noqa: BLE001

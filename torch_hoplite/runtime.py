@@ -20,14 +20,15 @@ from torch_hoplite.object_ref import ObjectId, ObjectRef, id_bytes
 class _GetFuture(torch.futures.Future):
     """A get's future. Its wait() takes the outcome straight from the node's
     event loop on the waiting thread, a thread hop less than through the node's
-    completion thread (which still completes it for callbacks and other waits)."""
+    completion thread, which completes it otherwise; callbacks added before
+    then run on the waiting thread, before wait() returns."""
 
     # The loop completes the get by its own timeout; this is only a bound.
     _WAIT_MARGIN_S = 5.0
 
     def wait(self):
         if not self.done():
-            self._node.wait_get(self._token, self._timeout + self._WAIT_MARGIN_S)
+            self._waiter.wait(self._token, self._timeout + self._WAIT_MARGIN_S)
         return super().wait()
 
 
@@ -63,6 +64,7 @@ class Runtime:
                 "same_host": config.same_host,
             }
         )
+        self._get_waiter = self.node.get_waiter()  # what get futures wait with, without holding the node
         self.address = (self.node.host, self.node.port)
         try:
             for r, (peer_host, peer_port) in rendezvous.exchange_addresses(*self.address).items():
@@ -103,7 +105,7 @@ class Runtime:
         fut = _GetFuture(devices=[device] if cuda else None)
         out_dtype = "" if out is None else dtype_name(out.dtype)
         cuda_device = device.index if cuda else -1
-        fut._node, fut._timeout = self.node, self.timeout(timeout)
+        fut._waiter, fut._timeout = self._get_waiter, self.timeout(timeout)
         fut._token = self.node.get(id_bytes(obj_id), fut._timeout, copy, fut, out, out_dtype, cuda_device,
                                    -1 if source is None else source)
         return fut

@@ -126,6 +126,8 @@ PYBIND11_MODULE(_C, m) {
 #endif
   m.attr("wire_version") = hoplite::wire::kVersion;  // for tests and tools that speak the protocol by hand
 
+  py::class_<hoplite::GetWaiter>(m, "GetWaiter")
+      .def("wait", &hoplite::GetWaiter::wait, py::arg("token"), py::arg("timeout"));
   py::class_<NodeHandle>(m, "Node")
       .def(py::init([](const py::dict& config) { return std::make_unique<NodeHandle>(configFromDict(config)); }))
       .def_property_readonly("host", [](NodeHandle& h) { return h.node().host(); })
@@ -139,7 +141,7 @@ PYBIND11_MODULE(_C, m) {
       .def("get", &NodeHandle::get, py::arg("id"), py::arg("timeout"), py::arg("copy"), py::arg("future"),
            py::arg("out") = py::none(), py::arg("out_dtype") = "", py::arg("cuda_device") = -1,
            py::arg("source") = -1)
-      .def("wait_get", &NodeHandle::waitGet, py::arg("token"), py::arg("timeout"))
+      .def("get_waiter", &NodeHandle::getWaiter)
       .def(
           "delete",
           [](NodeHandle& h, const std::vector<py::bytes>& ids, double timeout) {

@@ -60,14 +60,15 @@ std::shared_ptr<Buffer> borrow(const at::Tensor& tensor) {
 
 // A get waiting for its completion: its future, the tensor it fills if the
 // caller passed one (get(out=...)) or the device tensor it fills, and the
-// object's id (for its traced step). A thread blocked in waitGet takes its
-// completion straight from the loop (`ready`), one thread hop instead of two.
+// object's id (for its traced step). A thread blocked in GetWaiter::wait
+// takes its completion straight from the loop (`ready`), one thread hop
+// instead of two; `wake` is set while it waits.
 struct PendingGet {
   c10::intrusive_ptr<c10::ivalue::Future> fut;
   at::Tensor out;
   std::shared_ptr<TensorTarget> device;
   std::string id;
-  bool waiter = false;
+  std::shared_ptr<std::condition_variable> wake;
   std::optional<Completion> ready;
 };
 
@@ -130,7 +131,6 @@ struct NodeHandle::State {
   };
   std::mutex mutex;
   std::condition_variable putDone;
-  std::condition_variable getReady;  // a waited get's completion arrived, or the get is gone
   uint64_t nextToken = 1;
   std::unordered_map<uint64_t, PendingGet> gets;
   std::unordered_map<uint64_t, Put> puts;
@@ -142,7 +142,7 @@ struct NodeHandle::State {
 void completeLoop(Node& node, NodeHandle::State& state);
 // Completes the future of a get, or releases the source of a finished put.
 void deliver(NodeHandle::State& state, Completion c);
-// Hands a get's completion to the thread waiting for it in waitGet, if any.
+// Hands a get's completion to the thread waiting for it in GetWaiter::wait, if any.
 bool handToWaiter(NodeHandle::State& state, Completion& c);
 
 NodeHandle::NodeHandle(const NodeConfig& config)
@@ -284,18 +284,26 @@ uint64_t NodeHandle::get(const py::bytes& id, double timeout, bool copy, const p
   return token;
 }
 
-void NodeHandle::waitGet(uint64_t token, double timeout) {
+GetWaiter NodeHandle::getWaiter() const { return GetWaiter(state_); }
+
+GetWaiter::GetWaiter(std::shared_ptr<NodeHandle::State> state) : state_(std::move(state)) {}
+
+void GetWaiter::wait(uint64_t token, double timeout) {
   py::gil_scoped_release release;
+  // The completer thread itself must not wait here for a completion it has
+  // yet to deliver (a future's callback waiting for another get).
+  if (std::this_thread::get_id() == state_->completer.get_id()) return;
   std::unique_lock<std::mutex> lock(state_->mutex);
   auto it = state_->gets.find(token);
-  if (it == state_->gets.end() || it->second.waiter) return;  // delivered already, or another thread waits
-  it->second.waiter = true;
+  if (it == state_->gets.end() || it->second.wake) return;  // delivered already, or another thread waits
+  auto wake = std::make_shared<std::condition_variable>();
+  it->second.wake = wake;
   auto arrived = [&] {
     it = state_->gets.find(token);
     return it == state_->gets.end() || it->second.ready.has_value();
   };
-  if (!state_->getReady.wait_for(lock, std::chrono::duration<double>(timeout), arrived)) {
-    it->second.waiter = false;  // the completer thread delivers it
+  if (!wake->wait_for(lock, std::chrono::duration<double>(timeout), arrived)) {
+    it->second.wake.reset();  // the completer thread delivers it
     return;
   }
   if (it == state_->gets.end()) return;  // delivered by the completer thread, or failed by shutdown
@@ -316,13 +324,15 @@ void completeLoop(Node& node, NodeHandle::State& state) {
 
 bool handToWaiter(NodeHandle::State& state, Completion& c) {
   if (c.kind != Completion::Kind::kGet) return false;
+  std::shared_ptr<std::condition_variable> wake;
   {
     std::lock_guard<std::mutex> lock(state.mutex);
     auto it = state.gets.find(c.token);
-    if (it == state.gets.end() || !it->second.waiter) return false;
+    if (it == state.gets.end() || !it->second.wake) return false;
     it->second.ready = std::move(c);
+    wake = it->second.wake;
   }
-  state.getReady.notify_all();
+  wake->notify_one();
   return true;
 }
 
@@ -347,7 +357,7 @@ void deliver(NodeHandle::State& state, Completion c) {
   PendingGet get = std::move(it->second);
   state.gets.erase(it);
   lock.unlock();
-  state.getReady.notify_all();  // a waiter that came too late for this one stops waiting
+  if (get.wake) get.wake->notify_one();  // a waiter that came too late for this one stops waiting
   complete(get, std::move(c), state.errorFromStatus);
 }
 
@@ -385,8 +395,8 @@ void NodeHandle::shutdown() {
       }
     }
     state_->putDone.notify_all();
-    state_->getReady.notify_all();
     for (auto& [token, get] : left) {
+      if (get.wake) get.wake->notify_one();
       Completion c = get.ready ? std::move(*get.ready)
                                : Completion{token, Completion::Kind::kGet, Status(Code::kShutdown, "node shut down"),
                                             nullptr, {}};

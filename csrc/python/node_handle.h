@@ -30,14 +30,11 @@ class NodeHandle {
   // or None) the bytes land in `out`, which the future then gives back.
   // cudaDevice >= 0: the tensor is on that CUDA device (CUDA builds).
   // source >= 0: the rank to pull from if it holds a copy (Node::get).
-  // Returns the get's token, for waitGet.
+  // Returns the get's token, for GetWaiter::wait.
   uint64_t get(const pybind11::bytes& id, double timeout, bool copy, const pybind11::object& future,
                const pybind11::object& out, const std::string& outDtype, int cudaDevice, int source);
-  // Blocks (GIL released) until get `token` completes, up to `timeout`, and
-  // completes its future on this thread: the loop hands the outcome straight
-  // here instead of through the completer thread. Returns at once if the get
-  // was delivered already or another thread waits for it.
-  void waitGet(uint64_t token, double timeout);
+  // What a get's future waits with (it does not keep the node alive).
+  class GetWaiter getWaiter() const;
   // A 1-D CPU tensor of `numel` elements of `dtype` over a buffer of the
   // node's pool (returned to it when the tensor is freed): contents undefined.
   pybind11::object empty(int64_t numel, const std::string& dtype);
@@ -51,6 +48,21 @@ class NodeHandle {
   // thread is still inside it.
   std::shared_ptr<Node> node_;
   std::shared_ptr<State> state_;
+};
+
+// Waits for the gets of one NodeHandle.
+class GetWaiter {
+ public:
+  explicit GetWaiter(std::shared_ptr<NodeHandle::State> state);
+  // Blocks (GIL released) until get `token` completes, up to `timeout`, and
+  // completes its future on this thread: the loop hands the outcome straight
+  // here instead of through the completer thread, and the future's callbacks
+  // run here. Returns at once if the get was delivered already, another thread
+  // waits for it, or this is the completer thread.
+  void wait(uint64_t token, double timeout);
+
+ private:
+  std::shared_ptr<NodeHandle::State> state_;
 };
 
 }  // namespace hoplite
