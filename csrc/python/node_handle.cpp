@@ -135,6 +135,7 @@ struct NodeHandle::State {
   std::unordered_map<uint64_t, PendingGet> gets;
   std::unordered_map<uint64_t, Put> puts;
   std::thread completer;
+  std::thread::id completerId;  // set once, before any get: read without joining races
   std::once_flag stopped;
   py::object errorFromStatus;  // torch_hoplite.errors.error_from_status
 };
@@ -153,6 +154,7 @@ NodeHandle::NodeHandle(const NodeConfig& config)
     return s && handToWaiter(*s, c);
   });
   state_->completer = std::thread([node = node_, state = state_] { completeLoop(*node, *state); });
+  state_->completerId = state_->completer.get_id();
   ::pthread_setname_np(state_->completer.native_handle(), "hoplite-done");
 #ifdef HOPLITE_WITH_CUDA
   node_->setHostMemoryLocker(cuda::hostMemoryLocker());
@@ -292,7 +294,7 @@ void GetWaiter::wait(uint64_t token, double timeout) {
   py::gil_scoped_release release;
   // The completer thread itself must not wait here for a completion it has
   // yet to deliver (a future's callback waiting for another get).
-  if (std::this_thread::get_id() == state_->completer.get_id()) return;
+  if (std::this_thread::get_id() == state_->completerId) return;
   std::unique_lock<std::mutex> lock(state_->mutex);
   auto it = state_->gets.find(token);
   if (it == state_->gets.end() || it->second.wake) return;  // delivered already, or another thread waits
@@ -368,7 +370,7 @@ void NodeHandle::shutdown() {
     std::call_once(state_->stopped, [&] {
       first = true;
       node_->shutdown();
-      if (std::this_thread::get_id() == state_->completer.get_id()) {
+      if (std::this_thread::get_id() == state_->completerId) {
         state_->completer.detach();  // called from a future's callback: the loop ends when it returns
       } else {
         state_->completer.join();
