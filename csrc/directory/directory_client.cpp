@@ -166,25 +166,33 @@ void DirectoryClient::requestShard(const std::string& id, wire::MsgType type, st
   const int shard = shardOf(id);
   const uint64_t process = peers_.incarnationOf(shard);
   requestStatus(shard, type, payload, request,
-                [this, id, type, payload, request, shard, process, deadline, cb = std::move(cb)](const Status& s) mutable {
-                  if (s.code == Code::kPeerFailed && !closing_) {
-                    // Asked again where the entry lives now, if that changed by the end of the event that failed it.
-                    return loop_.runSoon([this, id, type, payload = std::move(payload), request, shard, process,
-                                          deadline, cb = std::move(cb), s]() mutable {
-                      if (closing_ || steadySeconds() >= deadline || !shardMovedOrRestarted(id, shard, process)) {
-                        return cb(s);
-                      }
-                      requestShard(id, type, std::move(payload), request, std::move(cb), deadline);
-                    });
-                  }
-                  if (s.code == Code::kMoved && !closing_) {
-                    if (steadySeconds() + kRedirectDelaySeconds >= deadline) return cb(disagreement(id, s));
-                    return requestShard(id, type, std::move(payload), request, std::move(cb), deadline,
-                                        kRedirectDelaySeconds);
-                  }
-                  cb(s);
+                [this, id, type, payload, request, shard, process, deadline, cb = std::move(cb)](const Status& s) {
+                  auto again = [this, id, type, payload, request, cb, deadline](double delay) {
+                    requestShard(id, type, payload, request, cb, deadline, delay);
+                  };
+                  if (!retryShardRequest(s, id, shard, process, deadline, std::move(again), cb)) cb(s);
                 },
                 delay);
+}
+
+bool DirectoryClient::retryShardRequest(const Status& s, const std::string& id, int shard, uint64_t process,
+                                        double deadline, std::function<void(double delay)> again,
+                                        std::function<void(const Status&)> fail) {
+  if (closing_) return false;
+  if (s.code == Code::kPeerFailed) {
+    loop_.runSoon([this, s, id, shard, process, deadline, again = std::move(again), fail = std::move(fail)] {
+      if (closing_ || steadySeconds() >= deadline || !shardMovedOrRestarted(id, shard, process)) return fail(s);
+      again(0);
+    });
+    return true;
+  }
+  if (s.code != Code::kMoved) return false;
+  if (steadySeconds() + kRedirectDelaySeconds >= deadline) {
+    fail(disagreement(id, s));
+  } else {
+    again(kRedirectDelaySeconds);
+  }
+  return true;
 }
 
 uint64_t DirectoryClient::requestLookup(const std::string& id, double timeoutSeconds, bool locate, int failedHolder,
@@ -206,24 +214,12 @@ void DirectoryClient::sendLookup(const wire::Lookup& msg, LookupCallback cb, dou
   const uint64_t process = peers_.incarnationOf(shard);
   const uint64_t attempt = requests_.expectLookup(
       msg.request, shard, [this, msg, shard, process, cb, deadline](const Status& s, const wire::LookupReply* r) {
+        wire::Lookup next = msg;
         const double left = deadline - steadySeconds();
-        wire::Lookup again = msg;
-        again.timeoutMs = static_cast<uint64_t>(std::max(0.0, left - kRedirectDelaySeconds) * 1000) + 1;
-        if (s.code == Code::kPeerFailed && !closing_) {
-          // Its shard failed: ask the one that took over, or its new process,
-          // once the event that failed it is handled.
-          return loop_.runSoon([this, again, shard, process, cb, deadline, s] {
-            if (closing_ || steadySeconds() >= deadline || !shardMovedOrRestarted(again.id, shard, process)) {
-              return cb(s, nullptr);
-            }
-            sendLookup(again, cb, deadline);
-          });
-        }
-        if (s.code == Code::kMoved && !closing_) {
-          if (left <= kRedirectDelaySeconds) return cb(disagreement(msg.id, s), nullptr);
-          return sendLookup(again, cb, deadline, kRedirectDelaySeconds);
-        }
-        cb(s, r);
+        next.timeoutMs = static_cast<uint64_t>(std::max(0.0, left - kRedirectDelaySeconds) * 1000) + 1;
+        auto again = [this, next, cb, deadline](double delay) { sendLookup(next, cb, deadline, delay); };
+        auto fail = [cb](const Status& why) { cb(why, nullptr); };
+        if (!retryShardRequest(s, msg.id, shard, process, deadline, std::move(again), std::move(fail))) cb(s, r);
       });
   sendWhenDue(shard, wire::MsgType::kLookup, wire::encode(msg), msg.request, attempt, delay);
 }

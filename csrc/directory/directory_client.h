@@ -103,6 +103,14 @@ class DirectoryClient : public DirectoryAccess {
                     StatusCallback cb, double deadline, double delay = 0);
   // The same for a lookup, whose own timeout is the deadline.
   void sendLookup(const wire::Lookup& msg, LookupCallback cb, double deadline, double delay = 0);
+  // Whether the shard's answer `s` (from process `process` of rank `shard`)
+  // calls for asking again: its shard failed and the entry now lives elsewhere
+  // (asked once the event that failed it is handled), or it said the entry
+  // moved (asked after kRedirectDelaySeconds). Then `again(delay)` asks again,
+  // or `fail` gets what ends the request (the deadline passed), and true is
+  // returned; false: `s` is the answer.
+  bool retryShardRequest(const Status& s, const std::string& id, int shard, uint64_t process, double deadline,
+                         std::function<void(double delay)> again, std::function<void(const Status&)> fail);
   // Whether the id's entry now lives elsewhere than on process `process` of
   // rank `shard`, where it was asked: its shard moved, or that rank restarted.
   bool shardMovedOrRestarted(const std::string& id, int shard, uint64_t process) const;
