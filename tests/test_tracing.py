@@ -55,6 +55,7 @@ def test_a_reduce_traces_its_tasks_and_its_result_before_the_get_of_it(pair):
     try:
         result, _ = hop.reduce(refs, id="traced-sum")
         got = hop.get(result).wait()
+        hop.wait_reduce(result, timeout=30)  # the coordinator's last step may come after the get's
     finally:
         hop.enable_tracing(False)
         pair.call(1, hop.enable_tracing, False)
