@@ -189,8 +189,8 @@ def worker(rank, world, host, port, ops, sizes, trials, warmup, systems, arrival
     with --common-start until the instant rank 0 sent (plus its arrival offset).
     trace: each timed trial of a torch_hoplite system also keeps the steps this
     rank traced during it (torch_hoplite.trace_events), for latency budgets."""
-    settle = common.settle_seconds()
-    lead = common.common_start_seconds()
+    settle = common.env_seconds(common.SETTLE_ENV)
+    lead = common.env_seconds(common.COMMON_START_ENV)
     import torch_hoplite as hop
 
     systems = [s for s in systems if s not in mpi_peer.SYSTEMS]

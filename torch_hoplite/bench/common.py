@@ -24,21 +24,15 @@ def _results_dir() -> str:
 
 RESULTS = _results_dir()
 # The collectives harness's --settle (seconds between the barrier and each
-# timed call), as its rank processes read it from their environment.
+# timed call) and --common-start (seconds ahead of rank 0's clock reading
+# after the barrier at which every rank starts; 0: off), as its rank
+# processes read them from their environment (env_seconds).
 SETTLE_ENV = "HOPLITE_BENCH_SETTLE"
-
-
-def settle_seconds() -> float:
-    return float(os.environ.get(SETTLE_ENV, "0"))
-
-
-# Its --common-start (seconds ahead of rank 0's clock reading after the barrier
-# at which every rank starts; 0: off), read the same way.
 COMMON_START_ENV = "HOPLITE_BENCH_COMMON_START"
 
 
-def common_start_seconds() -> float:
-    return float(os.environ.get(COMMON_START_ENV, "0"))
+def env_seconds(name: str) -> float:
+    return float(os.environ.get(name, "0"))
 
 
 # Example flags that keep TensorPipe on TCP through the emulated links: its shm

@@ -73,7 +73,8 @@ def _yielding(system: str) -> list[str]:
 
 def _args(binary: str, ops: list[str], sizes: list[int], warmup: int, trials: int, arrival: float) -> list[str]:
     return [binary, ",".join(op for op in ops if op in OPS), ",".join(map(str, sizes)), str(warmup), str(trials),
-            str(arrival), str(common.settle_seconds()), str(common.common_start_seconds())]
+            str(arrival), str(common.env_seconds(common.SETTLE_ENV)),
+            str(common.env_seconds(common.COMMON_START_ENV))]
 
 
 def run_loopback(world: int, ops: list[str], sizes: list[int], trials: int, warmup: int, arrival: float = 0.0,
