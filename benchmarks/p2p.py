@@ -35,6 +35,10 @@ take the buffers they free).
              after the trial. "gloo-kept": the same, every tensor kept until
              the run ends, as hoplite-kept keeps its objects.
   torch-rpc: rpc_sync of an echo function taking and returning the tensor.
+With --trace, each hoplite system's last timed trial at each size is traced
+on both ranks (torch_hoplite.enable_tracing): the steps go to OUT-trace.json,
+and for the UCX systems a per-frame summary of each direction is printed
+(when each data frame was handed to UCX, arrived, was received, landed).
 Reported: median / min / max round-trip time over the trials after warm-up,
 GB/s = 2 * size / median (the ideal is 2 * size / link bandwidth), and the CPU
 cores both processes used per trial (CPU seconds per wall second from the
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import statistics
 import time
@@ -140,7 +145,7 @@ class TorchRpc:
         pass
 
 
-def worker(rank, port, rpc_port, systems, sizes, warmup, minimum, queue):
+def worker(rank, port, rpc_port, systems, sizes, warmup, minimum, trace, queue):
     """Both processes run the given systems, interleaved trial by trial, so that
     drift in the machine's speed affects them alike. (torch RPC runs in a pair of
     its own: TensorPipe's threads poll and would slow everything beside them.)"""
@@ -160,22 +165,30 @@ def worker(rank, port, rpc_port, systems, sizes, warmup, minimum, queue):
                         completer_wait=s == "hoplite-completer-wait")
              for s in systems if s.startswith("hoplite")}
     impls.update(gloo=Gloo(), **{"gloo-fresh": Gloo(fresh=True), "gloo-kept": Gloo(kept=True), "torch-rpc": TorchRpc()})
-    results = {}
+    results, traces = {}, {}
     for size in sizes:
         x = torch.arange(size // 4, dtype=torch.float32)  # a pattern: misplaced bytes show
         buf = torch.empty_like(x)
-        for trial in range(warmup + trials_for(size, minimum)):
+        trials = warmup + trials_for(size, minimum)
+        for trial in range(trials):
             order = systems[trial % len(systems):] + systems[: trial % len(systems)]
             for system in order:
                 counted = system.startswith("hoplite")
+                traced = trace and counted and trial == trials - 1
                 s0 = hop.stats() if counted else None
                 buf.fill_(-1.0)  # what a receive that wrote nothing leaves
+                if traced:
+                    hop.trace_events()  # what earlier trials left
+                    hop.enable_tracing()
                 dist.barrier()
                 c0, t0 = time.process_time(), time.perf_counter()
                 got = impls[system].round_trip(rank, x, buf)
                 t1 = time.perf_counter()
                 dist.barrier()
                 c1, t2 = time.process_time(), time.perf_counter()
+                if traced:  # after the barrier: rank 1 serves its reply after its own round trip returns
+                    hop.enable_tracing(False)
+                    traces[(system, size)] = [tuple(step) for step in hop.trace_events()]
                 if got is not None and not torch.equal(got, x):  # every trial, outside the timed region
                     raise AssertionError(f"{system}: the {size}-byte round trip came back different")
                 del got
@@ -195,15 +208,68 @@ def worker(rank, port, rpc_port, systems, sizes, warmup, minimum, queue):
         hop.barrier()
         hop.shutdown()
     dist.destroy_process_group()
-    queue.put((rank, results))
+    queue.put((rank, (results, traces)))
 
 
-def measure(systems: list[str], sizes: list[int], warmup: int, minimum: int) -> list[dict]:
+def frame_summary(steps: dict[int, list]) -> list[dict]:
+    """Per direction of one traced round trip over UCX: how its data frames
+    went, from the frame.* steps of both ranks (rank -> (time, step, id, peer,
+    nbytes) tuples; one clock on one host)."""
+    frames: dict[tuple[int, str], dict[str, float]] = {}  # (sender, "request/offset") -> step -> time
+    progress = {rank: [t for t, step, *_ in events if step == "ucx.progress"] for rank, events in steps.items()}
+    for rank, events in steps.items():
+        for t, step, frame_id, peer, nbytes in events:
+            if step.startswith("frame."):
+                sender = rank if step in ("frame.send", "frame.sent") else peer
+                frames.setdefault((sender, frame_id), {"bytes": nbytes})[step] = t
+    out = []
+    for sender in sorted(steps):
+        mine = [f for (s, _), f in frames.items() if s == sender and "frame.send" in f and "frame.landed" in f]
+        if not mine:
+            continue
+        start = min(f["frame.send"] for f in mine)
+        end = max(f["frame.landed"] for f in mine)
+
+        def median_us(a: str, b: str) -> float | None:
+            gaps = [f[b] - f[a] for f in mine if a in f and b in f]
+            return statistics.median(gaps) * 1e6 if gaps else None
+
+        receiving = sorted([(f["frame.receive"], 1) for f in mine if "frame.receive" in f] +
+                           [(f["frame.landed"], -1) for f in mine if "frame.receive" in f])
+        depth = peak = 0
+        for _, change in receiving:
+            depth += change
+            peak = max(peak, depth)
+        receiver = 1 - sender
+        out.append({
+            "sender": sender,
+            "frames": len(mine),
+            "frame_bytes": statistics.median(f["bytes"] for f in mine),
+            "span_ms": (end - start) * 1e3,
+            "gbps": sum(f["bytes"] for f in mine) / (end - start) / 1e9,
+            "send_to_arrived_us": median_us("frame.send", "frame.arrived"),
+            "arrived_to_receive_us": median_us("frame.arrived", "frame.receive"),
+            "receive_to_landed_us": median_us("frame.receive", "frame.landed"),
+            "landed_to_sent_us": median_us("frame.landed", "frame.sent"),
+            "peak_receiving": peak,
+            "sender_progress_turns": sum(start <= t <= end for t in progress.get(sender, [])),
+            "receiver_progress_turns": sum(start <= t <= end for t in progress.get(receiver, [])),
+        })
+    return out
+
+
+def measure(systems: list[str], sizes: list[int], warmup: int, minimum: int,
+            trace: bool) -> tuple[list[dict], dict]:
     port = common.free_port()
     rpc_port = common.free_port()
     while rpc_port == port:
         rpc_port = common.free_port()
-    results = common.run_ranks(worker, 2, (port, rpc_port, systems, sizes, warmup, minimum))
+    outcome = common.run_ranks(worker, 2, (port, rpc_port, systems, sizes, warmup, minimum, trace))
+    results = {rank: outcome[rank][0] for rank in (0, 1)}
+    traces = {}
+    for key in outcome[0][1]:
+        steps = {rank: outcome[rank][1][key] for rank in (0, 1)}
+        traces[key] = {"steps": steps, "frames": frame_summary(steps) if key[0] in UCX else []}
     records = []
     for system in systems:
         for size in sizes:
@@ -231,7 +297,7 @@ def measure(systems: list[str], sizes: list[int], warmup: int, minimum: int) -> 
                     "cpu_cores": statistics.median(a + b for a, b in zip(cores0, cores1)),
                 }
             )
-    return records
+    return records, traces
 
 
 def plot(records: list[dict], path: str) -> None:
@@ -267,6 +333,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=10, help="at least this many timed trials per point")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "p2p"))
+    parser.add_argument("--trace", action="store_true", help="trace each hoplite system's last trial per size")
     args = parser.parse_args()
     sizes = common.parse_sizes(args.sizes)
     systems = [s for s in args.systems.split(",") if s]
@@ -275,14 +342,16 @@ def main() -> None:
         parser.error(f"unknown systems {sorted(unknown)}; this build has {known}")
     os.environ.setdefault("UCX_TLS", "tcp")  # what the UCX systems use, inherited by their processes
 
-    records = []
+    records, traces = [], {}
     own_pair = ("torch-rpc",) + TCP_ONLY + UCX + FRESH_MEMORY
     groups = [[s for s in systems if s not in own_pair], [s for s in systems if s in FRESH_MEMORY],
               [s for s in systems if s in TCP_ONLY],
               [s for s in systems if s in UCX], [s for s in systems if s == "torch-rpc"]]
     for group in filter(None, groups):
         print(f"measuring {', '.join(group)} at {', '.join(map(common.human_size, sizes))} ...", flush=True)
-        records += measure(group, sizes, args.warmup, args.trials)
+        group_records, group_traces = measure(group, sizes, args.warmup, args.trials, args.trace)
+        records += group_records
+        traces.update(group_traces)
     gloo = {r["size_bytes"]: r["median_s"] for r in records if r["system"] == "gloo"}
     for r in records:
         r["time_vs_gloo"] = r["median_s"] / gloo[r["size_bytes"]] if r["size_bytes"] in gloo else None
@@ -299,6 +368,27 @@ def main() -> None:
     common.write_json(args.out + ".json", "p2p", records, settings)
     plot(records, args.out + ".png")
     print(f"wrote {args.out}.json and {args.out}.png")
+    if args.trace:
+        write_traces(traces, args.out + "-trace.json")
+
+
+def write_traces(traces: dict, path: str) -> None:
+    frames = [dict(system=system, size_bytes=size, **row) for (system, size), t in traces.items() for row in t["frames"]]
+    if frames:
+        print("UCX data frames of each traced round trip, per direction (medians):")
+        common.print_table(
+            frames,
+            [("system", "system", ""), ("size", "size_bytes", "d"), ("sender", "sender", "d"), ("frames", "frames", "d"),
+             ("GB/s", "gbps", ".2f"), ("send>arr us", "send_to_arrived_us", ".1f"),
+             ("arr>recv us", "arrived_to_receive_us", ".1f"), ("recv>land us", "receive_to_landed_us", ".1f"),
+             ("land>sent us", "landed_to_sent_us", ".1f"), ("peak recv", "peak_receiving", "d"),
+             ("snd turns", "sender_progress_turns", "d"), ("rcv turns", "receiver_progress_turns", "d")],
+        )
+    with open(path, "w") as f:
+        json.dump([{"system": system, "size_bytes": size, "frames": t["frames"],
+                    "steps": {str(rank): steps for rank, steps in t["steps"].items()}}
+                   for (system, size), t in traces.items()], f)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -61,6 +61,44 @@ def test_put_and_get_over_ucx(monkeypatch):
 
 
 @needs_ucx
+def test_a_traced_get_over_ucx_records_every_data_frame_on_both_sides(monkeypatch):
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    c = Cluster(2, options={"transport": "ucx", "same_host": False}, env={"UCX_TLS": "tcp"})
+    try:
+        x = torch.arange(1_000_000, dtype=torch.float32)  # 4 MB: several rendezvous frames
+        ref = c.call(1, workers.put, x, "ucx-traced")
+        c.call(1, workers.trace_events)
+        c.call(1, hop.enable_tracing)
+        hop.trace_events()
+        hop.enable_tracing()
+        try:
+            assert torch.equal(hop.get(ref, timeout=60).wait(), x)
+        finally:
+            hop.enable_tracing(False)
+            c.call(1, hop.enable_tracing, False)
+        here = [s for s in hop.trace_events() if s.step.startswith("frame.")]
+        there = [s for s in c.call(1, workers.trace_events) if s[1].startswith("frame.")]
+    finally:
+        c.close()
+    received = {}
+    for s in here:
+        assert s.peer == 1
+        received.setdefault(s.id, []).append((s.step, s.time, s.nbytes))
+    offsets = sorted(int(frame.split("/")[1]) for frame in received)
+    sizes = {frame: steps[0][2] for frame, steps in received.items()}
+    assert len(offsets) > 1 and offsets[0] == 0
+    assert sum(sizes.values()) == x.numel() * 4
+    for frame, steps in received.items():
+        assert [step for step, _, _ in steps] == ["frame.arrived", "frame.receive", "frame.landed"], frame
+        assert [t for _, t, _ in steps] == sorted(t for _, t, _ in steps)
+    sent = {}
+    for _, step, frame, peer, nbytes in there:
+        assert peer == 0 and nbytes == sizes[frame]
+        sent.setdefault(frame, []).append(step)
+    assert sent == {frame: ["frame.send", "frame.sent"] for frame in received}
+
+
+@needs_ucx
 def test_tcp_options_are_refused_over_ucx():
     with pytest.raises(ValueError, match="tcp_congestion applies to the tcp transport, not to ucx"):
         Cluster(1, options={"transport": "ucx", "tcp_congestion": "reno"})

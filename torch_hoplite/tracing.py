@@ -1,4 +1,4 @@
-"""Timestamps of the steps of puts, gets, pulls and reduces in this process,
+"""Timestamps of the steps of puts, gets, pulls, reduces and UCX frames in this process,
 for latency budgets (``python -m torch_hoplite.bench --trace``).
 
     hop.enable_tracing()
@@ -43,6 +43,13 @@ STEPS = {
     "task.done": "reduce task: its output complete (before it wakes the output's readers)",
     "reduce.done": "reduce: the coordinator saw the result complete",
     "link.probe": "the reduce cost model's link probes begin (peer: the probed node)",
+    # UCX data frames: id "request/offset", nbytes the frame's size, peer the other rank
+    "frame.send": "UCX sender: a data frame handed to UCX",
+    "frame.sent": "UCX sender: UCX says the frame is sent",
+    "frame.arrived": "UCX receiver: a data frame's header arrived (by rendezvous: its request to send)",
+    "frame.receive": "UCX receiver: the frame's receive into its destination posted",
+    "frame.landed": "UCX receiver: the frame's bytes landed",
+    "ucx.progress": "a turn of progressing the UCX worker begins",
 }
 
 

@@ -48,6 +48,12 @@ const char* stepName(Step step) {
     case Step::kTaskDone: return "task.done";
     case Step::kReduceDone: return "reduce.done";
     case Step::kLinkProbe: return "link.probe";
+    case Step::kFrameSend: return "frame.send";
+    case Step::kFrameSent: return "frame.sent";
+    case Step::kFrameArrived: return "frame.arrived";
+    case Step::kFrameReceive: return "frame.receive";
+    case Step::kFrameLanded: return "frame.landed";
+    case Step::kUcxProgress: return "ucx.progress";
   }
   return "?";
 }

@@ -1,4 +1,4 @@
-// Timestamps of the steps of puts, gets, pulls and reduces, kept in memory for
+// Timestamps of the steps of puts, gets, pulls, reduces and UCX frames, kept in memory for
 // latency budgets (torch_hoplite.trace_events; `python -m torch_hoplite.bench
 // --trace`). Process-wide, like logging; off by default, when a step costs one
 // relaxed atomic load (gets and lookups keep a copy of their id either way).
@@ -36,6 +36,13 @@ enum class Step : uint8_t {
   kTaskDone,        // task: output complete (before it wakes the output's readers)
   kReduceDone,      // reduce: the coordinator saw the result complete
   kLinkProbe,       // the link estimator's probes begin (peer: the probed node)
+  // UCX data frames (id: "request/offset"; bytes: the frame's size; peer: the other rank)
+  kFrameSend,       // sender: handed to UCX
+  kFrameSent,       // sender: UCX says it is sent
+  kFrameArrived,    // receiver: its header arrived (by rendezvous: the request to send)
+  kFrameReceive,    // receiver: its receive into the destination posted
+  kFrameLanded,     // receiver: its bytes landed
+  kUcxProgress,     // a turn of progressing the UCX worker begins
 };
 
 const char* stepName(Step step);

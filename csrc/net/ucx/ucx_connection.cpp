@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/step_trace.h"
 
 namespace hoplite {
 namespace {
@@ -18,6 +19,12 @@ constexpr size_t kWindowBytes = 8u << 20;
 constexpr size_t kSeqSize = 8;  // every message's number in its connection, from 0
 // How long abandonData waits for a rendezvous already writing into the memory.
 constexpr double kAbandonWaitSeconds = 1.0;
+
+void traceFrame(Step step, const Connection& conn, uint64_t request, uint64_t offset, size_t size) {
+  if (tracing()) {
+    detail::recordStep(step, std::to_string(request) + "/" + std::to_string(offset), conn.peerRank(), size);
+  }
+}
 
 }  // namespace
 
@@ -47,6 +54,7 @@ struct UcxConnection::SendOp {
   size_t size = 0;
   std::string payload;                    // control frames
   std::shared_ptr<const void> keepalive;  // data frames
+  uint64_t request = 0, offset = 0;       // data frames, for tracing
   size_t bytesInFlight() const { return id == kUcxDataAm ? size : 0; }
 };
 
@@ -123,7 +131,10 @@ void UcxConnection::sendQueuedData() {
     op->keepalive = std::move(frame.keepalive);
     op->data = frame.data;
     op->size = frame.size;
+    op->request = frame.request;
+    op->offset = frame.offset;
     bytesInFlight_ += frame.size;
+    traceFrame(Step::kFrameSend, *this, frame.request, frame.offset, frame.size);
     post(std::move(op));
   }
 }
@@ -160,6 +171,7 @@ void UcxConnection::onSent(void* request, ucs_status_t status, void* user) {
 
 void UcxConnection::sent(SendOp& op, ucs_status_t status) {
   bytesInFlight_ -= op.bytesInFlight();
+  if (op.id == kUcxDataAm) traceFrame(Step::kFrameSent, *this, op.request, op.offset, op.size);
   if (closed_) return;
   if (ending_) {
     if (status != UCS_OK) fail(endWhy_);  // the end message cannot go: nothing to wait for
@@ -222,6 +234,7 @@ ucs_status_t UcxConnection::onAm(UcxAm id, const void* header, size_t headerSize
   in->size = size;
   if (isData) {
     wire::decodeDataSubheader(static_cast<const uint8_t*>(header) + wire::kHeaderSize, &in->request, &in->offset);
+    traceFrame(Step::kFrameArrived, *this, in->request, in->offset, size);
   }
   in->rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   ucs_status_t keep = UCS_INPROGRESS;
@@ -281,6 +294,7 @@ void UcxConnection::startReceive(Inbound& in, const std::shared_ptr<Inbound>& ho
     if (dest != nullptr) std::memcpy(dest, payloadOf(in), in.size);
     release(in);
     in.state = Inbound::State::kLanded;
+    if (in.kind == Inbound::Kind::kData) traceFrame(Step::kFrameLanded, *this, in.request, in.offset, in.size);
     return;
   }
   if (dest == nullptr) {  // dropped: the sender's send completes without the bytes moving
@@ -296,6 +310,7 @@ void UcxConnection::startReceive(Inbound& in, const std::shared_ptr<Inbound>& ho
   void* desc = in.desc;
   in.desc = nullptr;  // UCX owns it from here
   in.state = Inbound::State::kReceiving;
+  traceFrame(Step::kFrameReceive, *this, in.request, in.offset, in.size);
   ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker_->handle(), desc, dest, in.size, &param);
   if (!UCS_PTR_IS_PTR(request)) {
     std::unique_ptr<ReceiveOp> done(op);
@@ -311,6 +326,7 @@ void UcxConnection::onReceived(void* request, ucs_status_t status, size_t, void*
 
 void UcxConnection::received(ReceiveOp& op, ucs_status_t status) {
   op.in->state = Inbound::State::kLanded;
+  if (op.in->kind == Inbound::Kind::kData) traceFrame(Step::kFrameLanded, *this, op.in->request, op.in->offset, op.in->size);
   if (status != UCS_OK) {
     op.in->dest = nullptr;
     fail(Status(Code::kPeerFailed, ucxError(("receive from " + describe()).c_str(), status)));

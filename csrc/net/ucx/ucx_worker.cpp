@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "common/logging.h"
+#include "common/step_trace.h"
 #include "net/ucx/ucx_connection.h"
 
 namespace hoplite {
@@ -129,6 +130,7 @@ void UcxWorker::progressQuietly() {
 void UcxWorker::progress() {
   if (progressing_ || stopping_) return;  // a pass is under way further up this stack: it goes on
   progressing_ = true;
+  traceStep(Step::kUcxProgress, std::string());
   for (;;) {
     // Frames are handed over between passes, not once UCX has nothing left:
     // a rendezvous starts only when its frame is delivered, and a stream of
