@@ -135,7 +135,6 @@ void UcxConnection::sendQueuedData() {
     op->offset = frame.offset;
     bytesInFlight_ += frame.size;
     traceFrame(Step::kFrameSend, *this, frame.request, frame.offset, frame.size);
-    worker_->transferBegins();
     post(std::move(op));
   }
 }
@@ -172,7 +171,6 @@ void UcxConnection::onSent(void* request, ucs_status_t status, void* user) {
 
 void UcxConnection::sent(SendOp& op, ucs_status_t status) {
   bytesInFlight_ -= op.bytesInFlight();
-  if (op.id == kUcxDataAm) worker_->transferEnds();
   if (op.id == kUcxDataAm) traceFrame(Step::kFrameSent, *this, op.request, op.offset, op.size);
   if (closed_) return;
   if (ending_) {
@@ -313,7 +311,6 @@ void UcxConnection::startReceive(Inbound& in, const std::shared_ptr<Inbound>& ho
   in.desc = nullptr;  // UCX owns it from here
   in.state = Inbound::State::kReceiving;
   traceFrame(Step::kFrameReceive, *this, in.request, in.offset, in.size);
-  worker_->transferBegins();
   ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker_->handle(), desc, dest, in.size, &param);
   if (!UCS_PTR_IS_PTR(request)) {
     std::unique_ptr<ReceiveOp> done(op);
@@ -329,7 +326,6 @@ void UcxConnection::onReceived(void* request, ucs_status_t status, size_t, void*
 
 void UcxConnection::received(ReceiveOp& op, ucs_status_t status) {
   op.in->state = Inbound::State::kLanded;
-  worker_->transferEnds();
   if (op.in->kind == Inbound::Kind::kData) traceFrame(Step::kFrameLanded, *this, op.in->request, op.in->offset, op.in->size);
   if (status != UCS_OK) {
     op.in->dest = nullptr;

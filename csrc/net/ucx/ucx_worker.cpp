@@ -1,13 +1,11 @@
 #include "net/ucx/ucx_worker.h"
 
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
 #include "common/logging.h"
 #include "common/step_trace.h"
-#include "common/timeouts.h"
 #include "net/ucx/ucx_connection.h"
 
 namespace hoplite {
@@ -33,7 +31,6 @@ UcxWorker::UcxWorker(EventLoop& loop, const TransportOptions& options)
       options_(options),
       ids_(std::random_device{}()),
       amRoutes_{{{this, kUcxControlAm}, {this, kUcxDataAm}, {this, kUcxEndAm}}} {
-  if (const char* poll = std::getenv("HOPLITE_UCX_POLL_US")) pollSeconds_ = std::atof(poll) * 1e-6;
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "UCX: reading its configuration (UCX_* variables)");
   ucp_params_t params{};
@@ -145,14 +142,7 @@ void UcxWorker::progress() {
     }
     reapClosed();
     deliver();
-    bool polling = false;
-    if (pollSeconds_ > 0 && transfers_ > 0) {
-      const double now = steadySeconds();
-      if (passes > 0) lastProgress_ = now;
-      polling = now - lastProgress_ < pollSeconds_;
-    }
-    // A long stream, or polling: the loop's other work goes first, then more of it.
-    if (passes == kPassesPerTurn || polling) {
+    if (passes == kPassesPerTurn) {  // a long stream: the loop's other work goes first, then more of it
       loop_.post([weak = weak_from_this()] {
         if (auto self = weak.lock()) self->progress();
       });

@@ -74,10 +74,6 @@ class UcxWorker : public EventHandler, public std::enable_shared_from_this<UcxWo
   void remove(uint64_t id, ucp_ep_h ep);
   // A connection with something to hand to its observer after this pass.
   void markReady(const std::shared_ptr<UcxConnection>& conn);
-  // Data frames handed to UCX or being received: while any are, the worker
-  // polls (see pollSeconds_) instead of sleeping between progress calls.
-  void transferBegins() { ++transfers_; }
-  void transferEnds() { --transfers_; }
 
   void handleEvents(uint32_t events) override;
 
@@ -105,13 +101,6 @@ class UcxWorker : public EventHandler, public std::enable_shared_from_this<UcxWo
   bool stopping_ = false;
   bool progressing_ = false;
   bool progressQueued_ = false;
-  int transfers_ = 0;
-  // How long the worker keeps polling, while transfers are under way, after
-  // a progress call last did something (HOPLITE_UCX_POLL_US; 0: it sleeps in
-  // the loop's epoll after every pass). Sleeping costs a wake-up per TCP
-  // segment that UCX reads.
-  double pollSeconds_ = 0;
-  double lastProgress_ = 0;
   std::string address_;
   std::mt19937_64 ids_;
   std::unordered_map<uint64_t, std::weak_ptr<UcxConnection>> connections_;
