@@ -47,7 +47,7 @@ STEPS = {
     "frame.send": "UCX sender: a data frame handed to UCX",
     "frame.sent": "UCX sender: UCX says the frame is sent",
     "frame.arrived": "UCX receiver: a data frame's header arrived (by rendezvous: its request to send)",
-    "frame.receive": "UCX receiver: the frame's receive into its destination posted",
+    "frame.receive": "UCX receiver: the frame's receive into its destination posted (rendezvous frames only)",
     "frame.landed": "UCX receiver: the frame's bytes landed",
     "ucx.progress": "a turn of progressing the UCX worker begins",
 }

@@ -40,7 +40,7 @@ enum class Step : uint8_t {
   kFrameSend,       // sender: handed to UCX
   kFrameSent,       // sender: UCX says it is sent
   kFrameArrived,    // receiver: its header arrived (by rendezvous: the request to send)
-  kFrameReceive,    // receiver: its receive into the destination posted
+  kFrameReceive,    // receiver: its receive into the destination posted (rendezvous only)
   kFrameLanded,     // receiver: its bytes landed
   kUcxProgress,     // a turn of progressing the UCX worker begins
 };
