@@ -35,6 +35,7 @@ P2P = "p2p.json"
 P2P_UCX = "p2p_ucx.json"  # the UCX transport against ours, loopback, UCX_TLS=tcp
 P2P_UCX_H100 = "p2p_ucx_h100.json"  # the same on the 16 cores of the GPU machine, UCX 1.22, without gloo
 P2P_UCX_H100_BEFORE = "p2p_ucx_h100_dc298f9.json"  # that, before frames were delivered between progress calls
+P2P_UCX_H200_BEFORE = "p2p_ucx_h200_a5bc0e1.json"  # 16 cores of an H200 machine, before tcp segments of 1 MiB
 # The emulated cluster, the same command with --transport tcp and then ucx ({} = the transport).
 UCX_EMULATED = "ucx_vs_tcp_{}_emulated_1gbit.json"
 RPC = "rpc_emulated_1gbit.json"
@@ -697,6 +698,7 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("BENCH_README", "ucx-p2p", functools.partial(ucx_p2p_table, P2P_UCX)),
     ("BENCH_README", "ucx-p2p-h100-before", functools.partial(ucx_p2p_table, P2P_UCX_H100_BEFORE)),
     ("BENCH_README", "ucx-p2p-h100", functools.partial(ucx_p2p_table, P2P_UCX_H100)),
+    ("BENCH_README", "ucx-p2p-h200-before", functools.partial(ucx_p2p_table, P2P_UCX_H200_BEFORE)),
     ("BENCH_README", "ucx-emulated", ucx_emulated_table),
     ("BENCH_README", "same-host", same_host_table),
     ("BENCH_README", "loopback-tcp", loopback_tcp_table),
