@@ -667,6 +667,13 @@ def _cuda_collectives(rank: int, world: int) -> None:
         total = t.sum()  # on the same stream, after the work
     assert total.item() == n * world * (world + 1) / 2, total.item()
 
+    # An async collective's future, as with NCCL: a then() callback sees the
+    # result on the device, ordered after the work on the current stream.
+    t = torch.full((n,), rank + 1.0, device="cuda")
+    work = dist.all_reduce(t, async_op=True)
+    doubled = work.get_future().then(lambda fut: fut.value()[0] * 2).wait()
+    assert doubled.is_cuda and doubled.sum().item() == n * world * (world + 1), doubled.sum().item()
+
 
 def run_cuda_collectives(rank: int, world: int, port: int, conn) -> None:
     """Spawned rank of tests/test_c10d_backend.py's GPU test: None or the failure."""

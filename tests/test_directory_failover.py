@@ -41,9 +41,9 @@ def test_gets_puts_and_deletes_go_on_after_a_shard_host_dies():
         assert torch.equal(waiting.wait(), torch.full((1000,), 7.0))
         c.call(3, workers.put, torch.full((10,), 3), fresh)
         assert torch.equal(hop.get(fresh, timeout=30).wait(), torch.full((10,), 3))
-        # An object nobody else held is gone: a get waits for it, then times out.
-        with pytest.raises(hop.HopliteTimeoutError, match=orphan):
-            hop.get(orphan, timeout=1).wait()
+        # An object nobody else held is lost with its holder (the standby knew where it was).
+        with pytest.raises(hop.PeerFailedError, match=f"'{orphan}' was lost"):
+            hop.get(orphan, timeout=30).wait()
         hop.delete(big)
         with pytest.raises(hop.ObjectDeletedError):
             c.call(3, workers.get, big, 5)
@@ -123,5 +123,78 @@ def test_a_shard_host_that_dies_leaves_its_deletes_with_its_successor():
             hop.get(deleted, timeout=20).wait()
         assert time.monotonic() - start < 10  # the failure's detection, not the get's 20 s
         assert torch.equal(hop.get(again, timeout=20).wait(), torch.full((1 << 18,), 2.0))
+    finally:
+        c.close()
+
+
+def test_an_object_lost_with_its_shard_host_fails_a_get_at_once():
+    """A shard also tells its standby where each put's copy is: when its host
+    dies holding the only copy, the successor fails a get of it at once
+    ("lost") instead of waiting for a put that never comes; an object with a
+    copy elsewhere is still found."""
+    own, copied = ids_on("lost-own", 2)
+    c = Cluster(WORLD, options={"heartbeat_interval": 0.2, "heartbeat_timeout": 1.5})
+    try:
+        for obj in (own, copied):
+            c.call(DEAD, workers.put, torch.full((1 << 18,), 3.0), obj)
+        c.call(1, workers.get_keeping_copy, copied, 10)  # a copy at rank 1, listed at the shard
+        time.sleep(0.2)  # the standby's news travels after the puts' answers
+        c.kill(DEAD)
+        start = time.monotonic()
+        with pytest.raises(hop.PeerFailedError, match=rf"'{own}' was lost: its last holder, rank {DEAD}, failed"):
+            hop.get(own, timeout=20).wait()
+        assert time.monotonic() - start < 10  # the failure's detection, not the get's 20 s
+        assert torch.equal(hop.get(copied, timeout=20).wait(), torch.full((1 << 18,), 3.0))
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("holder_fate", ["killed", "hung"])
+def test_an_object_lost_with_its_holder_and_its_shard_host_fails_a_get(holder_fate):
+    """The put's holder dies with the id's shard host ("killed"), or hangs
+    (SIGSTOP) with no live rank talking to it ("hung"). The standby, which
+    takes the shard over, expects that holder to list its copy, and fails
+    gets of the object once it hears that the holder is gone too: the news
+    of the moves reaches every rank, and a hung one is found failed when its
+    handshake times out (as is a dead host by a getter that never talked to
+    it: hence the short connect timeout)."""
+    (obj,) = ids_on(f"lost-{holder_fate}", 1)
+    holder = 1
+    c = Cluster(WORLD, options={"heartbeat_interval": 0.2, "heartbeat_timeout": 1.5, "connect_timeout": 3})
+    try:
+        c.call(holder, workers.put, torch.full((1 << 18,), 4.0), obj)
+        time.sleep(0.2)
+        if holder_fate == "killed":
+            c.kill(holder)
+        else:
+            c.freeze(holder)
+        c.kill(DEAD)
+        start = time.monotonic()
+        with pytest.raises(hop.PeerFailedError, match=rf"'{obj}' was lost: its last holder, rank {holder}, failed"):
+            hop.get(obj, timeout=30).wait()
+        assert time.monotonic() - start < 20  # not the get's 30 s
+    finally:
+        if holder_fate == "hung":
+            c.kill(holder)
+        c.close()
+
+
+def test_a_copy_that_outlives_the_puts_holder_outlives_the_shard_host_too():
+    """The put's holder dies first, a copy lives on: the shard tells its
+    standby so, and when the shard's host dies next, the object is found, not
+    reported lost with the put's holder."""
+    (obj,) = ids_on("outlives", 1)
+    c = Cluster(WORLD, options={"heartbeat_interval": 0.2, "heartbeat_timeout": 1.5})
+    try:
+        c.call(1, workers.put, torch.full((1 << 18,), 5.0), obj)
+        c.call(3, workers.get_keeping_copy, obj, 10)
+        c.kill(1)
+        deadline = time.monotonic() + 10
+        while c.call(DEAD, workers.stats)["shards_moved"] < 1:  # rank 2 noticed rank 1's death
+            assert time.monotonic() < deadline, "rank 1's death was never noticed"
+            time.sleep(0.05)
+        time.sleep(0.3)  # it dropped rank 1's copy, and its standby heard of rank 3's
+        c.kill(DEAD)
+        assert torch.equal(hop.get(obj, timeout=20).wait(), torch.full((1 << 18,), 5.0))
     finally:
         c.close()

@@ -41,6 +41,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
     }
     gone_.erase(gone);  // put again: a new object from now on
   }
+  expected_.erase(msg.id);
   DirectoryEntry& entry = entries_[msg.id];
   entry.meta = msg.meta;
   entry.holders[msg.holder] = Holder{msg.complete, 0, msg.primary};
@@ -208,6 +209,7 @@ void DirectoryShard::lookup(const std::string& id, int asker, bool locate, doubl
 std::vector<wire::GoneId> DirectoryShard::handOver(const std::function<bool(const std::string& id)>& leaves,
                                                    int leaving) {
   std::vector<wire::GoneId> handed;
+  std::erase_if(expected_, [&](const auto& x) { return leaves(x.first); });  // their holders list them there
   for (auto e = entries_.begin(); e != entries_.end();) {
     if (!leaves(e->first)) {
       ++e;
@@ -251,32 +253,52 @@ bool DirectoryShard::isDeleted(const std::string& id) const {
 }
 
 void DirectoryShard::keepStandby(const wire::GoneId& gone) {
-  if (!gone.deleted) {
+  if (!gone.deleted && gone.lastHolder < 0) {
     standby_.erase(gone.id);
     return;
   }
   const uint64_t seq = ++standbySeq_;
-  standby_[gone.id] = seq;
+  standby_[gone.id] = StandbyRecord{seq, gone.deleted, gone.lastHolder};
   standbyOrder_.emplace_back(gone.id, seq);
   while (standbyOrder_.size() > kMaxStandby) {
     auto& [oldest, oldestSeq] = standbyOrder_.front();
     auto it = standby_.find(oldest);
-    if (it != standby_.end() && it->second == oldestSeq) standby_.erase(it);
+    if (it != standby_.end() && it->second.seq == oldestSeq) standby_.erase(it);
     standbyOrder_.pop_front();
   }
 }
 
-void DirectoryShard::adoptStandby(const std::function<bool(const std::string& id)>& hosted) {
-  std::vector<std::string> adopted;
+void DirectoryShard::adoptStandby(const std::function<bool(const std::string& id)>& hosted,
+                                  const std::function<Fate(int rank)>& fateOf) {
+  std::vector<std::pair<std::string, StandbyRecord>> adopted;
   for (auto it = standby_.begin(); it != standby_.end();) {
     if (!hosted(it->first)) {
       ++it;
       continue;
     }
-    adopted.push_back(it->first);
+    adopted.emplace_back(it->first, it->second);
     it = standby_.erase(it);
   }
-  for (const auto& id : adopted) adoptGone(wire::GoneId{id, /*deleted=*/true, -1, false}, /*fromStandby=*/true);
+  for (const auto& [id, record] : adopted) {
+    if (record.deleted) {
+      adoptGone(wire::GoneId{id, /*deleted=*/true, -1, false}, /*fromStandby=*/true);
+    } else if (entries_.count(id) == 0) {  // (listed here already: its holders speak for it)
+      expected_[id] = record.holder;
+    }
+  }
+  // A holder that went before listing its copy here (no connection to this
+  // node need have told: its shard moved).
+  std::vector<wire::GoneId> lostWithHolder;
+  for (auto x = expected_.begin(); x != expected_.end();) {
+    const Fate fate = fateOf(x->second);
+    if (fate == Fate::kAlive) {
+      ++x;
+      continue;
+    }
+    lostWithHolder.push_back(wire::GoneId{x->first, /*deleted=*/false, x->second, fate == Fate::kLeft});
+    x = expected_.erase(x);
+  }
+  for (const auto& gone : lostWithHolder) adoptGone(gone, /*fromStandby=*/true);
 }
 
 void DirectoryShard::adoptGone(const wire::GoneId& gone, bool fromStandby) {
@@ -304,7 +326,26 @@ void DirectoryShard::adoptGone(const wire::GoneId& gone, bool fromStandby) {
   }
 }
 
-void DirectoryShard::forgetHolder(int rank, bool left) {
+bool DirectoryShard::takeStandbyHolder(const std::string& id, int holder, bool primary) {
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.recomputable || it->second.standbyHolder == holder) return false;
+  if (!primary && it->second.standbyHolder >= 0) return false;
+  it->second.standbyHolder = holder;
+  return true;
+}
+
+std::vector<std::pair<std::string, int>> DirectoryShard::forgetHolder(int rank, bool left) {
+  std::vector<std::pair<std::string, int>> moved;
+  std::vector<std::string> lostWithIt;
+  for (auto x = expected_.begin(); x != expected_.end();) {
+    if (x->second != rank) {
+      ++x;
+      continue;
+    }
+    lostWithIt.push_back(x->first);
+    x = expected_.erase(x);
+  }
+  for (const auto& id : lostWithIt) adoptGone(wire::GoneId{id, /*deleted=*/false, rank, left}, /*fromStandby=*/true);
   for (auto e = entries_.begin(); e != entries_.end();) {
     DirectoryEntry& entry = e->second;
     auto it = entry.holders.find(rank);
@@ -318,6 +359,10 @@ void DirectoryShard::forgetHolder(int rank, bool left) {
         e = dropLost(e, rank, left);
         continue;
       }
+      if (entry.standbyHolder == rank && !entry.holders.empty()) {
+        entry.standbyHolder = anyHolder(entry);
+        moved.emplace_back(e->first, entry.standbyHolder);
+      }
     }
     ++e;
   }
@@ -328,6 +373,7 @@ void DirectoryShard::forgetHolder(int rank, bool left) {
     w = subscribers.empty() ? watches_.erase(w) : std::next(w);
   }
   for (const auto& watch : watches_) tellSubscribers(watch.first);  // changes no watch list
+  return moved;
 }
 
 void DirectoryShard::subscribe(const std::string& id, int rank, uint64_t request) {
@@ -383,6 +429,7 @@ Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<i
     return Status(Code::kAlreadyExists, "object " + printableId(id) + " was registered again since");
   }
   if (it == entries_.end()) {
+    expected_.erase(id);  // deleted or retracted before its holder listed it here
     if (auto gone = gone_.find(id); gone != gone_.end() && gone->second.code == Code::kDeleted) {
       return Status(Code::kDeleted, "object " + printableId(id) + " was already deleted");
     }

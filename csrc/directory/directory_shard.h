@@ -35,6 +35,7 @@ struct DirectoryEntry {
   std::string inlineData;
   bool recomputable = false;  // see wire::Register
   uint64_t token = 0;         // its registration's (wire::Register::token), once one named it
+  int standbyHolder = -1;     // the holder the standby was told of (ShardServer::tellStandby)
 };
 
 class DirectoryShard {
@@ -77,8 +78,13 @@ class DirectoryShard {
   // nothing any more, and whoever it was pulling from is free again. Objects it
   // held the last copy of are lost: gets of them fail, a reduce's locate waits
   // for them, and they may be put again.
-  // `left`: it shut down (errors say so).
-  void forgetHolder(int rank, bool left = false);
+  // `left`: it shut down (errors say so). Returns the objects whose holder
+  // the standby was told of was `rank` and that other holders still have:
+  // (id, the holder to tell it of now).
+  std::vector<std::pair<std::string, int>> forgetHolder(int rank, bool left = false);
+  // After `holder` registered the object: whether the standby should be told
+  // of it as the object's holder (the put's holder, or the first one listed).
+  bool takeStandbyHolder(const std::string& id, int holder, bool primary);
   // Forgets the object and returns who held copies. A deleted id is remembered
   // (gets of it fail at once); a retracted one is not (gets of it wait for it
   // to be registered again). `ifToken` (nonzero): only if the entry was
@@ -98,14 +104,21 @@ class DirectoryShard {
   void adoptGone(const wire::GoneId& gone, bool fromStandby = false);
   // Whether the id is remembered as deleted.
   bool isDeleted(const std::string& id) const;
-  // Standby: the deletes of the shares this node takes over should their
-  // host die (`gone.deleted`: remember the id; else forget it, it was put
-  // again). Bounded: the oldest are forgotten first.
+  // Standby: what this node must know of the shares it takes over should
+  // their host die. `gone.deleted`: the id was deleted; else, with
+  // `gone.lastHolder` >= 0, it was put and that rank holds the put's copy;
+  // else forget it (retracted). Bounded: the oldest are forgotten first.
   void keepStandby(const wire::GoneId& gone);
-  // The standby ids this node hosts now (`hosted`, after their host died)
-  // are remembered as deleted here, unless a holder lists a copy again (the
-  // standby may have missed that the id was put again).
-  void adoptStandby(const std::function<bool(const std::string& id)>& hosted);
+  enum class Fate { kAlive, kFailed, kLeft };
+  // The standby ids this node hosts now (`hosted`, after their host died):
+  // deleted ones are remembered as deleted here, unless a holder lists a copy
+  // again (the standby may have missed that the id was put again). Put ones
+  // that no holder listed here yet are expected from the holder the standby
+  // was told of: if it is gone (`fateOf`; checked again at every later call,
+  // and at forgetHolder) before it lists its copy, they are remembered as lost
+  // with it, so that gets fail at once instead of waiting.
+  void adoptStandby(const std::function<bool(const std::string& id)>& hosted,
+                    const std::function<Fate(int rank)>& fateOf);
   // Lookups parked here until their object is registered (any thread, for stats).
   uint64_t waitingLookups() const { return waiting_.load(); }
 
@@ -165,7 +178,14 @@ class DirectoryShard {
   std::unordered_map<std::string, Gone> gone_;
   std::deque<std::pair<std::string, uint64_t>> goneOrder_;  // oldest first; stale seqs are skipped
   uint64_t goneSeq_ = 0;
-  std::unordered_map<std::string, uint64_t> standby_;  // id → seq (keepStandby)
+  struct StandbyRecord {
+    uint64_t seq;
+    bool deleted;  // else put, its copy at `holder`
+    int holder;
+  };
+  std::unordered_map<std::string, StandbyRecord> standby_;  // keepStandby
+  // Adopted ids whose put's holder has not listed its copy here yet → that holder (adoptStandby).
+  std::unordered_map<std::string, int> expected_;
   std::deque<std::pair<std::string, uint64_t>> standbyOrder_;  // oldest first; stale seqs are skipped
   uint64_t standbySeq_ = 0;
 };

@@ -47,7 +47,11 @@ void ShardServer::handleRegister(Connection& conn, const wire::Register& msg) {
   const bool hosted = directory_.hosts(msg.id);
   const bool wasDeleted = hosted && shard_.isDeleted(msg.id);
   Status s = hosted ? shard_.registerObject(msg) : notHostedHere(msg.id);
-  if (wasDeleted && s.ok()) tellStandby(msg.id, /*deleted=*/false);  // put again
+  if (s.ok() && shard_.takeStandbyHolder(msg.id, msg.holder, msg.primary)) {
+    tellStandby(msg.id, /*deleted=*/false, msg.holder);  // where a copy is (put again, maybe)
+  } else if (s.ok() && wasDeleted) {
+    tellStandby(msg.id, /*deleted=*/false);  // put again
+  }
   conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, s}));
 }
 
@@ -96,13 +100,21 @@ void ShardServer::handleHandOver(const wire::ShardHandOver& msg) {
   }
 }
 
-void ShardServer::adoptStandby() {
-  shard_.adoptStandby([this](const std::string& id) { return directory_.hosts(id); });
+void ShardServer::forgetHolder(int rank, bool left) {
+  for (const auto& [id, holder] : shard_.forgetHolder(rank, left)) tellStandby(id, /*deleted=*/false, holder);
 }
 
-void ShardServer::tellStandby(const std::string& id, bool deleted) {
+void ShardServer::adoptStandby() {
+  using Fate = DirectoryShard::Fate;
+  shard_.adoptStandby([this](const std::string& id) { return directory_.hosts(id); }, [this](int rank) {
+    if (rank == directory_.rank() || !(peers_.hasFailed(rank) || directory_.hasMoved(rank))) return Fate::kAlive;
+    return peers_.isLeaving(rank) ? Fate::kLeft : Fate::kFailed;
+  });
+}
+
+void ShardServer::tellStandby(const std::string& id, bool deleted, int holder) {
   if (toStandby_.empty()) loop_.runSoon([this] { flushStandby(); });
-  toStandby_.push_back(wire::GoneId{id, deleted, -1, false});
+  toStandby_.push_back(wire::GoneId{id, deleted, holder, false});
 }
 
 void ShardServer::flushStandby() {
@@ -154,7 +166,7 @@ void ShardServer::handleDelete(Connection& conn, const wire::Delete& msg) {
   }
   std::vector<int> holders;
   Status s = shard_.remove(msg.id, msg.retract, &holders, msg.ifToken);
-  if (s.ok() && !msg.retract) tellStandby(msg.id, /*deleted=*/true);
+  if (s.ok()) tellStandby(msg.id, /*deleted=*/!msg.retract);  // (retracted: forgotten)
   if (msg.retract && s.code == Code::kNotFound) s = Status();  // nothing to take back
   uint64_t request = msg.request;
   if (!s.ok() || holders.empty()) {

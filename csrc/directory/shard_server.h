@@ -19,15 +19,17 @@ class ShardServer {
 
   // Register, HolderUpdate, Lookup, Delete, Subscribe, ShardHandOver.
   void registerHandlers(MessageRouter& router);
-  // A peer this node will not talk to again: its copies leave the lists.
-  void forgetHolder(int rank, bool left = false) { shard_.forgetHolder(rank, left); }
+  // A peer this node will not talk to again: its copies leave the lists (and
+  // the standby hears where the copies it knew of there are still held).
+  void forgetHolder(int rank, bool left = false);
   uint64_t waitingLookups() const { return shard_.waitingLookups(); }
   // Some ids are hosted elsewhere now (their home rank rejoined, or this
   // process leaves: `leaving` is its rank): what this shard held for them
   // goes, and what it remembers of those gone is sent to their new hosts
   // (DirectoryShard::handOver).
   void handOver(int leaving = -1);
-  // Shares moved to this node: the deletes its standby kept for them count here now.
+  // Shares moved to this node: what its standby kept for them (deletes, and
+  // where puts' copies were) counts here now.
   void adoptStandby();
 
  private:
@@ -40,8 +42,9 @@ class ShardServer {
   void handleSubscribe(Connection& conn, const wire::Subscribe& msg);
   void handleHandOver(const wire::ShardHandOver& msg);
   // Tells the rank that takes this node's shares over, should it die, that
-  // `id` was deleted (or put again); batched per pass of the loop.
-  void tellStandby(const std::string& id, bool deleted);
+  // `id` was deleted, or put with its copy at `holder` (-1: forget it);
+  // batched per pass of the loop.
+  void tellStandby(const std::string& id, bool deleted, int holder = -1);
   void flushStandby();
   // `gone` to `rank` in ShardHandOver frames of a bounded size.
   void sendHandOver(int rank, bool standby, std::vector<wire::GoneId> gone);

@@ -25,6 +25,8 @@ class PeerLinks {
   virtual std::shared_ptr<Connection> sharedConnection(Connection& conn) = 0;
   // Reachable once and failed since.
   virtual bool hasFailed(int rank) = 0;
+  // It told this node that it shuts down (a Leave).
+  virtual bool isLeaving(int rank) const = 0;
   // Id of the latest connection `rank` opened to this node (0: none): only
   // its close speaks for the peer (an older one is a previous process's).
   virtual uint64_t latestIncoming(int rank) = 0;

@@ -90,6 +90,11 @@ std::shared_ptr<same_host::PeerMemory> Peers::memoryOf(int rank) const {
 
 bool Peers::hasFailed(int rank) { return peers_[rank].lost; }
 
+bool Peers::isLeaving(int rank) const {
+  auto peer = peers_.find(rank);
+  return peer != peers_.end() && peer->second.leaving;
+}
+
 uint64_t Peers::latestIncoming(int rank) { return peers_[rank].incoming; }
 
 uint64_t Peers::incarnationOf(int rank) const {

@@ -121,6 +121,7 @@ class Peers : public PeerLinks, public ConnectionObserver {
   void whenConnected(int rank, std::function<void(Connection&)> write) override;
   std::shared_ptr<Connection> sharedConnection(Connection& conn) override;
   bool hasFailed(int rank) override;
+  bool isLeaving(int rank) const override;
   uint64_t latestIncoming(int rank) override;
   uint64_t incarnationOf(int rank) const override;
   // After a stall: closes every connection this node dialed, so that the next

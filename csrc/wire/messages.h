@@ -106,7 +106,8 @@ struct GoneId {
 // or their home rank rejoined): the ids among them that are gone, so that
 // gets of them keep failing at once instead of waiting for a put.
 // `standby`: host → the rank that takes its share over should it die, as
-// ids are deleted (`deleted`) or put again (not `deleted`: forget it).
+// ids are deleted (`deleted`), put (not `deleted`, `lastHolder` holds the
+// put's copy) or retracted (neither: forget it).
 struct ShardHandOver {
   static constexpr MsgType kType = MsgType::kShardHandOver;
   bool standby = false;

@@ -2,7 +2,9 @@
 // cleanup of one computation of a reduce's result from removing a later
 // one's entry; remembered deletes travel with a hand-over and through the
 // standby list; an id put again after its delete is forgotten by the standby,
-// and a holder listing a copy again overrides a standby's delete.
+// and a holder listing a copy again overrides a standby's delete; a standby
+// knows where puts' copies are, so objects lost with their holder fail gets.
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -92,7 +94,8 @@ void testStandby(EventLoop& loop) {
   standby.keepStandby(wire::GoneId{"elsewhere", true, -1, false});
   // Before its host dies, the standby list answers nothing.
   CHECK(!standby.isDeleted("deleted"));
-  standby.adoptStandby([](const std::string& id) { return id != "elsewhere"; });
+  standby.adoptStandby([](const std::string& id) { return id != "elsewhere"; },
+                       [](int) { return DirectoryShard::Fate::kAlive; });
   CHECK(standby.isDeleted("deleted"));
   CHECK(!standby.isDeleted("put-again"));
   CHECK(!standby.isDeleted("elsewhere"));
@@ -106,6 +109,72 @@ void testStandby(EventLoop& loop) {
   CHECK(standby.registerObject(registration("deleted", 3, 0, /*reannounce=*/true)).code == Code::kDeleted);
 }
 
+// (status, answered) of a get's lookup at `shard`, answered at once or parked.
+struct Answer {
+  Status status;
+  bool answered = false;
+};
+
+std::shared_ptr<Answer> lookUp(DirectoryShard& shard, const std::string& id) {
+  auto answer = std::make_shared<Answer>();
+  shard.lookup(id, /*asker=*/0, /*locate=*/false, 60, [answer](const Status& s, const DirectoryEntry*, int) {
+    answer->status = s;
+    answer->answered = true;
+  });
+  return answer;
+}
+
+void testStandbyHolders(EventLoop& loop) {
+  // The host tells its standby of each put's holder, and of another holder
+  // once that one is gone while copies remain.
+  DirectoryShard host(loop, [](int, const wire::Locations&) {});
+  CHECK(host.registerObject(registration("x", 1, 0)).ok());
+  CHECK(host.takeStandbyHolder("x", 1, /*primary=*/true));
+  CHECK(host.registerObject(registration("x", 2, 0, /*reannounce=*/true)).ok());
+  CHECK(!host.takeStandbyHolder("x", 2, /*primary=*/false));  // the put's holder is told of already
+  CHECK(host.registerObject(registration("result", 1, /*token=*/3)).ok());
+  CHECK(!host.takeStandbyHolder("result", 1, /*primary=*/true));  // recomputed if lost: never told
+  auto moved = host.forgetHolder(1);
+  CHECK(moved.size() == 1 && moved[0].first == "x" && moved[0].second == 2);
+
+  DirectoryShard standby(loop, [](int, const wire::Locations&) {});
+  standby.keepStandby(wire::GoneId{"holder-dead", false, 5, false});
+  standby.keepStandby(wire::GoneId{"holder-alive", false, 6, false});
+  standby.keepStandby(wire::GoneId{"listed", false, 5, false});
+  standby.keepStandby(wire::GoneId{"retracted", false, 5, false});
+  standby.keepStandby(wire::GoneId{"retracted", false, -1, false});
+  CHECK(standby.registerObject(registration("listed", 7, 0, /*reannounce=*/true)).ok());
+  using Fate = DirectoryShard::Fate;
+  int goneRank = 5;
+  auto fateOf = [&goneRank](int rank) { return rank == goneRank ? Fate::kFailed : Fate::kAlive; };
+  standby.adoptStandby([](const std::string&) { return true; }, fateOf);
+  // Lost with rank 5, which is gone: failed at once.
+  auto dead = lookUp(standby, "holder-dead");
+  CHECK(dead->answered && dead->status.code == Code::kPeerFailed);
+  CHECK(dead->status.message.find("its last holder, rank 5, failed") != std::string::npos);
+  // Listed by another holder before the adoption: found; forgotten when retracted: waits.
+  CHECK(lookUp(standby, "listed")->answered && lookUp(standby, "listed")->status.ok());
+  CHECK(!lookUp(standby, "retracted")->answered);
+  // Rank 6 is alive: a get waits for it to list its copy, and fails once it goes first.
+  auto alive = lookUp(standby, "holder-alive");
+  CHECK(!alive->answered);
+  standby.forgetHolder(6, /*left=*/true);
+  CHECK(alive->answered && alive->status.code == Code::kPeerFailed);
+  CHECK(alive->status.message.find("rank 6, left") != std::string::npos);
+  // A holder this node never talked to: its shard's move says it is gone
+  // (the next adoption checks what is still expected).
+  standby.keepStandby(wire::GoneId{"holder-unheard", false, 9, false});
+  standby.adoptStandby([](const std::string&) { return true; }, fateOf);
+  auto unheard = lookUp(standby, "holder-unheard");
+  CHECK(!unheard->answered);
+  goneRank = 9;
+  standby.adoptStandby([](const std::string&) { return true; }, fateOf);
+  CHECK(unheard->answered && unheard->status.code == Code::kPeerFailed);
+  // A copy listed again wins over the memory of the loss.
+  CHECK(standby.registerObject(registration("holder-dead", 8, 0, /*reannounce=*/true)).ok());
+  CHECK(lookUp(standby, "holder-dead")->status.ok());
+}
+
 }  // namespace
 
 int main() {
@@ -113,5 +182,6 @@ int main() {
   testTokens(loop);
   testHandOver(loop);
   testStandby(loop);
+  testStandbyHolders(loop);
   return finish("test_directory_shard");
 }
