@@ -13,6 +13,7 @@ DirectoryShard::~DirectoryShard() {
   for (auto& [id, list] : waiters_) {
     for (auto& w : list) loop_.cancelTimer(w.timer);
   }
+  for (auto& [id, timer] : graceTimers_) loop_.cancelTimer(timer);
 }
 
 Status DirectoryShard::registerObject(const wire::Register& msg) {
@@ -269,7 +270,7 @@ void DirectoryShard::keepStandby(const wire::GoneId& gone) {
 }
 
 void DirectoryShard::adoptStandby(const std::function<bool(const std::string& id)>& hosted,
-                                  const std::function<Fate(int rank)>& fateOf) {
+                                  const std::function<Fate(int rank)>& fateOf, double graceSeconds) {
   std::vector<std::pair<std::string, StandbyRecord>> adopted;
   for (auto it = standby_.begin(); it != standby_.end();) {
     if (!hosted(it->first)) {
@@ -287,18 +288,30 @@ void DirectoryShard::adoptStandby(const std::function<bool(const std::string& id
     }
   }
   // A holder that went before listing its copy here (no connection to this
-  // node need have told: its shard moved).
+  // node need have told: its shard moved). A rank wrongly thought gone (a
+  // stall) lists its copies again once it hears of the move: it has
+  // `graceSeconds` to, before gets of its objects fail.
   std::vector<wire::GoneId> lostWithHolder;
-  for (auto x = expected_.begin(); x != expected_.end();) {
-    const Fate fate = fateOf(x->second);
-    if (fate == Fate::kAlive) {
-      ++x;
+  for (auto& [id, holder] : expected_) {
+    const Fate fate = fateOf(holder);
+    if (fate == Fate::kAlive || graceTimers_.count(id)) continue;
+    wire::GoneId gone{id, /*deleted=*/false, holder, fate == Fate::kLeft};
+    if (graceSeconds <= 0) {
+      lostWithHolder.push_back(gone);
       continue;
     }
-    lostWithHolder.push_back(wire::GoneId{x->first, /*deleted=*/false, x->second, fate == Fate::kLeft});
-    x = expected_.erase(x);
+    graceTimers_[id] = loop_.addTimer(graceSeconds, [this, gone] {
+      graceTimers_.erase(gone.id);
+      auto x = expected_.find(gone.id);
+      if (x == expected_.end() || x->second != gone.lastHolder) return;  // listed, deleted or moved since
+      expected_.erase(x);
+      adoptGone(gone, /*fromStandby=*/true);
+    });
   }
-  for (const auto& gone : lostWithHolder) adoptGone(gone, /*fromStandby=*/true);
+  for (const auto& gone : lostWithHolder) {
+    expected_.erase(gone.id);
+    adoptGone(gone, /*fromStandby=*/true);
+  }
 }
 
 void DirectoryShard::adoptGone(const wire::GoneId& gone, bool fromStandby) {

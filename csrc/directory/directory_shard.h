@@ -114,11 +114,12 @@ class DirectoryShard {
   // deleted ones are remembered as deleted here, unless a holder lists a copy
   // again (the standby may have missed that the id was put again). Put ones
   // that no holder listed here yet are expected from the holder the standby
-  // was told of: if it is gone (`fateOf`; checked again at every later call,
-  // and at forgetHolder) before it lists its copy, they are remembered as lost
-  // with it, so that gets fail at once instead of waiting.
+  // was told of: if it is gone (`fateOf`; checked again at every later call)
+  // and has not listed its copy `graceSeconds` later, or if this node loses
+  // it (forgetHolder), they are remembered as lost with it, so that gets fail
+  // instead of waiting for a put.
   void adoptStandby(const std::function<bool(const std::string& id)>& hosted,
-                    const std::function<Fate(int rank)>& fateOf);
+                    const std::function<Fate(int rank)>& fateOf, double graceSeconds);
   // Lookups parked here until their object is registered (any thread, for stats).
   uint64_t waitingLookups() const { return waiting_.load(); }
 
@@ -186,6 +187,7 @@ class DirectoryShard {
   std::unordered_map<std::string, StandbyRecord> standby_;  // keepStandby
   // Adopted ids whose put's holder has not listed its copy here yet → that holder (adoptStandby).
   std::unordered_map<std::string, int> expected_;
+  std::unordered_map<std::string, EventLoop::TimerId> graceTimers_;  // expected ids whose holder is gone
   std::deque<std::pair<std::string, uint64_t>> standbyOrder_;  // oldest first; stale seqs are skipped
   uint64_t standbySeq_ = 0;
 };

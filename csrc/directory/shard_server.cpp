@@ -12,11 +12,13 @@
 
 namespace hoplite {
 
-ShardServer::ShardServer(EventLoop& loop, PeerLinks& peers, DirectoryClient& directory, int worldSize)
+ShardServer::ShardServer(EventLoop& loop, PeerLinks& peers, DirectoryClient& directory, int worldSize,
+                         double graceSeconds)
     : loop_(loop),
       peers_(peers),
       directory_(directory),
       worldSize_(worldSize),
+      graceSeconds_(graceSeconds),
       shard_(loop, [this](int rank, const wire::Locations& msg) { peers_.send(rank, msg); }) {}
 
 void ShardServer::registerHandlers(MessageRouter& router) {
@@ -109,7 +111,7 @@ void ShardServer::adoptStandby() {
   shard_.adoptStandby([this](const std::string& id) { return directory_.hosts(id); }, [this](int rank) {
     if (rank == directory_.rank() || !(peers_.hasFailed(rank) || directory_.hasMoved(rank))) return Fate::kAlive;
     return peers_.isLeaving(rank) ? Fate::kLeft : Fate::kFailed;
-  });
+  }, graceSeconds_);
 }
 
 void ShardServer::tellStandby(const std::string& id, bool deleted, int holder) {

@@ -15,7 +15,9 @@ namespace hoplite {
 class ShardServer {
  public:
   // `directory` sends the DropCopy requests of deletes.
-  ShardServer(EventLoop& loop, PeerLinks& peers, DirectoryClient& directory, int worldSize);
+  // `graceSeconds`: how long a rank thought gone has to list its copies again
+  // at a shard that took over, before gets of them fail (adoptStandby).
+  ShardServer(EventLoop& loop, PeerLinks& peers, DirectoryClient& directory, int worldSize, double graceSeconds);
 
   // Register, HolderUpdate, Lookup, Delete, Subscribe, ShardHandOver.
   void registerHandlers(MessageRouter& router);
@@ -55,6 +57,7 @@ class ShardServer {
   PeerLinks& peers_;
   DirectoryClient& directory_;
   const int worldSize_;
+  const double graceSeconds_;
   DirectoryShard shard_;
   std::vector<wire::GoneId> toStandby_;  // not sent yet (tellStandby)
 };

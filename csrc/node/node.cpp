@@ -100,7 +100,8 @@ Node::Node(NodeConfig config)
   mailbox_ = std::make_unique<Mailbox>(
       loop_, *peers_,
       MailboxConfig{config_.rank, config_.worldSize, config_.mailboxBytes, config_.capacityBytes, config_.chunkBytes});
-  shardServer_ = std::make_unique<ShardServer>(loop_, *peers_, *directory_, config_.worldSize);
+  shardServer_ = std::make_unique<ShardServer>(loop_, *peers_, *directory_, config_.worldSize,
+                                               config_.heartbeatTimeoutSeconds);
   ReduceServices& services = *this;
   linkEstimator_ = std::make_unique<LinkEstimator>(loop_, services, config_.rank, config_.worldSize);
   coordinator_ = std::make_unique<ReduceCoordinator>(

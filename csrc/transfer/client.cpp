@@ -129,7 +129,6 @@ void TransferClient::startGet(uint64_t token) {
     auto it = gets_.find(token);
     if (it == gets_.end()) return;  // timed out meanwhile
     GetOp& op = it->second;
-    traceStep(Step::kGetLocated, op.id, sender);
     if (!status.ok()) {
       Status s = status;
       if (s.code == Code::kTimeout) {
@@ -143,12 +142,14 @@ void TransferClient::startGet(uint64_t token) {
     }
     if (sender >= 0) op.stage = "transfer from " + peers_.peerName(sender);
     waitForLocal(token, std::move(obj), sender);
-  }, preferred);
+  }, preferred, /*forGet=*/true);
 }
 
-void TransferClient::fetch(const std::string& id, double timeoutSeconds, FetchCallback done, int preferred) {
+void TransferClient::fetch(const std::string& id, double timeoutSeconds, FetchCallback done, int preferred,
+                           bool forGet) {
   HOPLITE_ASSERT_ON_LOOP(loop_);
   if (auto obj = store_.find(id); obj && !closing_) {
+    if (forGet) traceStep(Step::kGetLocated, id, -1);
     keepCopy(*obj);
     counters_.localGets++;
     done(Status(), obj, -1);
@@ -156,12 +157,15 @@ void TransferClient::fetch(const std::string& id, double timeoutSeconds, FetchCa
   }
   directory_.requestLookup(
       id, timeoutSeconds, /*locate=*/false, /*failedHolder=*/-1,
-      [this, id, done = std::move(done)](const Status& s, const wire::LookupReply* reply) { onFetchLookup(id, s, reply, done); },
+      [this, id, forGet, done = std::move(done)](const Status& s, const wire::LookupReply* reply) {
+        onFetchLookup(id, s, reply, done, forGet);
+      },
       preferred);
 }
 
 void TransferClient::onFetchLookup(const std::string& id, const Status& status, const wire::LookupReply* reply,
-                         const FetchCallback& done) {
+                                   const FetchCallback& done, bool forGet) {
+  if (forGet) traceStep(Step::kGetLocated, id, status.ok() && reply != nullptr ? reply->sender : -1);
   if (!status.ok() || reply == nullptr) {
     done(status.ok() ? Status(Code::kProtocol, "lookup of " + printableId(id) + " answered without a location")
                      : status,

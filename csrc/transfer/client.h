@@ -73,7 +73,10 @@ class TransferClient {
   // arriving), a copy pulled from the sender the directory assigns (`sender`,
   // else -1), or a standalone one for an inline object. Runs `done` once.
   // `preferred`: the sender to ask the directory for (see DirectoryShard::lookup).
-  void fetch(const std::string& id, double timeoutSeconds, FetchCallback done, int preferred = -1);
+  // `forGet`: a get's fetch, traced as get.located when the directory answers
+  // (before the pull it starts).
+  void fetch(const std::string& id, double timeoutSeconds, FetchCallback done, int preferred = -1,
+             bool forGet = false);
 
   // Data frames of pulls (see ConnectionObserver).
   uint8_t* dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
@@ -127,7 +130,7 @@ class TransferClient {
   };
   void startGet(uint64_t token);
   void onFetchLookup(const std::string& id, const Status& status, const wire::LookupReply* reply,
-                     const FetchCallback& done);
+                     const FetchCallback& done, bool forGet);
   // `sender`: the holder the fetch started a pull from for this get (-1: none).
   void waitForLocal(uint64_t token, std::shared_ptr<LocalObject> object, int sender);
   // Runs whenever the local copy advances.

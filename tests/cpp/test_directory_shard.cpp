@@ -95,7 +95,7 @@ void testStandby(EventLoop& loop) {
   // Before its host dies, the standby list answers nothing.
   CHECK(!standby.isDeleted("deleted"));
   standby.adoptStandby([](const std::string& id) { return id != "elsewhere"; },
-                       [](int) { return DirectoryShard::Fate::kAlive; });
+                       [](int) { return DirectoryShard::Fate::kAlive; }, 0);
   CHECK(standby.isDeleted("deleted"));
   CHECK(!standby.isDeleted("put-again"));
   CHECK(!standby.isDeleted("elsewhere"));
@@ -147,7 +147,7 @@ void testStandbyHolders(EventLoop& loop) {
   using Fate = DirectoryShard::Fate;
   int goneRank = 5;
   auto fateOf = [&goneRank](int rank) { return rank == goneRank ? Fate::kFailed : Fate::kAlive; };
-  standby.adoptStandby([](const std::string&) { return true; }, fateOf);
+  standby.adoptStandby([](const std::string&) { return true; }, fateOf, 0);
   // Lost with rank 5, which is gone: failed at once.
   auto dead = lookUp(standby, "holder-dead");
   CHECK(dead->answered && dead->status.code == Code::kPeerFailed);
@@ -164,12 +164,19 @@ void testStandbyHolders(EventLoop& loop) {
   // A holder this node never talked to: its shard's move says it is gone
   // (the next adoption checks what is still expected).
   standby.keepStandby(wire::GoneId{"holder-unheard", false, 9, false});
-  standby.adoptStandby([](const std::string&) { return true; }, fateOf);
+  standby.adoptStandby([](const std::string&) { return true; }, fateOf, 0);
   auto unheard = lookUp(standby, "holder-unheard");
   CHECK(!unheard->answered);
   goneRank = 9;
-  standby.adoptStandby([](const std::string&) { return true; }, fateOf);
+  standby.adoptStandby([](const std::string&) { return true; }, fateOf, 0);
   CHECK(unheard->answered && unheard->status.code == Code::kPeerFailed);
+  // With a grace period, a gone holder's objects are not lost at once (it may
+  // only have stalled, and list them again).
+  standby.keepStandby(wire::GoneId{"holder-stalled", false, 9, false});
+  standby.adoptStandby([](const std::string&) { return true; }, fateOf, 10);
+  CHECK(!lookUp(standby, "holder-stalled")->answered);
+  CHECK(standby.registerObject(registration("holder-stalled", 9, 0, /*reannounce=*/true)).ok());
+  CHECK(lookUp(standby, "holder-stalled")->status.ok());
   // A copy listed again wins over the memory of the loss.
   CHECK(standby.registerObject(registration("holder-dead", 8, 0, /*reannounce=*/true)).ok());
   CHECK(lookUp(standby, "holder-dead")->status.ok());
