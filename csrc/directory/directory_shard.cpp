@@ -291,27 +291,28 @@ void DirectoryShard::adoptStandby(const std::function<bool(const std::string& id
   // node need have told: its shard moved). A rank wrongly thought gone (a
   // stall) lists its copies again once it hears of the move: it has
   // `graceSeconds` to, before gets of its objects fail.
-  std::vector<wire::GoneId> lostWithHolder;
+  std::vector<wire::GoneId> lostNow;
   for (auto& [id, holder] : expected_) {
     const Fate fate = fateOf(holder);
     if (fate == Fate::kAlive || graceTimers_.count(id)) continue;
     wire::GoneId gone{id, /*deleted=*/false, holder, fate == Fate::kLeft};
     if (graceSeconds <= 0) {
-      lostWithHolder.push_back(gone);
+      lostNow.push_back(gone);
       continue;
     }
     graceTimers_[id] = loop_.addTimer(graceSeconds, [this, gone] {
       graceTimers_.erase(gone.id);
-      auto x = expected_.find(gone.id);
-      if (x == expected_.end() || x->second != gone.lastHolder) return;  // listed, deleted or moved since
-      expected_.erase(x);
-      adoptGone(gone, /*fromStandby=*/true);
+      loseExpected(gone);
     });
   }
-  for (const auto& gone : lostWithHolder) {
-    expected_.erase(gone.id);
-    adoptGone(gone, /*fromStandby=*/true);
-  }
+  for (const auto& gone : lostNow) loseExpected(gone);
+}
+
+void DirectoryShard::loseExpected(const wire::GoneId& gone) {
+  auto x = expected_.find(gone.id);
+  if (x == expected_.end() || x->second != gone.lastHolder) return;  // listed, deleted or moved since
+  expected_.erase(x);
+  adoptGone(gone, /*fromStandby=*/true);
 }
 
 void DirectoryShard::adoptGone(const wire::GoneId& gone, bool fromStandby) {
@@ -349,16 +350,11 @@ bool DirectoryShard::takeStandbyHolder(const std::string& id, int holder, bool p
 
 std::vector<std::pair<std::string, int>> DirectoryShard::forgetHolder(int rank, bool left) {
   std::vector<std::pair<std::string, int>> moved;
-  std::vector<std::string> lostWithIt;
-  for (auto x = expected_.begin(); x != expected_.end();) {
-    if (x->second != rank) {
-      ++x;
-      continue;
-    }
-    lostWithIt.push_back(x->first);
-    x = expected_.erase(x);
+  std::vector<wire::GoneId> lostWithIt;
+  for (const auto& [id, holder] : expected_) {
+    if (holder == rank) lostWithIt.push_back(wire::GoneId{id, /*deleted=*/false, rank, left});
   }
-  for (const auto& id : lostWithIt) adoptGone(wire::GoneId{id, /*deleted=*/false, rank, left}, /*fromStandby=*/true);
+  for (const auto& gone : lostWithIt) loseExpected(gone);
   for (auto e = entries_.begin(); e != entries_.end();) {
     DirectoryEntry& entry = e->second;
     auto it = entry.holders.find(rank);

@@ -139,6 +139,9 @@ class DirectoryShard {
   // An entry with no copy left (see lost()): forgets it, and remembers it as
   // lost (last holder, or -1) unless its reduce computes it again.
   Entries::iterator dropLost(Entries::iterator entry, int lastHolder, bool left = false);
+  // An expected id (adoptStandby) whose holder is gone: lost with it, unless
+  // listed, deleted or expected from another holder since.
+  void loseExpected(const wire::GoneId& gone);
   // Whether the entry has no copy left anywhere (inline bytes count as one).
   static bool lost(const DirectoryEntry& entry) { return entry.holders.empty() && !entry.hasInline; }
   // Receiver-driven broadcast: picks who serves `asker` (`preferred` if it
