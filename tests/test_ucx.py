@@ -2,6 +2,7 @@
 asked for, and the transport-independent tests run over it (UCX_TLS=tcp)."""
 
 import glob
+import json
 import os
 import socket
 import struct
@@ -194,3 +195,19 @@ def test_transport_independent_tests_pass_over_ucx(tests):
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     assert " passed" in run.stdout and " skipped" not in run.stdout, run.stdout[-2000:]
+
+
+@needs_ucx
+def test_p2p_trace_summarises_the_ucx_frames_of_both_directions(tmp_path):
+    out = tmp_path / "p2p"
+    cmd = [sys.executable, "benchmarks/p2p.py", "--sizes", "4MB", "--systems", "hoplite-ucx-zero-copy", "--trials", "1",
+           "--warmup", "0", "--trace", "--out", str(out)]
+    run = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "UCX_TLS": "tcp"}, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (traced,) = json.loads((tmp_path / "p2p-trace.json").read_text())
+    assert traced["system"] == "hoplite-ucx-zero-copy" and traced["size_bytes"] == 4 << 20
+    frames = traced["frames"]
+    assert sorted(f["sender"] for f in frames) == [0, 1]  # the object there, the reply back
+    for f in frames:
+        assert f["frames"] > 1 and f["frames"] * f["frame_bytes"] == 4 << 20, f
+        assert f["gbps"] > 0 and f["send_to_arrived_us"] >= 0, f
