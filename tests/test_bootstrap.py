@@ -1,6 +1,7 @@
 """init() finds its store the ways torchrun users expect: from MASTER_ADDR /
 MASTER_PORT / RANK / WORLD_SIZE, or from an initialized default process group."""
 
+import datetime
 import multiprocessing as mp
 import os
 import re
@@ -86,6 +87,57 @@ def test_init_without_a_store_for_several_ranks_says_what_is_missing(monkeypatch
     with pytest.raises(ValueError, match="out of range"):
         hop.init(dist.HashStore(), rank=3, world_size=2)
     assert not hop.is_initialized()
+
+
+def _learns_rank_2_late(rank: int, port: int, queue) -> None:
+    """Rank 1 adds its peers only after rank 0's put reached its shard, whose
+    standby (rank 2) it must then write to before it knows where rank 2 is."""
+    from cluster import ids_with_shard
+    import torch_hoplite._bootstrap as bootstrap
+    try:
+        store = dist.TCPStore("127.0.0.1", port, 3, is_master=rank == 0, timeout=datetime.timedelta(seconds=60))
+        exchange = bootstrap.Rendezvous.exchange_addresses
+
+        def exchange_then_stall(self, host, port):
+            peers = exchange(self, host, port)
+            store.set("rank1-listens", "1")
+            store.wait(["put-listed"])  # (the node runs meanwhile: its shard hears of the put)
+            return peers
+
+        if rank == 1:
+            bootstrap.Rendezvous.exchange_addresses = exchange_then_stall
+        hop.init(store, rank=rank, world_size=3, timeout=30)
+        if rank == 0:
+            store.wait(["rank1-listens"])
+            on_rank_1 = ids_with_shard("late", 1, 3, lambda s: s == 1)[0]
+            hop.put(torch.full((1000,), 7.0), on_rank_1, timeout=30)
+            time.sleep(0.5)  # the shard mirrors the put to its standby, rank 2
+            store.set("put-listed", "1")
+        hop.put(torch.full((1000,), float(rank)), f"late-from-{rank}")
+        hop.barrier(timeout=30)
+        got = [float(hop.get(f"late-from-{r}", timeout=30).wait()[0]) for r in range(3)]
+        moved = hop.stats()["shards_moved"]
+        hop.barrier(timeout=30)  # (before any rank leaves, which moves its shard)
+        hop.shutdown()
+        queue.put((rank, (got, moved)))
+    except BaseException as e:
+        queue.put((rank, repr(e)))
+
+
+def test_a_peer_heard_of_before_its_address_is_waited_for_not_failed():
+    """A rank may be written to (a shard's standby mirror) before the
+    rendezvous told this node its address: the write waits for the address,
+    and no rank is taken for failed (it was, and its shard moved, under load)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = free_port()
+    procs = [ctx.Process(target=_learns_rank_2_late, args=(r, port, queue)) for r in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(90)
+    results = dict(queue.get() for _ in procs if not queue.empty())
+    assert results == {r: ([0.0, 1.0, 2.0], 0) for r in range(3)}
 
 
 TORCHRUN_SCRIPT = os.path.join(os.path.dirname(__file__), "torchrun_rpc_and_hoplite.py")

@@ -125,6 +125,10 @@ void Peers::adoptPeer(int rank, const Handshake& hello, uint64_t connectionId) {
     peer.host = host;
     peer.port = port;
     if (hello.incarnation != 0) peer.incarnation = hello.incarnation;
+    if (peer.awaitingAddress) {
+      peer.awaitingAddress = false;
+      connectPeer(rank);
+    }
     return;
   }
   // What was on its way to the old process fails (and is asked again where that retries).

@@ -50,7 +50,12 @@ void Peers::addPeer(int rank, const std::string& host, int port) {
     if (peer.host == host && peer.port == port) return;
     peer.host = host;
     peer.port = port;
-    if (peer.conn) peer.conn->close(Status(Code::kPeerFailed, "peer address changed"));
+    if (peer.conn) {
+      peer.conn->close(Status(Code::kPeerFailed, "peer address changed"));
+    } else if (peer.awaitingAddress) {
+      peer.awaitingAddress = false;
+      connectPeer(rank);
+    }
   });
 }
 
@@ -125,7 +130,7 @@ void Peers::whenConnected(int rank, std::function<void(Connection&)> write) {
     return;
   }
   peer.queued.push_back(std::move(write));
-  if (!peer.conn) {
+  if (!peer.conn && !peer.awaitingAddress) {
     // Retry refused connects only while a peer may still be starting up (not
     // one known to have failed: a restarted one is listening by the time we learn of it).
     peer.connectDeadline = peer.lost || events_.departed(rank) ? 0 : steadySeconds() + config_.connectTimeoutSeconds;
@@ -138,7 +143,7 @@ void Peers::whenConnected(int rank, std::function<void(Connection&)> write) {
 void Peers::connectPeer(int rank) {
   Peer& peer = peers_[rank];
   if (peer.port == 0) {
-    failPeer(rank, Status(Code::kPeerFailed, "no address known for rank " + std::to_string(rank)));
+    awaitAddress(rank);
     return;
   }
   peer.ready = false;
@@ -162,12 +167,33 @@ void Peers::connectPeer(int rank) {
   });
 }
 
+void Peers::awaitAddress(int rank) {
+  // A peer's address comes from the rendezvous (addPeer) or from its hello,
+  // and a peer may write to this node before either reached it (it finished
+  // the rendezvous first): what is queued for it waits, up to the connect
+  // deadline, instead of failing a peer that is merely not heard of yet.
+  Peer& peer = peers_[rank];
+  if (steadySeconds() >= peer.connectDeadline) {
+    failPeer(rank, Status(Code::kPeerFailed, "no address known for rank " + std::to_string(rank) + " within " +
+                                                 printableSeconds(config_.connectTimeoutSeconds)));
+    return;
+  }
+  peer.awaitingAddress = true;
+  loop_.addTimer(peer.connectDeadline - steadySeconds(), [this, rank] {
+    auto it = peers_.find(rank);
+    if (closing_ || it == peers_.end() || !it->second.awaitingAddress) return;
+    it->second.awaitingAddress = false;
+    connectPeer(rank);
+  });
+}
+
 void Peers::failPeer(int rank, const Status& why, bool gone) {
   HOPLITE_ASSERT_ON_LOOP(loop_);
   if (rank < 0 || rank >= config_.worldSize) return;
   if (gone) events_.onPeerGone(rank);
   Peer& peer = peers_[rank];
   peer.lost = true;
+  peer.awaitingAddress = false;
   peer.conn.reset();
   peer.ready = false;
   peer.queued.clear();

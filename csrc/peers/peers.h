@@ -148,6 +148,7 @@ class Peers : public PeerLinks, public ConnectionObserver {
     bool lost = false;      // was reachable once and failed since: no retrying
     bool redialed = false;  // after it closed mid-handshake: dead or refusing us? (onDialedClosed)
     bool leaving = false;   // it said it shuts down (markLeaving)
+    bool awaitingAddress = false;  // writes are queued for it, its address is not known yet (awaitAddress)
     double lastHeard = 0;   // any frame on the connection, for heartbeats
     std::string helloNonce;   // ours, until the peer's challenge is verified
     std::string helloListen;  // the listen address our hello claimed, as the proofs cover it
@@ -167,6 +168,7 @@ class Peers : public PeerLinks, public ConnectionObserver {
 
   // --- connections and failure (peers.cpp) ---
   void connectPeer(int rank);
+  void awaitAddress(int rank);
   // `gone`: it died (not merely refused us).
   void failPeer(int rank, const Status& why, bool gone = true);
   void onDialedClosed(Connection& conn, const Status& why);
