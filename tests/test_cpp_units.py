@@ -28,6 +28,15 @@ def test_reduce_trees_cost_model_and_kernels(tmp_path):
 
 
 @needs_gxx
+def test_event_loop_turns_give_timers_posts_and_events_a_turn_during_soon_chains(tmp_path):
+    build_and_run(
+        tmp_path,
+        "test_event_loop",
+        ["tests/cpp/test_event_loop.cpp", "csrc/net/event_loop.cpp", "csrc/common/logging.cpp"],
+    )
+
+
+@needs_gxx
 def test_tcp_connection_shares_by_bytes_between_flows_and_lets_control_frames_overtake(tmp_path):
     build_and_run(
         tmp_path,

@@ -70,11 +70,9 @@ bool EventLoop::post(std::function<void()> fn) {
 void EventLoop::runSoon(std::function<void()> fn) { soon_.push_back(std::move(fn)); }
 
 void EventLoop::runSoonTasks() {
-  while (!soon_.empty()) {  // a task may queue more
-    std::vector<std::function<void()>> batch;
-    batch.swap(soon_);
-    for (auto& fn : batch) guarded(fn);
-  }
+  std::vector<std::function<void()>> batch;
+  batch.swap(soon_);
+  for (auto& fn : batch) guarded(fn);
 }
 
 void EventLoop::wake() {
@@ -161,15 +159,16 @@ void EventLoop::run() {
   epoll_event events[kMaxEvents];
   while (true) {
     runPosted();
-    int timeoutMs;
-    while (true) {  // what soon tasks arm counts for the wait
-      timeoutMs = runDueTimers();
-      if (soon_.empty()) break;
-      runSoonTasks();
-    }
+    runDueTimers();
+    // One batch per turn: what soon tasks queue waits for the timers, posts and
+    // events at hand (a UCX worker that progresses soon after every send it
+    // makes would otherwise hold the loop for as long as data flows).
+    runSoonTasks();
+    int timeoutMs = runDueTimers();  // (what the soon tasks armed counts for the wait)
+    if (!soon_.empty()) timeoutMs = 0;
     if (!running_) {
       runPosted();
-      runSoonTasks();
+      while (!soon_.empty()) runSoonTasks();
       break;
     }
     int n = epoll_wait(epollFd_, events, kMaxEvents, timeoutMs);
