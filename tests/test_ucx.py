@@ -107,14 +107,14 @@ def test_ucx_tcp_segments_are_ours_unless_the_user_sets_them(user_sets):
     # UCX says which UCT settings it applied in its debug log (Debian's and the wheels' builds log it).
     env = {**os.environ, "UCX_TLS": "tcp", "UCX_LOG_LEVEL": "debug"}
     if user_sets:
-        env["UCX_TCP_TX_SEG_SIZE"] = "32k"
+        env["UCX_TCP_TX_SEG_SIZE"] = "16k"
     script = ("import sys; sys.path.insert(0, 'tests'); from cluster import Cluster; "
               "Cluster(1, options={'transport': 'ucx', 'same_host': False}).close()")
     run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     log = run.stdout + run.stderr
     assert "apply UCT configuration RX_SEG_SIZE=256k" in log
-    assert ("apply UCT configuration TX_SEG_SIZE=64k" in log) != user_sets
+    assert ("apply UCT configuration TX_SEG_SIZE=32k" in log) != user_sets
 
 
 @needs_ucx

@@ -24,7 +24,7 @@ constexpr int kPassesPerTurn = 64;
 
 // UCX's tcp segment sizes (sends, receives), unless UCX_TCP_TX_SEG_SIZE /
 // UCX_TCP_RX_SEG_SIZE say otherwise.
-constexpr std::pair<const char*, const char*> kTcpSegments[] = {{"TX_SEG_SIZE", "64k"}, {"RX_SEG_SIZE", "256k"}};
+constexpr std::pair<const char*, const char*> kTcpSegments[] = {{"TX_SEG_SIZE", "32k"}, {"RX_SEG_SIZE", "256k"}};
 
 void check(ucs_status_t status, const char* what) {
   if (status != UCS_OK) throw std::runtime_error(ucxError(what, status));
@@ -40,9 +40,9 @@ UcxWorker::UcxWorker(EventLoop& loop, const TransportOptions& options)
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "UCX: reading its configuration (UCX_* variables)");
   // UCX's tcp sends in segments of 8 KiB and receives in 64 KiB by default:
-  // on a 16-core host that held a pull to a third of our TCP's rate. 64 KiB
-  // sends brought it to about 1.2x; 1 MiB, level, but it made a 256 MB
-  // allreduce over 1 Gbit/s links 14% slower (benchmarks/README.md, "UCX").
+  // on a 16-core host that held a pull to a third of our TCP's rate. Larger
+  // sends help there but cost over 1 Gbit/s links (64 KiB: a 16 MB broadcast
+  // 29% slower; 1 MiB: a 256 MB allreduce 14%); benchmarks/README.md, "UCX".
   for (const auto& [key, value] : kTcpSegments) {
     if (std::getenv((std::string("UCX_TCP_") + key).c_str()) != nullptr) continue;
     const ucs_status_t s = ucp_config_modify(config, key, value);
