@@ -159,7 +159,6 @@ void EventLoop::run() {
   epoll_event events[kMaxEvents];
   while (true) {
     runPosted();
-    runDueTimers();
     // One batch per turn: what soon tasks queue waits for the timers, posts and
     // events at hand (a UCX worker that progresses soon after every send it
     // makes would otherwise hold the loop for as long as data flows).

@@ -125,10 +125,7 @@ void Peers::adoptPeer(int rank, const Handshake& hello, uint64_t connectionId) {
     peer.host = host;
     peer.port = port;
     if (hello.incarnation != 0) peer.incarnation = hello.incarnation;
-    if (peer.awaitingAddress) {
-      peer.awaitingAddress = false;
-      connectPeer(rank);
-    }
+    dialIfAwaited(rank);
     return;
   }
   // What was on its way to the old process fails (and is asked again where that retries).

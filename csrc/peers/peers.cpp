@@ -52,9 +52,8 @@ void Peers::addPeer(int rank, const std::string& host, int port) {
     peer.port = port;
     if (peer.conn) {
       peer.conn->close(Status(Code::kPeerFailed, "peer address changed"));
-    } else if (peer.awaitingAddress) {
-      peer.awaitingAddress = false;
-      connectPeer(rank);
+    } else {
+      dialIfAwaited(rank);
     }
   });
 }
@@ -180,11 +179,15 @@ void Peers::awaitAddress(int rank) {
   }
   peer.awaitingAddress = true;
   loop_.addTimer(peer.connectDeadline - steadySeconds(), [this, rank] {
-    auto it = peers_.find(rank);
-    if (closing_ || it == peers_.end() || !it->second.awaitingAddress) return;
-    it->second.awaitingAddress = false;
-    connectPeer(rank);
+    if (!closing_) dialIfAwaited(rank);
   });
+}
+
+void Peers::dialIfAwaited(int rank) {
+  Peer& peer = peers_[rank];
+  if (!peer.awaitingAddress) return;
+  peer.awaitingAddress = false;
+  connectPeer(rank);
 }
 
 void Peers::failPeer(int rank, const Status& why, bool gone) {

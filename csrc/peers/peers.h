@@ -169,6 +169,9 @@ class Peers : public PeerLinks, public ConnectionObserver {
   // --- connections and failure (peers.cpp) ---
   void connectPeer(int rank);
   void awaitAddress(int rank);
+  // Its address became known, or the wait's deadline passed: what was queued
+  // while awaiting it is dialed (connectPeer fails the peer if still unknown).
+  void dialIfAwaited(int rank);
   // `gone`: it died (not merely refused us).
   void failPeer(int rank, const Status& why, bool gone = true);
   void onDialedClosed(Connection& conn, const Status& why);
