@@ -22,9 +22,11 @@ SOURCES := $(shell find csrc cuda -name '*.cpp' -o -name '*.h' -o -name '*.inc' 
 	HOPLITE_BUILD_UCX=1 MAX_JOBS=2 $(PIP) install -q --no-build-isolation -e .
 	touch $@
 
+# nft: the emulated cluster's partitions and loss (the soak, tests/test_partition.py).
 .stamp-bench-deps: .stamp-deps
 	$(PIP) install -q matplotlib tqdm gymnasium
 	command -v mpicc >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev)
+	command -v nft >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables)
 	touch $@
 
 # clang with libFuzzer, for make fuzz and the fuzz smoke test of make test.

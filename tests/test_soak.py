@@ -1,16 +1,28 @@
-"""A short soak (torch_hoplite.bench.soak): 4 ranks for 2 minutes of kills,
-leaves, restarts, pauses and strangers; nothing wrong is delivered and nothing hangs."""
+"""Short soaks (torch_hoplite.bench.soak): 4 ranks for 2 minutes of kills,
+leaves, restarts, pauses and strangers, over loopback and, adding partitions
+and packet loss, on the emulated cluster; nothing wrong is delivered and
+nothing hangs."""
 
 import json
+import shutil
 import subprocess
 import sys
 
+import pytest
 
-def test_two_minute_soak_delivers_nothing_wrong_and_never_hangs(tmp_path):
+from torch_hoplite.bench.emulated_cluster import available
+
+EMULATED = pytest.param("emulated", marks=pytest.mark.skipif(
+    not available() or shutil.which("nft") is None,
+    reason="needs root, iproute2 and nft for network namespaces and link faults"))
+
+
+@pytest.mark.parametrize("cluster", ["loopback", EMULATED])
+def test_two_minute_soak_delivers_nothing_wrong_and_never_hangs(tmp_path, cluster):
     out = tmp_path / "soak.json"
     run = subprocess.run(
         [sys.executable, "-m", "torch_hoplite.bench.soak", "--nodes", "4", "--minutes", "2", "--seed", "7",
-         "--fault-interval", "6", "--out", str(out)],
+         "--fault-interval", "6", "--cluster", cluster, "--out", str(out)],
         capture_output=True, text=True, timeout=600,
     )
     assert out.exists(), run.stdout[-4000:] + run.stderr[-4000:]
@@ -20,6 +32,8 @@ def test_two_minute_soak_delivers_nothing_wrong_and_never_hangs(tmp_path):
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     faults = report["faults_by_kind"]
     assert faults.get("kill", 0) + faults.get("leave", 0) + faults.get("pause", 0) >= 3, faults
+    if cluster == "emulated":
+        assert faults.get("partition", 0) >= 1 and faults.get("loss", 0) >= 1, faults
     assert all(op["ok"] > 0 for op in report["operations"].values()), report["operations"]
     assert not [f for f in report["faults"] if f["kind"] == "not-exited"], report["faults"]
     assert (out.with_suffix(".png")).exists()

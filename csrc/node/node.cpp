@@ -349,6 +349,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"messages_withdrawn", messages.withdrawn.load()},
       {"mailbox_bytes", messages.waitingBytes.load()},
       {"handshakes_refused", peers_->handshakesRefused()},
+      {"cut_offs", peers_->cutOffs()},
       {"inline_gets", client_->counters().inlineGets.load()},
       {"local_gets", client_->counters().localGets.load()},
       {"remote_gets", client_->counters().remoteGets.load()},

@@ -113,19 +113,29 @@ void Peers::handleAuth(Connection& conn, const wire::Auth& msg) {
 // A peer proved who it is: its address is where it listens now. A new process
 // (another incarnation, or a new address), or a peer we had given up on, is a
 // restarted process (a rank that rejoins): what we knew of the old one is
-// dropped, and we reach the new one from now on.
+// dropped, and we reach the new one from now on. A peer given up on that
+// comes back as the same process (it was stalled or cut off) keeps what still
+// works, our connection to it included: failing that would make it give up
+// on us in turn, and the two would evict each other for good.
 void Peers::adoptPeer(int rank, const Handshake& hello, uint64_t connectionId) {
   const std::string& host = hello.host;
   const int port = hello.port;
   Peer& peer = peers_[rank];
   const bool moved = peer.port != 0 && (peer.host != host || peer.port != port);
   const bool reborn = peer.incarnation != 0 && hello.incarnation != 0 && peer.incarnation != hello.incarnation;
+  const bool cameBack = !moved && peer.lost && hello.incarnation != 0 && peer.incarnation == hello.incarnation;
   peer.incoming = connectionId;
   if (!moved && !reborn && !peer.lost) {
     peer.host = host;
     peer.port = port;
     if (hello.incarnation != 0) peer.incarnation = hello.incarnation;
     dialIfAwaited(rank);
+    return;
+  }
+  if (cameBack) {
+    HLOG(kInfo, "%s is back (it was stalled or cut off)", peerName(rank).c_str());
+    peer.lost = false;
+    events_.onPeerRejoined(rank);  // (its shard stays moved: it is the same process)
     return;
   }
   // What was on its way to the old process fails (and is asked again where that retries).
@@ -155,9 +165,12 @@ void Peers::handleHelloAck(Connection& conn, const wire::HelloAck& ack) {
   // Whom we reached: a process we knew under another incarnation (at the
   // same address) was restarted meanwhile.
   const bool restarted = peer.incarnation != 0 && ack.incarnation != peer.incarnation;
+  // One given up on that answers as the same process was stalled or cut off (see adoptPeer).
+  const bool cameBack = peer.lost && !restarted && ack.incarnation != 0;
   peer.incarnation = ack.incarnation;
-  if (restarted) {
-    peer.leaving = false;  // (the process that left is not this one)
+  if (restarted) peer.leaving = false;  // (the process that left is not this one)
+  if (restarted || cameBack) {
+    peer.lost = false;
     events_.onPeerRejoined(conn.peerRank());
   }
   peer.memory = acceptSameHost(conn.peerRank(), ack);  // before the queued pulls go out
@@ -170,6 +183,7 @@ void Peers::handleHelloAck(Connection& conn, const wire::HelloAck& ack) {
     if (!c || !c->isOpen()) break;
     write(*c);
   }
+  leaveCutOffIfMostReached();
 }
 
 void Peers::handleProbe(Connection& conn, const wire::Probe& msg) {

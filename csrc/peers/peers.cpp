@@ -224,7 +224,8 @@ void Peers::onClosed(Connection& conn, const Status& why) {
   // Only the connection it opened last speaks for it: an older one closing
   // late (its previous process's) says nothing about a rank that rejoined.
   const int from = conn.peerRank();
-  const bool left = from >= 0 && !closing_ && peers_[from].incoming == conn.id() && !justStalled(steadySeconds());
+  const bool left =
+      from >= 0 && !closing_ && !cutOff_ && peers_[from].incoming == conn.id() && !justStalled(steadySeconds());
   if (left) peers_[from].lost = true;
   events_.onAcceptedClosed(conn, from, left, why);
 }
@@ -247,6 +248,7 @@ void Peers::onDialedClosed(Connection& conn, const Status& why) {
                                                            "timeout (" + why.message + ")"));
     return;
   }
+  if (!closing_ && cutOff_) return linkLostWhileCutOff(peer, rank, why);
   // Retry only connects that never completed: the peer may not be listening
   // yet (fresh namespaces take a moment). One that accepted and then closed
   // (e.g. died before its hello ack) has failed.
@@ -316,9 +318,14 @@ void Peers::checkHeartbeats() {
     // frame, up to an interval before this stall began): assume they did.
     events_.onResumed();
   }
+  checkCutOff(t);
   std::vector<int> silent, quiet;
   for (const auto& [rank, peer] : peers_) {
-    if (!peer.ready || !peer.conn || !peer.conn->isOpen()) continue;
+    if (!peer.ready || !peer.conn || !peer.conn->isOpen()) {
+      // Cut off: the silent peers are redialed, to find out when the link is back.
+      if (cutOff_ && !peer.conn && !peer.awaitingAddress && !peer.leaving) quiet.push_back(rank);
+      continue;
+    }
     if (t - peer.lastHeard > config_.heartbeatTimeoutSeconds) {
       silent.push_back(rank);
     } else if (t - peer.lastHeard >= config_.heartbeatIntervalSeconds) {
@@ -336,6 +343,58 @@ void Peers::checkHeartbeats() {
   }
   for (int rank : quiet) events_.ping(rank);
   loop_.addTimer(config_.heartbeatIntervalSeconds, [this] { checkHeartbeats(); });
+}
+
+void Peers::checkCutOff(double t) {
+  if (cutOff_) return;
+  // Peers fall silent within a heartbeat interval of each other when this
+  // process's link goes: those half-way to the timeout count too.
+  int talking = 0, silent = 0, fading = 0;
+  for (const auto& [rank, peer] : peers_) {
+    if (!peer.ready || !peer.conn || !peer.conn->isOpen()) continue;
+    ++talking;
+    const double quietFor = t - peer.lastHeard;
+    silent += quietFor > config_.heartbeatTimeoutSeconds;
+    fading += quietFor > config_.heartbeatTimeoutSeconds / 2;
+  }
+  // One silent peer is that peer's trouble; most of them at once, this process's.
+  if (silent == 0 || fading < 2 || 2 * fading <= talking) return;
+  cutOff_ = true;
+  counters_.cutOffs++;
+  HLOG(kWarn,
+       "%d of the %d peers this process talks to answered nothing for over %s: taking this process for cut off from "
+       "the cluster (a network partition?). It declares none of them failed, fails what waits on them, and redials "
+       "them until it reaches most of its peers again",
+       fading, talking, printableSeconds(config_.heartbeatTimeoutSeconds / 2).c_str());
+  std::vector<std::shared_ptr<Connection>> fadingConns;
+  for (const auto& [rank, peer] : peers_) {
+    if (peer.ready && peer.conn && peer.conn->isOpen() && t - peer.lastHeard > config_.heartbeatTimeoutSeconds / 2) {
+      fadingConns.push_back(peer.conn);
+    }
+  }
+  for (const auto& c : fadingConns) c->close(Status(Code::kPeerFailed, "it answered nothing (HOPLITE_HEARTBEAT_TIMEOUT)"));
+}
+
+void Peers::linkLostWhileCutOff(Peer& peer, int rank, const Status& why) {
+  peer.conn.reset();
+  peer.ready = false;
+  peer.queued.clear();  // (what they carried is failed below)
+  events_.onLinkLost(rank, Status(Code::kPeerFailed, "cannot reach " + peerName(rank) +
+                                                         ": this process is cut off from most of its peers (a network "
+                                                         "partition?) and fails what waits on them (" +
+                                                         why.message + ")"));
+}
+
+void Peers::leaveCutOffIfMostReached() {
+  if (!cutOff_) return;
+  int reached = 0;
+  for (const auto& [rank, peer] : peers_) reached += peer.ready && peer.conn && peer.conn->isOpen();
+  if (2 * reached <= config_.worldSize - 1) return;
+  cutOff_ = false;
+  HLOG(kWarn, "this process reaches %d of its %d peers again: no longer cut off", reached, config_.worldSize - 1);
+  // The others most likely declared it failed meanwhile: it recovers as after a stall.
+  stalledUntil_ = steadySeconds() + config_.heartbeatTimeoutSeconds;
+  events_.onResumed();
 }
 
 // ---------------------------------------------------------------- frames

@@ -83,6 +83,7 @@ class Peers : public PeerLinks, public ConnectionObserver {
  public:
   struct Counters {
     std::atomic<uint64_t> handshakesRefused{0};  // peers that could not prove they know the secret
+    std::atomic<uint64_t> cutOffs{0};            // times this process took itself for cut off (cutOff_)
   };
 
   // Registers its handshake messages with `router`, which gets every other
@@ -110,6 +111,7 @@ class Peers : public PeerLinks, public ConnectionObserver {
   // Peers that could not prove they know the secret, in the handshake or
   // before it in the transport (any thread).
   uint64_t handshakesRefused() const { return counters_.handshakesRefused + transport_->peersRefused(); }
+  uint64_t cutOffs() const { return counters_.cutOffs; }
 
   // Shutdown: every connection ends gracefully (what was sent still arrives);
   // then, from the caller's thread, waits up to `lingerSeconds` for peers to
@@ -220,6 +222,15 @@ class Peers : public PeerLinks, public ConnectionObserver {
   bool justStalled(double t) const;
   // The heartbeat timer ran late: this process did not run for a while.
   bool heartbeatOverdue(double t) const;
+  // Most of the peers this process talks to fell silent together: it takes
+  // itself for the one cut off (a network partition), not them for failed.
+  // Until it reaches most of its peers again it declares no one failed (the
+  // majority moves its shard, not it theirs): what waits on a silent peer
+  // fails, and the silent peers are redialed every heartbeat interval.
+  bool cutOff_ = false;
+  void checkCutOff(double t);
+  void linkLostWhileCutOff(Peer& peer, int rank, const Status& why);
+  void leaveCutOffIfMostReached();
   bool closing_ = false;
   // At shutdown: the connections ending gracefully, and the promise kept once
   // none of them is open.

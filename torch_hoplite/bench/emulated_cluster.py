@@ -5,6 +5,13 @@ bandwidth, not the CPU, is the bottleneck and the ideal time is known.
     with EmulatedCluster(4, rate="1gbit") as cluster:
         proc = cluster.popen(0, ["python", "worker.py"])   # runs inside node 0's namespace
 
+A node's link can be cut (all its frames dropped both ways) or made lossy,
+and healed (nftables at the switch: this kernel has no netem, so no delay or
+reordering). With `management=True` every node also has an unshaped link to
+this (the host's) namespace at `management_address(i)`, never impaired: a
+harness's own bookkeeping (its rendezvous store) stays reachable while the
+data link is cut.
+
 Needs root and iproute2. Everything is torn down on exit, also after an
 exception or Ctrl-C (and a stale cluster of the same name is removed first).
 Facts behind the settings: shared/EMULATOR-NOTES.md (burst >= 128kb, or tbf
@@ -14,6 +21,7 @@ rate is full speed).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -22,6 +30,9 @@ import sys
 from typing import Optional
 
 SUBNET = "10.77.0"
+MANAGEMENT_SUBNET = "10.78.0"
+MANAGEMENT_HOST = f"{MANAGEMENT_SUBNET}.254"  # this namespace's address on the management bridge
+_CLONE_NEWNET = 0x40000000
 
 # One TCP flow, timed by the receiver from its first byte to the end.
 _RECEIVER = """
@@ -75,21 +86,40 @@ def available() -> bool:
     return made
 
 
+def enter_namespace(ns: str) -> None:
+    """Moves the calling thread into the network namespace `ns`: the sockets it
+    opens from then on, and the threads it starts, are that namespace's."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into {ns}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
 class EmulatedCluster:
     """`congestion`: the TCP congestion control every node's kernel defaults to
     (None: what a new namespace gets, the host's default). A namespace may only
     default to one in the host's allowed list; one missing there is added for
-    the cluster's lifetime."""
+    the cluster's lifetime.
 
-    def __init__(self, nodes: int, rate: str = "1gbit", name: str = "hpl", congestion: Optional[str] = None):
+    `management`: see the module's docstring."""
+
+    def __init__(self, nodes: int, rate: str = "1gbit", name: str = "hpl",
+                 congestion: Optional[str] = None, management: bool = False):
         if not 1 <= nodes <= 200:
             raise ValueError(f"nodes must be in 1..200, got {nodes}")
         self.nodes = nodes
         self.rate = rate
         self.name = name
         self.switch = f"{name}-sw"
+        self.management_bridge = f"{name}-mbr"
         self.congestion = congestion
+        self.management = management
         self._allowed_before: Optional[str] = None
+        self._faults: dict[int, str] = {}  # node: what the switch does to its frames
 
     def ns(self, i: int) -> str:
         return f"{self.name}-n{i}"
@@ -100,6 +130,9 @@ class EmulatedCluster:
 
     def address(self, i: int) -> str:
         return f"{SUBNET}.{i + 1}"
+
+    def management_address(self, i: int) -> str:
+        return f"{MANAGEMENT_SUBNET}.{i + 1}"
 
     def __enter__(self) -> "EmulatedCluster":
         self._teardown()
@@ -121,6 +154,10 @@ class EmulatedCluster:
         _ip("ip", "netns", "add", self.switch)
         _ip("ip", "link", "add", "br0", "type", "bridge", ns=self.switch)
         _ip("ip", "link", "set", "br0", "up", ns=self.switch)
+        if self.management:
+            _ip("ip", "link", "add", self.management_bridge, "type", "bridge")
+            _ip("ip", "addr", "add", f"{MANAGEMENT_HOST}/24", "dev", self.management_bridge)
+            _ip("ip", "link", "set", self.management_bridge, "up")
         tbf = ["tbf", "rate", self.rate, "burst", "128kb", "latency", "20ms"]
         for i in range(self.nodes):
             ns, port = self.ns(i), f"{self.name}-p{i}"
@@ -133,8 +170,49 @@ class EmulatedCluster:
             _ip("ip", "link", "set", port, "up", ns=self.switch)
             _ip("tc", "qdisc", "replace", "dev", "eth0", "root", *tbf, ns=ns)  # egress
             _ip("tc", "qdisc", "replace", "dev", port, "root", *tbf, ns=self.switch)  # ingress of the node
+            if self.management:
+                leg = f"{self.name}-m{i}"
+                _ip("ip", "link", "add", "mgmt0", "netns", ns, "type", "veth", "peer", "name", leg)
+                _ip("ip", "addr", "add", f"{self.management_address(i)}/24", "dev", "mgmt0", ns=ns)
+                _ip("ip", "link", "set", "mgmt0", "up", ns=ns)
+                _ip("ip", "link", "set", leg, "master", self.management_bridge)
+                _ip("ip", "link", "set", leg, "up")
             if self.congestion:
                 _ip("sysctl", "-qw", f"net.ipv4.tcp_congestion_control={self.congestion}", ns=ns)
+
+    def cut(self, i: int) -> None:
+        """Node i can reach no other node, nor be reached: the switch drops its
+        frames both ways (its own link stays up, as when a cable beyond the NIC is cut)."""
+        self._faults[i] = "drop"
+        self._apply_faults()
+
+    def lose(self, i: int, fraction: float) -> None:
+        """The switch drops this fraction of node i's frames, both ways, at random."""
+        if not 0 < fraction < 1:
+            raise ValueError(f"a loss fraction is in (0, 1), got {fraction}")
+        self._faults[i] = f"numgen random mod 10000 < {round(fraction * 10000)} drop"
+        self._apply_faults()
+
+    def heal(self, i: int) -> None:
+        """Node i's link as it was set up."""
+        if self._faults.pop(i, None) is not None:
+            self._apply_faults()
+
+    def _apply_faults(self) -> None:
+        """The switch's fault rules, replaced as a whole in one transaction."""
+        if shutil.which("nft") is None:
+            raise RuntimeError("cutting or impairing an emulated link needs nft (apt-get install nftables)")
+        rules = "".join(f"    {way}ifname \"{self.name}-p{i}\" {action}\n"
+                        for i, action in sorted(self._faults.items()) for way in ("i", "o"))
+        ruleset = ("table bridge faults\ndelete table bridge faults\n"
+                   "table bridge faults {\n  chain forward {\n    type filter hook forward priority 0; policy accept;\n"
+                   f"{rules}  }}\n}}\n")
+        subprocess.run(["ip", "netns", "exec", self.switch, "nft", "-f", "-"], input=ruleset, text=True,
+                       check=True, capture_output=True)
+
+    def enter(self, i: int) -> None:
+        """Moves the calling thread into node i's network namespace (enter_namespace)."""
+        enter_namespace(self.ns(i))
 
     def node_congestion(self, i: int = 0) -> str:
         """The congestion control node i's kernel gives new connections."""
@@ -156,6 +234,13 @@ class EmulatedCluster:
         for ns in names:
             if ns == self.switch or ns.startswith(f"{self.name}-n"):
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        # The management legs go too: a namespace's veths outlive it while a
+        # socket of a process still running there holds it.
+        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+        for line in links.splitlines():
+            link = line.split(":")[1].strip().split("@")[0]
+            if link.startswith(f"{self.name}-m"):
+                subprocess.run(["ip", "link", "del", link], capture_output=True)
         if self._allowed_before is not None:
             with open(_ALLOWED, "w") as f:
                 f.write(self._allowed_before)

@@ -4,24 +4,30 @@ operations, faults, errors by type, wrong bytes and hangs, and follows each
 rank's memory and file descriptors.
 
     python -m torch_hoplite.bench.soak --nodes 4 --minutes 2 --seed 1
+    python -m torch_hoplite.bench.soak --nodes 4 --minutes 2 --cluster emulated
 
-Ranks are local processes over loopback (the store's host is this driver, so
-any rank may die). The nemesis's faults, at exponential intervals drawn from
-the seed, overlapping:
+Ranks are local processes (the store's host is this driver, so any rank may
+die), over loopback or, with `--cluster emulated`, each in its own network
+namespace of the emulated cluster (bench/emulated_cluster.py; root and nft),
+where the store is reached over a management link that faults leave alone.
+The nemesis's faults, at exponential intervals drawn from the seed, overlapping:
 
 - kill: SIGKILL a rank, restart it after a pause; it rejoins (a new incarnation);
 - leave: SIGTERM a rank, which ends its operation and shuts down (a graceful
   leave), then restart it as after a kill;
 - pause: SIGSTOP a rank for longer than the heartbeat timeout, then SIGCONT;
 - stranger: connections to a rank that send garbage, or a hello of another
-  cluster, or nothing at all.
-
-Partitions and netem loss/delay need the emulated cluster's links: not here yet.
+  cluster, or nothing at all;
+- partition (emulated cluster only): cut a rank's link, both ways, for longer
+  than the heartbeat timeout, then heal it;
+- loss (emulated cluster only): the switch drops 2-10% of a rank's frames for
+  a few seconds. (This kernel has no netem: no delay or reordering.)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -29,6 +35,7 @@ import random
 import signal
 import socket
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -38,6 +45,7 @@ import torch.distributed as dist
 from torch_hoplite import _C
 from torch_hoplite.bench import soak_report, soak_workload
 from torch_hoplite.bench.common import RESULTS, machine
+from torch_hoplite.bench.emulated_cluster import MANAGEMENT_HOST, EmulatedCluster, enter_namespace
 
 OPTIONS = {"timeout": 10.0, "connect_timeout": 3.0, "heartbeat_interval": 0.25, "heartbeat_timeout": 2.0,
            "capacity_bytes": "512MiB",  # copies of objects whose owner died are evicted, not kept
@@ -62,6 +70,7 @@ class Soak:
     seed: int
     workdir: str
     mean_fault_interval: float
+    cluster: Optional[EmulatedCluster] = None
     faults: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -69,16 +78,21 @@ class Soak:
         self.store = dist.TCPStore("127.0.0.1", 0, self.nodes, is_master=True, wait_for_workers=False)
         self.ranks = [Rank(r) for r in range(self.nodes)]
         self.ctx = mp.get_context("spawn")
+        self.kinds = FAULTS + (soak_report.NETWORK if self.cluster else ())
 
     def log_path(self, rank: int) -> str:
         return os.path.join(self.workdir, f"rank{rank}.jsonl")
 
     def start(self, r: Rank) -> None:
         r.address = None
+        options, store_host, namespace = dict(OPTIONS), "127.0.0.1", None
+        if self.cluster:
+            options["host"] = self.cluster.address(r.rank)
+            store_host, namespace = MANAGEMENT_HOST, self.cluster.ns(r.rank)
         r.process = self.ctx.Process(
-            target=soak_workload.run,
-            args=(r.rank, self.nodes, self.store.port, self.seed, r.incarnation, self.stop_at, self.log_path(r.rank),
-                  OPTIONS, OPTIONS["timeout"], GRACE),
+            target=run_rank,
+            args=(namespace, r.rank, self.nodes, store_host, self.store.port, self.seed, r.incarnation, self.stop_at,
+                  self.log_path(r.rank), options, OPTIONS["timeout"], GRACE),
             daemon=True,
         )
         r.process.start()
@@ -104,6 +118,9 @@ class Soak:
 
     def clean_up(self) -> None:
         """No rank outlives the driver, stopped ones included."""
+        for fault in self.faults:
+            if fault["kind"] in soak_report.NETWORK and not fault.get("restarted"):
+                self.cluster.heal(fault["rank"])
         for r in self.ranks:
             if r.process is not None and r.process.is_alive():
                 os.kill(r.process.pid, signal.SIGCONT)
@@ -151,16 +168,18 @@ class Soak:
                 if fault["kind"] in ("kill", "leave"):
                     r.incarnation += 1
                     self.start(r)
+                elif fault["kind"] in soak_report.NETWORK:
+                    self.cluster.heal(r.rank)
                 else:
                     os.kill(r.process.pid, signal.SIGCONT)
                 fault["restarted"] = now
 
     def inject(self, now: float) -> None:
-        kind = self.rng.choice(FAULTS)
+        kind = self.rng.choice(self.kinds)
         calm = [r for r in self.ranks if r.busy_until <= now and r.process.is_alive() and self.address_of(r)]
         # At most half the ranks are down at once (a reduce needs inputs).
         down = sum(1 for r in self.ranks if r.busy_until > now)
-        if kind != "stranger" and down + 1 > self.nodes // 2:
+        if kind not in ("stranger", "loss") and down + 1 > self.nodes // 2:
             kind = "stranger"
         if not calm:
             return
@@ -178,8 +197,18 @@ class Soak:
             os.kill(r.process.pid, signal.SIGSTOP)
             fault["restart_at"] = now + OPTIONS["heartbeat_timeout"] + self.rng.uniform(0.5, 3.0)
             r.busy_until = fault["restart_at"] + 5
+        elif kind == "partition":
+            self.cluster.cut(r.rank)
+            fault["restart_at"] = now + OPTIONS["heartbeat_timeout"] + self.rng.uniform(0.5, 3.0)
+            r.busy_until = fault["restart_at"] + 10
+        elif kind == "loss":
+            fault["fraction"] = self.rng.choice((0.02, 0.05, 0.1))
+            self.cluster.lose(r.rank, fault["fraction"])
+            fault["restart_at"] = now + self.rng.uniform(2.0, 6.0)
+            r.busy_until = fault["restart_at"] + 5
         else:
-            fault["sent"] = pester(self.address_of(r), self.rng)
+            namespace = self.cluster.ns(r.rank) if self.cluster else None
+            fault["sent"] = pester(self.address_of(r), self.rng, namespace)
         self.faults.append(fault)
         print(f"[{now - self.began:7.1f} s] {kind} rank {r.rank}", flush=True)
 
@@ -195,8 +224,20 @@ def foreign_hello() -> bytes:
     return struct.pack("<IBBHQ", 0x544C5048, version, 1, 0, len(body)) + body
 
 
-def pester(address: tuple[str, int], rng: random.Random) -> str:
-    """Opens a connection to a rank and misbehaves on it; says how."""
+def pester(address: tuple[str, int], rng: random.Random, namespace: Optional[str] = None) -> str:
+    """Opens a connection to a rank (from inside `namespace`, if given: the
+    rank's own) and misbehaves on it; says how."""
+    if namespace:
+        said = []
+
+        def in_namespace() -> None:
+            enter_namespace(namespace)
+            said.append(pester(address, rng))
+
+        thread = threading.Thread(target=in_namespace)  # setns moves only the calling thread
+        thread.start()
+        thread.join()
+        return said[0]
     how = rng.choice(("garbage", "other-cluster", "silent"))
     try:
         with socket.create_connection(address, timeout=2) as s:
@@ -212,22 +253,39 @@ def pester(address: tuple[str, int], rng: random.Random) -> str:
     return how
 
 
+def run_rank(namespace: Optional[str], *args) -> None:
+    """A rank's process (soak_workload.run), inside `namespace` if given."""
+    if namespace:
+        enter_namespace(namespace)
+    soak_workload.run(*args)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--minutes", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--fault-interval", type=float, default=8.0, help="mean seconds between faults")
+    parser.add_argument("--cluster", choices=("loopback", "emulated"), default="loopback",
+                        help="ranks over loopback, or on the emulated cluster (adds partitions and loss)")
+    parser.add_argument("--rate", default="1gbit", help="the emulated cluster's link rate")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/soak_nN_Mmin.json)")
     parser.add_argument("--workdir", default=None, help="where the ranks' logs go (default: next to --out)")
     args = parser.parse_args(argv)
     if args.nodes < 3:
         parser.error("--nodes must be at least 3 (a reduce needs inputs while a rank is down)")
-    out = args.out or os.path.join(RESULTS, f"soak_n{args.nodes}_{args.minutes:g}min.json")
+    emulated = args.cluster == "emulated"
+    name = f"soak_n{args.nodes}_{args.minutes:g}min" + (f"_emulated_{args.rate}" if emulated else "")
+    out = args.out or os.path.join(RESULTS, name + ".json")
     workdir = args.workdir or os.path.splitext(out)[0] + "_logs"
-    soak = Soak(args.nodes, args.minutes * 60, args.seed, workdir, args.fault_interval)
-    soak.run()
+    with contextlib.ExitStack() as stack:
+        cluster = None
+        if emulated:
+            cluster = stack.enter_context(EmulatedCluster(args.nodes, rate=args.rate, name="hplsoak", management=True))
+        soak = Soak(args.nodes, args.minutes * 60, args.seed, workdir, args.fault_interval, cluster)
+        soak.run()
     settings = {"nodes": args.nodes, "minutes": args.minutes, "seed": args.seed,
+                "cluster": f"emulated {args.rate}" if emulated else "loopback",
                 "mean_fault_interval_s": args.fault_interval, "options": OPTIONS, "grace_s": GRACE,
                 "sizes_bytes": [n * 4 for n in soak_workload.SIZES], "weights": soak_workload.WEIGHTS}
     report = soak_report.summarize(workdir, soak.faults, soak.began, settings, machine())

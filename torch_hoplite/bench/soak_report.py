@@ -12,7 +12,9 @@ import statistics
 from typing import Any
 
 ENDS_PROCESS = ("kill", "leave")  # faults after which the rank's objects are gone
-DISRUPTIVE = ENDS_PROCESS + ("pause",)  # faults whose recovery is measured
+NETWORK = ("partition", "loss")  # faults of a rank's link
+KEEPS_PROCESS = ("pause",) + NETWORK  # faults the rank lives through: its own operations fail too
+DISRUPTIVE = ENDS_PROCESS + KEEPS_PROCESS  # faults whose recovery is measured
 
 
 def read_logs(workdir: str) -> list[dict]:
@@ -61,25 +63,41 @@ def named_ranks(error: str) -> set[int]:
 
 
 def explains(fault: dict, op: dict, until: float) -> bool:
-    """Whether `fault` can explain the failed operation of another rank: it
-    ended after the fault and before the next fault on that rank, and its
-    error names that rank (or, naming none, it touched that rank's objects)."""
+    """Whether `fault` can explain the failed operation of another rank (or,
+    for a fault the rank lives through, of that rank): it ended after the fault and
+    before the next fault on that rank, and its error names that rank (or,
+    naming none, it touched that rank's objects)."""
     end = op["start"] + op["dur"]
-    if op["rank"] == fault["rank"] or not fault["t"] <= end < until:
+    if not fault["t"] <= end < until:
         return False
+    if op["rank"] == fault["rank"]:
+        return fault["kind"] in KEEPS_PROCESS
     named = named_ranks(op["error"])
     return fault["rank"] in named if named else fault["rank"] in owners(op)
 
 
-def counted(op: dict, faults: list[dict]) -> bool:
+def deleted_by_owner(op: dict, deleted_at: dict[str, float]) -> bool:
+    """Whether the operation failed on an object its owner had begun to delete
+    before it ended (a reader picks among an owner's last puts, and a fast
+    owner may delete one while a slow reduce still reads it)."""
+    end = op["start"] + op["dur"]
+    found = re.search(r"object '([^']+)' was deleted", op["error"] or "")
+    return bool(found) and deleted_at.get(found.group(1), end + 1) <= end
+
+
+def deletions(ops: list[dict]) -> dict[str, float]:
+    """When each object's delete began."""
+    return {obj: op["start"] for op in ops if op["op"] == "delete" for obj in op.get("objects", [])}
+
+
+def counted(op: dict, faults: list[dict], deleted_at: dict[str, float]) -> bool:
     """A failure that says something about recovery: not an object gone for
-    good with its killed holder. (Readers pick among an owner's last puts,
-    which it has not deleted.)"""
-    return bool(op["error"]) and not lost_with_holder(op, faults)
+    good with its killed holder, nor one its owner deleted meanwhile."""
+    return bool(op["error"]) and not lost_with_holder(op, faults) and not deleted_by_owner(op, deleted_at)
 
 
 def attribute(ops: list[dict], faults: list[dict], end: float) -> list[dict]:
-    """Sets each kill's, leave's and pause's `recovery_s` (from the fault, for a pause
+    """Sets each disruptive fault's `recovery_s` (from the fault, for a pause
     also `after_resume_s`, to the end of the last failure it explains; 0 if
     none) and returns the counted failures that no fault explains."""
     disruptive = [f for f in faults if f["kind"] in DISRUPTIVE]
@@ -91,8 +109,9 @@ def attribute(ops: list[dict], faults: list[dict], end: float) -> list[dict]:
         if f["kind"] == "pause":
             f["after_resume_s"] = 0.0
     unexplained = []
+    deleted_at = deletions(ops)
     for op in ops:
-        if not counted(op, faults):
+        if not counted(op, faults, deleted_at):
             continue
         causes = [f for f, until in windows if explains(f, op, until)]
         if not causes:
@@ -141,6 +160,7 @@ def summarize(workdir: str, faults: list[dict], began: float, settings: dict, ma
     reported = {(h["rank"], h["inc"], h["start"]) for h in hangs}
     late = [op for op in ops if op["late"] and (op["rank"], op["inc"], op["start"]) not in reported]
     counts: dict[str, dict[str, Any]] = {}
+    deleted_at = deletions(ops)
     for op in ops:
         c = counts.setdefault(op["op"], {"ok": 0, "failed": 0, "errors": collections.Counter()})
         if op["error"]:
@@ -148,6 +168,8 @@ def summarize(workdir: str, faults: list[dict], began: float, settings: dict, ma
             kind = error_type(op)
             if lost_with_holder(op, faults):
                 kind += " (object of a killed or departed rank)"
+            elif deleted_by_owner(op, deleted_at):
+                kind += " (deleted by its owner meanwhile)"
             c["errors"][kind] += 1
         else:
             c["ok"] += 1
@@ -208,7 +230,8 @@ def plot(report: dict, path: str) -> None:
     xs = list(range(len(failed)))
     ax_ops.stackplot(xs, [ok[k] for k in kinds], labels=kinds, alpha=0.8)
     ax_ops.plot(xs, failed, color="red", label="failed", linewidth=1)
-    colors = {"kill": "black", "leave": "green", "pause": "purple", "stranger": "orange"}
+    colors = {"kill": "black", "leave": "green", "pause": "purple", "stranger": "orange", "partition": "red",
+              "loss": "brown"}
     for f in report["faults"]:
         for ax in (ax_ops, ax_rss, ax_fds):
             ax.axvline(f["t"], color=colors.get(f["kind"], "gray"), linewidth=0.8, alpha=0.6,
@@ -216,9 +239,10 @@ def plot(report: dict, path: str) -> None:
     ax_ops.set_ylabel("operations completed / s")
     ax_ops.legend(loc="upper right", fontsize=8, ncol=len(kinds) + 1)
     s = report["settings"]
-    ax_ops.set_title(f"soak: {s['nodes']} ranks, {s['minutes']:g} min, seed {s['seed']}; "
-                     f"wrong bytes {report['wrong_bytes']}, hangs {report['hangs']}; "
-                     f"faults (lines): kill black, leave green, pause purple, stranger orange", fontsize=9)
+    seen = sorted({f["kind"] for f in report["faults"] if f["kind"] in colors})
+    ax_ops.set_title(f"soak: {s['nodes']} ranks ({s.get('cluster', 'loopback')}), {s['minutes']:g} min, seed {s['seed']}; "
+                     f"wrong bytes {report['wrong_bytes']}, hangs {report['hangs']}\n"
+                     f"faults (lines): " + ", ".join(f"{k} {colors[k]}" for k in seen), fontsize=9)
     series = collections.defaultdict(list)
     for t, rank, inc, rss, fds, store, _objects in report["timeline"]["samples"]:
         series[(rank, inc)].append((t, rss, fds, store))

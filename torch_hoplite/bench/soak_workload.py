@@ -254,13 +254,13 @@ def hop_id(ref: Any) -> str:
     return ref if isinstance(ref, str) else ref.id
 
 
-def run(rank: int, world: int, port: int, seed: int, incarnation: int, stop_at: float, log_path: str,
-        options: dict, timeout: float, grace: float) -> None:
+def run(rank: int, world: int, store_host: str, port: int, seed: int, incarnation: int, stop_at: float,
+        log_path: str, options: dict, timeout: float, grace: float) -> None:
     """A rank's process: joins (rejoins, after the first incarnation), runs the
     workload until `stop_at` (wall clock), lets the others' last operations
     finish, and leaves; or, on SIGTERM, ends its operation and leaves at once."""
     log = Log(log_path, rank, incarnation)
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=datetime.timedelta(seconds=60))
+    store = dist.TCPStore(store_host, port, world, is_master=False, timeout=datetime.timedelta(seconds=60))
     hop.init(store, rank=rank, world_size=world, rejoin=incarnation > 0, **options)
     leaving = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: leaving.set())  # before "up": the driver's cue that it may stop us
