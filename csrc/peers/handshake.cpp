@@ -166,7 +166,7 @@ void Peers::handleHelloAck(Connection& conn, const wire::HelloAck& ack) {
   // same address) was restarted meanwhile.
   const bool restarted = peer.incarnation != 0 && ack.incarnation != peer.incarnation;
   // One given up on that answers as the same process was stalled or cut off (see adoptPeer).
-  const bool cameBack = peer.lost && !restarted && ack.incarnation != 0;
+  const bool cameBack = peer.lost && peer.incarnation != 0 && ack.incarnation == peer.incarnation;
   peer.incarnation = ack.incarnation;
   if (restarted) peer.leaving = false;  // (the process that left is not this one)
   if (restarted || cameBack) {

@@ -387,11 +387,16 @@ void Peers::linkLostWhileCutOff(Peer& peer, int rank, const Status& why) {
 
 void Peers::leaveCutOffIfMostReached() {
   if (!cutOff_) return;
-  int reached = 0;
-  for (const auto& [rank, peer] : peers_) reached += peer.ready && peer.conn && peer.conn->isOpen();
-  if (2 * reached <= config_.worldSize - 1) return;
+  // Of the peers not known to be gone (failed before the cut, or moved on).
+  int reached = 0, members = 0;
+  for (const auto& [rank, peer] : peers_) {
+    if (rank == config_.rank || peer.lost || events_.departed(rank)) continue;
+    ++members;
+    reached += peer.ready && peer.conn && peer.conn->isOpen();
+  }
+  if (2 * reached <= members) return;
   cutOff_ = false;
-  HLOG(kWarn, "this process reaches %d of its %d peers again: no longer cut off", reached, config_.worldSize - 1);
+  HLOG(kWarn, "this process reaches %d of its %d live peers again: no longer cut off", reached, members);
   // The others most likely declared it failed meanwhile: it recovers as after a stall.
   stalledUntil_ = steadySeconds() + config_.heartbeatTimeoutSeconds;
   events_.onResumed();

@@ -62,16 +62,18 @@ def named_ranks(error: str) -> set[int]:
     return {int(m) for m in re.findall(r"\brank (\d+)\b", error)}
 
 
-def explains(fault: dict, op: dict, until: float) -> bool:
-    """Whether `fault` can explain the failed operation of another rank (or,
-    for a fault the rank lives through, of that rank): it ended after the fault and
-    before the next fault on that rank, and its error names that rank (or,
-    naming none, it touched that rank's objects)."""
+def explains(fault: dict, op: dict, until: float, settle: float) -> bool:
+    """Whether `fault` can explain the failed operation of another rank: it
+    ended after the fault and before the next fault on that rank, and its
+    error names that rank (or, naming none, it touched that rank's objects).
+    A fault the rank lives through also explains its own operations begun
+    before the fault ended or within `settle` seconds after."""
     end = op["start"] + op["dur"]
     if not fault["t"] <= end < until:
         return False
     if op["rank"] == fault["rank"]:
-        return fault["kind"] in KEEPS_PROCESS
+        ended = fault.get("restarted", until)
+        return fault["kind"] in KEEPS_PROCESS and op["start"] < ended + settle
     named = named_ranks(op["error"])
     return fault["rank"] in named if named else fault["rank"] in owners(op)
 
@@ -96,7 +98,7 @@ def counted(op: dict, faults: list[dict], deleted_at: dict[str, float]) -> bool:
     return bool(op["error"]) and not lost_with_holder(op, faults) and not deleted_by_owner(op, deleted_at)
 
 
-def attribute(ops: list[dict], faults: list[dict], end: float) -> list[dict]:
+def attribute(ops: list[dict], faults: list[dict], end: float, settle: float) -> list[dict]:
     """Sets each disruptive fault's `recovery_s` (from the fault, for a pause
     also `after_resume_s`, to the end of the last failure it explains; 0 if
     none) and returns the counted failures that no fault explains."""
@@ -113,7 +115,7 @@ def attribute(ops: list[dict], faults: list[dict], end: float) -> list[dict]:
     for op in ops:
         if not counted(op, faults, deleted_at):
             continue
-        causes = [f for f, until in windows if explains(f, op, until)]
+        causes = [f for f, until in windows if explains(f, op, until, settle)]
         if not causes:
             unexplained.append(op)
         for f in causes:
@@ -174,7 +176,8 @@ def summarize(workdir: str, faults: list[dict], began: float, settings: dict, ma
         else:
             c["ok"] += 1
     end = max((op["start"] + op["dur"] for op in ops), default=began)
-    unexplained = attribute(ops, faults, end)
+    # A rank back from a pause or a cut finds its peers again within a heartbeat timeout.
+    unexplained = attribute(ops, faults, end, settings["options"]["heartbeat_timeout"])
     return {
         "benchmark": "soak",
         "machine": machine,
