@@ -171,6 +171,9 @@ void Peers::handleHelloAck(Connection& conn, const wire::HelloAck& ack) {
   if (restarted) peer.leaving = false;  // (the process that left is not this one)
   if (restarted || cameBack) {
     peer.lost = false;
+    // The connection it opened before (or its old process did) says nothing
+    // about it now: its late close must not count as it leaving.
+    peer.incoming = 0;
     events_.onPeerRejoined(conn.peerRank());
   }
   peer.memory = acceptSameHost(conn.peerRank(), ack);  // before the queued pulls go out

@@ -248,7 +248,10 @@ void Peers::onDialedClosed(Connection& conn, const Status& why) {
                                                            "timeout (" + why.message + ")"));
     return;
   }
-  if (!closing_ && cutOff_) return linkLostWhileCutOff(peer, rank, why);
+  // Cut off, a silent peer is not blamed; one whose host refuses the connect
+  // (reachable, and nothing listens) is gone all the same.
+  const bool refused = !conn.wasEstablished() && why.code != Code::kTimeout;
+  if (!closing_ && cutOff_ && !refused) return linkLostWhileCutOff(peer, rank, why);
   // Retry only connects that never completed: the peer may not be listening
   // yet (fresh namespaces take a moment). One that accepted and then closed
   // (e.g. died before its hello ack) has failed.
@@ -345,17 +348,24 @@ void Peers::checkHeartbeats() {
   loop_.addTimer(config_.heartbeatIntervalSeconds, [this] { checkHeartbeats(); });
 }
 
-void Peers::checkCutOff(double t) {
-  if (cutOff_) return;
+double Peers::fadingAfter() const {
   // Peers fall silent within a heartbeat interval of each other when this
-  // process's link goes: those half-way to the timeout count too.
+  // process's link goes: those half-way to the timeout count too. An idle,
+  // healthy peer is pinged only once quiet for an interval, so it may be
+  // quiet for two intervals and a round trip: never less than that.
+  return std::min(config_.heartbeatTimeoutSeconds,
+                  std::max(config_.heartbeatTimeoutSeconds / 2, 2 * config_.heartbeatIntervalSeconds + 0.5));
+}
+
+void Peers::checkCutOff(double t) {
+  if (cutOff_) return leaveCutOffIfMostReached();  // (also when the live peers shrank meanwhile)
   int talking = 0, silent = 0, fading = 0;
   for (const auto& [rank, peer] : peers_) {
     if (!peer.ready || !peer.conn || !peer.conn->isOpen()) continue;
     ++talking;
     const double quietFor = t - peer.lastHeard;
     silent += quietFor > config_.heartbeatTimeoutSeconds;
-    fading += quietFor > config_.heartbeatTimeoutSeconds / 2;
+    fading += quietFor > fadingAfter();
   }
   // One silent peer is that peer's trouble; most of them at once, this process's.
   if (silent == 0 || fading < 2 || 2 * fading <= talking) return;
@@ -365,10 +375,10 @@ void Peers::checkCutOff(double t) {
        "%d of the %d peers this process talks to answered nothing for over %s: taking this process for cut off from "
        "the cluster (a network partition?). It declares none of them failed, fails what waits on them, and redials "
        "them until it reaches most of its peers again",
-       fading, talking, printableSeconds(config_.heartbeatTimeoutSeconds / 2).c_str());
+       fading, talking, printableSeconds(fadingAfter()).c_str());
   std::vector<std::shared_ptr<Connection>> fadingConns;
   for (const auto& [rank, peer] : peers_) {
-    if (peer.ready && peer.conn && peer.conn->isOpen() && t - peer.lastHeard > config_.heartbeatTimeoutSeconds / 2) {
+    if (peer.ready && peer.conn && peer.conn->isOpen() && t - peer.lastHeard > fadingAfter()) {
       fadingConns.push_back(peer.conn);
     }
   }

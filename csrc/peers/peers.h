@@ -229,6 +229,7 @@ class Peers : public PeerLinks, public ConnectionObserver {
   // fails, and the silent peers are redialed every heartbeat interval.
   bool cutOff_ = false;
   void checkCutOff(double t);
+  double fadingAfter() const;  // seconds of silence after which a peer counts towards a cut-off
   void linkLostWhileCutOff(Peer& peer, int rank, const Status& why);
   void leaveCutOffIfMostReached();
   bool closing_ = false;
