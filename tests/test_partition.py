@@ -11,16 +11,15 @@ import subprocess
 import sys
 import time
 
-import shutil
 
 import pytest
 import torch.distributed as dist
 
 from cluster import communicate_all
-from torch_hoplite.bench.emulated_cluster import MANAGEMENT_HOST, EmulatedCluster, available
+from torch_hoplite.bench.emulated_cluster import MANAGEMENT_HOST, EmulatedCluster, links_can_fail
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = pytest.mark.skipif(not available() or shutil.which("nft") is None,
+pytestmark = pytest.mark.skipif(not links_can_fail(),
                                 reason="needs root, iproute2 and nft for network namespaces and link faults")
 
 

@@ -4,17 +4,15 @@ and packet loss, on the emulated cluster; nothing wrong is delivered and
 nothing hangs."""
 
 import json
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from torch_hoplite.bench.emulated_cluster import available
+from torch_hoplite.bench.emulated_cluster import links_can_fail
 
 EMULATED = pytest.param("emulated", marks=pytest.mark.skipif(
-    not available() or shutil.which("nft") is None,
-    reason="needs root, iproute2 and nft for network namespaces and link faults"))
+    not links_can_fail(), reason="needs root, iproute2 and nft for network namespaces and link faults"))
 
 
 @pytest.mark.parametrize("cluster", ["loopback", EMULATED])

@@ -241,17 +241,18 @@ void Peers::onDialedClosed(Connection& conn, const Status& why) {
     // dial it again).
     HLOG(kWarn, "the connection to %s closed while this process was stalled (%s): redialing it when needed",
          peerName(rank).c_str(), why.message.c_str());
-    peer.conn.reset();
-    peer.ready = false;
-    events_.onLinkLost(rank, Status(Code::kPeerFailed, "the connection to " + peerName(rank) +
-                                                           " closed while this process was stalled past the heartbeat "
-                                                           "timeout (" + why.message + ")"));
-    return;
+    return dropLink(peer, rank, "the connection to " + peerName(rank) +
+                                    " closed while this process was stalled past the heartbeat timeout (" +
+                                    why.message + ")");
   }
   // Cut off, a silent peer is not blamed; one whose host refuses the connect
   // (reachable, and nothing listens) is gone all the same.
   const bool refused = !conn.wasEstablished() && why.code != Code::kTimeout;
-  if (!closing_ && cutOff_ && !refused) return linkLostWhileCutOff(peer, rank, why);
+  if (!closing_ && cutOff_ && !refused) {
+    return dropLink(peer, rank, "cannot reach " + peerName(rank) +
+                                    ": this process is cut off from most of its peers (a network partition?) and "
+                                    "fails what waits on them (" + why.message + ")");
+  }
   // Retry only connects that never completed: the peer may not be listening
   // yet (fresh namespaces take a moment). One that accepted and then closed
   // (e.g. died before its hello ack) has failed.
@@ -348,7 +349,7 @@ void Peers::checkHeartbeats() {
   loop_.addTimer(config_.heartbeatIntervalSeconds, [this] { checkHeartbeats(); });
 }
 
-double Peers::fadingAfter() const {
+double Peers::fadingAfterSeconds() const {
   // Peers fall silent within a heartbeat interval of each other when this
   // process's link goes: those half-way to the timeout count too. An idle,
   // healthy peer is pinged only once quiet for an interval, so it may be
@@ -359,40 +360,34 @@ double Peers::fadingAfter() const {
 
 void Peers::checkCutOff(double t) {
   if (cutOff_) return leaveCutOffIfMostReached();  // (also when the live peers shrank meanwhile)
-  int talking = 0, silent = 0, fading = 0;
+  const double fadingAfter = fadingAfterSeconds();
+  int talking = 0, silent = 0;
+  std::vector<std::shared_ptr<Connection>> fading;
   for (const auto& [rank, peer] : peers_) {
     if (!peer.ready || !peer.conn || !peer.conn->isOpen()) continue;
     ++talking;
     const double quietFor = t - peer.lastHeard;
     silent += quietFor > config_.heartbeatTimeoutSeconds;
-    fading += quietFor > fadingAfter();
+    if (quietFor > fadingAfter) fading.push_back(peer.conn);
   }
   // One silent peer is that peer's trouble; most of them at once, this process's.
-  if (silent == 0 || fading < 2 || 2 * fading <= talking) return;
+  const int count = static_cast<int>(fading.size());
+  if (silent == 0 || count < 2 || 2 * count <= talking) return;
   cutOff_ = true;
   counters_.cutOffs++;
   HLOG(kWarn,
        "%d of the %d peers this process talks to answered nothing for over %s: taking this process for cut off from "
        "the cluster (a network partition?). It declares none of them failed, fails what waits on them, and redials "
        "them until it reaches most of its peers again",
-       fading, talking, printableSeconds(fadingAfter()).c_str());
-  std::vector<std::shared_ptr<Connection>> fadingConns;
-  for (const auto& [rank, peer] : peers_) {
-    if (peer.ready && peer.conn && peer.conn->isOpen() && t - peer.lastHeard > fadingAfter()) {
-      fadingConns.push_back(peer.conn);
-    }
-  }
-  for (const auto& c : fadingConns) c->close(Status(Code::kPeerFailed, "it answered nothing (HOPLITE_HEARTBEAT_TIMEOUT)"));
+       count, talking, printableSeconds(fadingAfter).c_str());
+  for (const auto& c : fading) c->close(Status(Code::kPeerFailed, "it answered nothing (HOPLITE_HEARTBEAT_TIMEOUT)"));
 }
 
-void Peers::linkLostWhileCutOff(Peer& peer, int rank, const Status& why) {
+void Peers::dropLink(Peer& peer, int rank, const std::string& why) {
   peer.conn.reset();
   peer.ready = false;
-  peer.queued.clear();  // (what they carried is failed below)
-  events_.onLinkLost(rank, Status(Code::kPeerFailed, "cannot reach " + peerName(rank) +
-                                                         ": this process is cut off from most of its peers (a network "
-                                                         "partition?) and fails what waits on them (" +
-                                                         why.message + ")"));
+  peer.queued.clear();  // (what they carried is failed next)
+  events_.onLinkLost(rank, Status(Code::kPeerFailed, why));
 }
 
 void Peers::leaveCutOffIfMostReached() {

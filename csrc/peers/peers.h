@@ -229,8 +229,10 @@ class Peers : public PeerLinks, public ConnectionObserver {
   // fails, and the silent peers are redialed every heartbeat interval.
   bool cutOff_ = false;
   void checkCutOff(double t);
-  double fadingAfter() const;  // seconds of silence after which a peer counts towards a cut-off
-  void linkLostWhileCutOff(Peer& peer, int rank, const Status& why);
+  double fadingAfterSeconds() const;  // seconds of silence after which a peer counts towards a cut-off
+  // The connection to a peer not blamed for its loss is gone: what waited on
+  // it, or was queued for it, fails with `why`; the next write dials again.
+  void dropLink(Peer& peer, int rank, const std::string& why);
   void leaveCutOffIfMostReached();
   bool closing_ = false;
   // At shutdown: the connections ending gracefully, and the promise kept once

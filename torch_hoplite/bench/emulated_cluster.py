@@ -86,6 +86,12 @@ def available() -> bool:
     return made
 
 
+def links_can_fail() -> bool:
+    """Whether an emulated cluster can be made here and its links cut or made
+    lossy (available(), and nft)."""
+    return available() and shutil.which("nft") is not None
+
+
 def enter_namespace(ns: str) -> None:
     """Moves the calling thread into the network namespace `ns`: the sockets it
     opens from then on, and the threads it starts, are that namespace's."""
@@ -210,10 +216,6 @@ class EmulatedCluster:
         subprocess.run(["ip", "netns", "exec", self.switch, "nft", "-f", "-"], input=ruleset, text=True,
                        check=True, capture_output=True)
 
-    def enter(self, i: int) -> None:
-        """Moves the calling thread into node i's network namespace (enter_namespace)."""
-        enter_namespace(self.ns(i))
-
     def node_congestion(self, i: int = 0) -> str:
         """The congestion control node i's kernel gives new connections."""
         return _ip("cat", "/proc/sys/net/ipv4/tcp_congestion_control", ns=self.ns(i)).strip()
@@ -230,6 +232,7 @@ class EmulatedCluster:
                 f.write(" ".join(allowed + [self.congestion]))
 
     def _teardown(self) -> None:
+        self._faults.clear()  # (the switch goes, and its rules with it)
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
         for ns in names:
             if ns == self.switch or ns.startswith(f"{self.name}-n"):

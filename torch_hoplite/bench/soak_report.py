@@ -98,7 +98,8 @@ def counted(op: dict, faults: list[dict], deleted_at: dict[str, float]) -> bool:
     return bool(op["error"]) and not lost_with_holder(op, faults) and not deleted_by_owner(op, deleted_at)
 
 
-def attribute(ops: list[dict], faults: list[dict], end: float, settle: float) -> list[dict]:
+def attribute(ops: list[dict], faults: list[dict], deleted_at: dict[str, float], end: float,
+              settle: float) -> list[dict]:
     """Sets each disruptive fault's `recovery_s` (from the fault, for a pause
     also `after_resume_s`, to the end of the last failure it explains; 0 if
     none) and returns the counted failures that no fault explains."""
@@ -111,7 +112,6 @@ def attribute(ops: list[dict], faults: list[dict], end: float, settle: float) ->
         if f["kind"] == "pause":
             f["after_resume_s"] = 0.0
     unexplained = []
-    deleted_at = deletions(ops)
     for op in ops:
         if not counted(op, faults, deleted_at):
             continue
@@ -177,7 +177,7 @@ def summarize(workdir: str, faults: list[dict], began: float, settings: dict, ma
             c["ok"] += 1
     end = max((op["start"] + op["dur"] for op in ops), default=began)
     # A rank back from a pause or a cut finds its peers again within a heartbeat timeout.
-    unexplained = attribute(ops, faults, end, settings["options"]["heartbeat_timeout"])
+    unexplained = attribute(ops, faults, deleted_at, end, settings["options"]["heartbeat_timeout"])
     return {
         "benchmark": "soak",
         "machine": machine,
