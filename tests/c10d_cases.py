@@ -689,3 +689,46 @@ def run_cuda_collectives(rank: int, world: int, port: int, conn) -> None:
         conn.send(None)
     except BaseException:
         conn.send(traceback.format_exc())
+
+
+def run_late_messages(rank: int, world: int, port: int, conn) -> None:
+    """Rank 0's allreduce gives up after 1 s, before rank 1 has begun it; rank
+    1's pieces for it reach rank 0 late, and must be dropped rather than kept
+    in rank 0's mailbox for good. The next allreduce is exact. Then the group is
+    destroyed and made again over the same store: rank 0's messages for the new
+    group arrive before rank 1 has made it, and must wait for it, not be taken
+    for the old group's. Reports what rank 0's mailbox held and the sums."""
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=TIMEOUT)
+
+    def group_of_store() -> None:
+        dist.init_process_group("hoplite", store=store, rank=rank, world_size=world, timeout=TIMEOUT)
+
+    group_of_store()
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    report: dict = {}
+    t = torch.full((1 << 20,), float(rank + 1))  # 4 MiB: a ring, whose 2 MiB pieces are sent unasked
+    if rank == 1:
+        time.sleep(2.5)
+    opts = dist.AllreduceOptions()
+    opts.timeout = datetime.timedelta(seconds=1 if rank == 0 else 3)
+    try:
+        backend.allreduce([t], opts).wait()
+        report["first"] = "completed"
+    except Exception as e:  # noqa: BLE001  (reported to the test)
+        report["first"] = f"{type(e).__name__}: {e}"
+    dist.barrier()
+    stats = torch_hoplite.stats()
+    report["mailbox_bytes"], report["discarded"] = stats["mailbox_bytes"], stats["messages_discarded"]
+    t = torch.full((1 << 20,), float(rank + 1))
+    dist.all_reduce(t)
+    report["sum"] = sorted(set(t.tolist()))
+    dist.destroy_process_group()
+    if rank == 1:
+        time.sleep(1.0)  # rank 0's allreduce of the new group is sent before this rank has the group
+    group_of_store()
+    t = torch.full((1 << 20,), float(rank + 1))
+    dist.all_reduce(t)
+    report["sum_again"] = sorted(set(t.tolist()))
+    conn.send(report)
+    dist.destroy_process_group()
+    torch_hoplite.shutdown()

@@ -5,6 +5,9 @@ killed mid-allreduce."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -139,3 +142,23 @@ def test_torch_debug_detail_wraps_the_backend_with_its_fingerprint_check(monkeyp
     outcomes = _spawn(c10d_cases.run_shape_mismatch, 2, timeout=60)
     for rank, outcome in enumerate(outcomes):
         assert outcome is not None and "Detected mismatch between collectives" in outcome, f"rank {rank}: {outcome}"
+
+
+def test_late_messages_of_a_failed_collective_are_dropped_and_groups_remade():
+    first, second = _spawn(c10d_cases.run_late_messages, 2, timeout=120)
+    assert first is not None and second is not None, (first, second)
+    for o in (first, second):
+        assert "timed out" in o["first"], o
+    # Rank 1's pieces for the abandoned allreduce (its reduce-scatter's and allgather's).
+    assert first["mailbox_bytes"] == 0 and first["discarded"] >= 2, first
+    for o in (first, second):
+        assert o["sum"] == [3.0] and o["sum_again"] == [3.0], o
+
+
+def test_dropping_a_backend_after_a_failed_collective_does_not_deadlock():
+    # Before the fix the worker waited for the GIL that the dropping thread held
+    # while it joined the worker: this hung within seconds.
+    n = 20000
+    run = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "drop_failed_backend.py"), str(n)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.split() == [str(n)], run.stdout[-2000:] + run.stderr[-2000:]

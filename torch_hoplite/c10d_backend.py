@@ -22,6 +22,7 @@ completes once the results are back on the device.
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import torch.distributed as dist
@@ -52,10 +53,26 @@ def _node_for(opts: Any) -> Any:
     return runtime.node
 
 
+def _instance_name(opts: Any) -> str:
+    """The group's name and a token its members share and no earlier group of
+    that name had: a group's messages are its own even when one of the same
+    name was destroyed before (its late messages are dropped, see
+    TaggedMessenger::discard). Group rank 0 draws the token; the key it goes
+    under counts the instances made with this store, which may be reused."""
+    store = opts.store
+    if store is None:
+        return str(opts.group_id)
+    generation = (store.add("hoplite/instances", 1) - 1) // opts.group_size
+    key = f"hoplite/instance/{generation}"
+    if opts.group_rank == 0:
+        store.set(key, secrets.token_hex(8))
+    return f"{opts.group_id}#{store.get(key).decode()}"
+
+
 def _create_backend(opts: Any, backend_options: Any = None) -> dist.Backend:
     node = _node_for(opts)
     global_ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
-    return _C.create_backend(node, str(opts.group_id), opts.group_rank, global_ranks, opts.timeout.total_seconds())
+    return _C.create_backend(node, _instance_name(opts), opts.group_rank, global_ranks, opts.timeout.total_seconds())
 
 
 def register() -> None:

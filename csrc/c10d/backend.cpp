@@ -242,6 +242,18 @@ HopliteBackend::~HopliteBackend() { shutdown(); }
 void HopliteBackend::shutdown() {
   worker_.stop();
   completer_->stop();
+  // Peers' messages for this group, waiting or late, have no receiver any more.
+  channel_.messenger().discard(channel_.context(), [](uint64_t) { return true; });
+}
+
+void HopliteBackend::abandonThrough(uint64_t seq) {
+  // Tags of collective `seq` and those before it (seq numbers wrap: "before"
+  // is the half of the ring behind it); send/recv's tags stay.
+  const uint64_t last = seq & kSeqMask;
+  channel_.messenger().discard(channel_.context(), [last](uint64_t tag) {
+    if (tag & kPointToPointBit) return false;
+    return ((last - (tag >> kSeqShift)) & kSeqMask) <= kSeqMask / 2;
+  });
 }
 
 double HopliteBackend::timeoutSeconds(std::chrono::milliseconds requested) const {
@@ -272,6 +284,7 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::enqueue(::c10d::OpType type, co
       error = std::current_exception();
     }
     channel_.end(error != nullptr);
+    if (error) abandonThrough(seq);  // what peers sent for it, or send late, would wait forever
     work->complete(error);
   });
   return work;

@@ -101,6 +101,8 @@ class HopliteBackend : public ::c10d::Backend {
                                            std::shared_ptr<const DeviceStaging> staging, Body body);
   c10::intrusive_ptr<::c10d::Work> pointToPoint(Tensors& tensors, int peer, int tag, bool isSend);
   double timeoutSeconds(std::chrono::milliseconds requested) const;
+  // After collective `seq` failed: peers' messages for it and earlier ones are dropped.
+  void abandonThrough(uint64_t seq);
 
   Channel channel_;  // its messenger is shared with send/recv; the rest is the worker thread's
   std::atomic<std::chrono::milliseconds> timeout_;

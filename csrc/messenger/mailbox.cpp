@@ -382,6 +382,11 @@ void Mailbox::onMessage(Connection& conn, const wire::Message& msg) {
   inbound->conn = links_.sharedConnection(conn);
   inbound->eager = msg.eager;
   counters_.received++;
+  if (isStale(inbound->key)) {
+    dropStale(inbound);
+    if (msg.eager && msg.size > 0 && conn.isOpen()) inbound_[{conn.id(), msg.request}] = inbound;
+    return;
+  }
   auto posted = takeFirst(receives_, inbound->key, [&](const PostedReceive& r) {
     return r.rank == -1 || r.rank == inbound->source;
   });
@@ -404,6 +409,42 @@ void Mailbox::onMessage(Connection& conn, const wire::Message& msg) {
                                                links_.peerName(inbound->source) + " closed"),
                  inbound->source);
   }
+}
+
+void Mailbox::discard(uint64_t context, StaleTags stale) {
+  loop_.post([this, context, stale = std::move(stale)]() mutable {
+    std::vector<std::shared_ptr<Inbound>> dropped;
+    for (auto it = mailbox_.lower_bound({context, 0}); it != mailbox_.end() && it->first.first == context;) {
+      if (!stale(it->first.second)) {
+        ++it;
+        continue;
+      }
+      dropped.insert(dropped.end(), it->second.begin(), it->second.end());
+      it = mailbox_.erase(it);
+    }
+    stale_[context] = std::move(stale);
+    for (auto& inbound : dropped) {
+      if (inbound->eager) counters_.waitingBytes -= inbound->size;
+      dropStale(inbound);
+    }
+  });
+}
+
+bool Mailbox::isStale(const MessageKey& key) const {
+  auto it = stale_.find(key.first);
+  return it != stale_.end() && it->second(key.second);
+}
+
+void Mailbox::dropStale(const std::shared_ptr<Inbound>& inbound) {
+  counters_.discarded++;
+  inbound->discard = true;  // bytes still to come are read and forgotten (dataDestination)
+  inbound->parked.reset();
+  if (inbound->eager) {
+    creditEager(*inbound);
+    return;
+  }
+  answer(*inbound, wire::MessageAnswer::kRefused, "its receiver abandoned the exchange or closed its group");
+  if (auto conn = inbound->conn.lock()) inbound_.erase({conn->id(), inbound->request});
 }
 
 uint8_t* Mailbox::dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,

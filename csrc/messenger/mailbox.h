@@ -50,6 +50,7 @@ class Mailbox final : public TaggedMessenger {
                    std::shared_ptr<const void> keepalive, Callback done, double timeoutSeconds = 0) override;
   void cancelReceive(uint64_t handle, const Status& why) override;
   void cancelSend(uint64_t handle, const Status& why) override;
+  void discard(uint64_t context, StaleTags stale) override;
 
   // Whether a data frame's request is a message's (else a pull's).
   static bool carriesMessage(uint64_t request) { return (request & wire::kMessageRequestBit) != 0; }
@@ -79,6 +80,7 @@ class Mailbox final : public TaggedMessenger {
     std::atomic<uint64_t> unexpected{0};  // arrived before their receive
     std::atomic<uint64_t> deferred{0};    // sent only once their receive was there
     std::atomic<uint64_t> withdrawn{0};   // sends given up before a receive asked for them
+    std::atomic<uint64_t> discarded{0};   // received for tags no receive would take (discard())
     std::atomic<uint64_t> bytesSent{0}, bytesReceived{0};
     std::atomic<uint64_t> waitingBytes{0};  // eager bytes in the mailbox
   };
@@ -133,6 +135,10 @@ class Mailbox final : public TaggedMessenger {
   // cancelReceive, on the loop thread: the receive's memory is not written once it returns.
   void cancelReceiveNow(uint64_t handle, const Status& why);
   void matchReceive(PostedReceive receive, MessageKey key);
+  bool isStale(const MessageKey& key) const;
+  // Drops an inbound message of a stale tag (not in the mailbox): its bytes,
+  // if any follow, are read and forgotten.
+  void dropStale(const std::shared_ptr<Inbound>& inbound);
   void completeInbound(const std::shared_ptr<Inbound>& inbound);
   uint64_t chunkFor(uint64_t size) const;
 
@@ -150,6 +156,7 @@ class Mailbox final : public TaggedMessenger {
   std::unordered_map<uint64_t, CreditOwed> credits_;  // by connection id
   std::unordered_map<uint64_t, std::shared_ptr<SendProgress>> sendsInFlight_;  // by request, until they report
   std::unordered_map<int, uint64_t> eagerBytes_;  // per peer: sent eagerly, not yet credited
+  std::unordered_map<uint64_t, StaleTags> stale_;  // by context (discard())
   Counters counters_;
 };
 

@@ -45,6 +45,16 @@ class TaggedMessenger {
   // announced never is, a deferred one that no receive asked for yet is
   // withdrawn; a send whose bytes are on their way goes on.
   virtual void cancelSend(uint64_t handle, const Status& why) = 0;
+
+  // Whether a message of a context has a tag no receive will ask for any more.
+  using StaleTags = std::function<bool(uint64_t tag)>;
+  // From now on the messages of `context` whose tags are `stale` are dropped:
+  // those waiting for a receive at once, later ones as they arrive (an eager
+  // one's sender gets its window back, a deferred one's send is refused).
+  // Replaces what an earlier call said of the context. For a layer whose
+  // exchange failed (its peers' late messages would wait forever) or that
+  // closed the context. Any thread.
+  virtual void discard(uint64_t context, StaleTags stale) = 0;
 };
 
 }  // namespace hoplite

@@ -347,6 +347,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"messages_unexpected", messages.unexpected.load()},
       {"messages_deferred", messages.deferred.load()},
       {"messages_withdrawn", messages.withdrawn.load()},
+      {"messages_discarded", messages.discarded.load()},
       {"mailbox_bytes", messages.waitingBytes.load()},
       {"handshakes_refused", peers_->handshakesRefused()},
       {"cut_offs", peers_->cutOffs()},

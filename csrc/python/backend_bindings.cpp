@@ -9,6 +9,25 @@ namespace py = pybind11;
 
 namespace hoplite {
 
+namespace {
+// The backend as Python holds it. Its last reference may be dropped by a
+// Python thread, which holds the GIL while the destructor joins the worker
+// thread; the worker may be releasing a finished collective's tensors then,
+// which takes the GIL. So the join lets go of it.
+class PythonOwnedBackend final : public c10d::HopliteBackend {
+ public:
+  using HopliteBackend::HopliteBackend;
+  ~PythonOwnedBackend() override {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release release;
+      shutdown();
+    } else {
+      shutdown();
+    }
+  }
+};
+}  // namespace
+
 void bindBackend(py::module& m) {
   m.def(
       "create_backend",
@@ -23,7 +42,7 @@ void bindBackend(py::module& m) {
         std::shared_ptr<Node> node = handle.sharedNode();
         // Holds the node as long as the backend uses its messenger.
         std::shared_ptr<TaggedMessenger> messenger(node, &node->messenger());
-        return c10::make_intrusive<c10d::HopliteBackend>(std::move(messenger), groupName, rank, std::move(globalRanks),
+        return c10::make_intrusive<PythonOwnedBackend>(std::move(messenger), groupName, rank, std::move(globalRanks),
                                                          timeout);
       },
       py::arg("node"), py::arg("group_name"), py::arg("rank"), py::arg("global_ranks"), py::arg("timeout"));
