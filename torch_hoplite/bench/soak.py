@@ -1,5 +1,6 @@
-"""The soak run: N ranks run a mixed, checked workload for minutes while a
-seeded nemesis kills, restarts, pauses and pesters them; the report counts
+"""The soak run: N ranks run a mixed, checked workload (object-store
+operations, and rounds of c10d collectives every few seconds) for minutes
+while a seeded nemesis kills, restarts, pauses and pesters them; the report counts
 operations, faults, errors by type, wrong bytes and hangs, and follows each
 rank's memory and file descriptors.
 
@@ -12,7 +13,8 @@ namespace of the emulated cluster (bench/emulated_cluster.py; root and nft),
 where the store is reached over a management link that faults leave alone.
 The nemesis's faults, at exponential intervals drawn from the seed, overlapping:
 
-- kill: SIGKILL a rank, restart it after a pause; it rejoins (a new incarnation);
+- kill: SIGKILL a rank, restart it after a pause; it rejoins (a new incarnation)
+  (never the rank of `--keep`, by default 0, so one process lives throughout);
 - leave: SIGTERM a rank, which ends its operation and shuts down (a graceful
   leave), then restart it as after a kill;
 - pause: SIGSTOP a rank for longer than the heartbeat timeout, then SIGCONT;
@@ -71,6 +73,7 @@ class Soak:
     workdir: str
     mean_fault_interval: float
     cluster: Optional[EmulatedCluster] = None
+    kept: Optional[int] = None  # a rank never killed nor made to leave: one process lives the whole run
     faults: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -181,6 +184,10 @@ class Soak:
             kind = "stranger"
         if not calm:
             return
+        if kind in soak_report.ENDS_PROCESS:
+            calm = [r for r in calm if r.rank != self.kept]
+            if not calm:
+                return
         r = self.rng.choice(calm)
         fault = {"t": now, "kind": kind, "rank": r.rank, "incarnation": r.incarnation}
         if kind == "kill":
@@ -267,6 +274,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--cluster", choices=("loopback", "emulated"), default="loopback",
                         help="ranks over loopback, or on the emulated cluster (adds partitions and loss)")
     parser.add_argument("--rate", default="1gbit", help="the emulated cluster's link rate")
+    parser.add_argument("--keep", type=int, default=0,
+                        help="a rank never killed nor made to leave (still paused, cut and pestered), so that one "
+                             "process lives the whole run and its memory can be followed; -1: none")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/soak_nN_Mmin.json)")
     parser.add_argument("--workdir", default=None, help="where the ranks' logs go (default: next to --out)")
     args = parser.parse_args(argv)
@@ -280,11 +290,13 @@ def main(argv: Optional[list[str]] = None) -> None:
         cluster = None
         if emulated:
             cluster = stack.enter_context(EmulatedCluster(args.nodes, rate=args.rate, name="hplsoak", management=True))
-        soak = Soak(args.nodes, args.minutes * 60, args.seed, workdir, args.fault_interval, cluster)
+        soak = Soak(args.nodes, args.minutes * 60, args.seed, workdir, args.fault_interval, cluster,
+                    kept=args.keep if args.keep >= 0 else None)
         soak.run()
     settings = {"nodes": args.nodes, "minutes": args.minutes, "seed": args.seed,
                 "cluster": f"emulated {args.rate}" if emulated else "loopback",
-                "mean_fault_interval_s": args.fault_interval, "options": OPTIONS, "grace_s": GRACE,
+                "mean_fault_interval_s": args.fault_interval, "kept_rank": soak.kept, "options": OPTIONS,
+                "grace_s": GRACE, "round_seconds": soak_workload.ROUND_SECONDS,
                 "sizes_bytes": [n * 4 for n in soak_workload.SIZES], "weights": soak_workload.WEIGHTS}
     report = soak_report.summarize(workdir, soak.faults, soak.began, settings, machine())
     soak_report.write(report, out)

@@ -62,13 +62,22 @@ def named_ranks(error: str) -> set[int]:
     return {int(m) for m in re.findall(r"\brank (\d+)\b", error)}
 
 
+def is_collective(op: dict) -> bool:
+    """A c10d collective of the rounds every rank takes part in (soak_workload.CollectiveRounds)."""
+    return op["op"].startswith("c10d ")
+
+
 def explains(fault: dict, op: dict, until: float, settle: float) -> bool:
     """Whether `fault` can explain the failed operation of another rank: it
     ended after the fault and before the next fault on that rank, and its
     error names that rank (or, naming none, it touched that rank's objects).
     A fault the rank lives through also explains its own operations begun
-    before the fault ended or within `settle` seconds after."""
+    before the fault ended or within `settle` seconds after. Every rank is in
+    every c10d round: a fault anywhere explains the collectives that began
+    before its rank was back (`back`) and `settle` seconds more."""
     end = op["start"] + op["dur"]
+    if is_collective(op):
+        return fault["t"] <= end and op["start"] < fault["back"] + settle
     if not fault["t"] <= end < until:
         return False
     if op["rank"] == fault["rank"]:
@@ -98,11 +107,27 @@ def counted(op: dict, faults: list[dict], deleted_at: dict[str, float]) -> bool:
     return bool(op["error"]) and not lost_with_holder(op, faults) and not deleted_by_owner(op, deleted_at)
 
 
+def mark_back(faults: list[dict], records: list[dict], end: float) -> None:
+    """Sets each disruptive fault's `back`: when its rank's new process was up
+    (after a kill or leave), or when it was resumed or healed."""
+    up = {}
+    for r in records:
+        if r.get("event") == "up":
+            up.setdefault((r["rank"], r["inc"]), r["t"])
+    for f in faults:
+        if f["kind"] in ENDS_PROCESS:
+            f["back"] = up.get((f["rank"], f["incarnation"] + 1), end)
+        elif f["kind"] in KEEPS_PROCESS:
+            f["back"] = f.get("restarted", end)
+
+
 def attribute(ops: list[dict], faults: list[dict], deleted_at: dict[str, float], end: float,
               settle: float) -> list[dict]:
     """Sets each disruptive fault's `recovery_s` (from the fault, for a pause
-    also `after_resume_s`, to the end of the last failure it explains; 0 if
-    none) and returns the counted failures that no fault explains."""
+    also `after_resume_s`, to the end of the last object-store failure it is
+    the latest fault to explain; 0 if none) and returns the counted failures
+    that no fault explains. (A c10d round fails until the rank is back,
+    restarts included: that is no measure of recovery.)"""
     disruptive = [f for f in faults if f["kind"] in DISRUPTIVE]
     windows = []
     for f in disruptive:
@@ -118,11 +143,14 @@ def attribute(ops: list[dict], faults: list[dict], deleted_at: dict[str, float],
         causes = [f for f, until in windows if explains(f, op, until, settle)]
         if not causes:
             unexplained.append(op)
-        for f in causes:
-            op_end = op["start"] + op["dur"]
-            f["recovery_s"] = max(f["recovery_s"], op_end - f["t"])
-            if f["kind"] == "pause" and "restarted" in f:
-                f["after_resume_s"] = max(f["after_resume_s"], op_end - f["restarted"])
+        if not causes or is_collective(op):
+            continue
+        # Of several faults that explain it, the latest is the one it measures.
+        f = max(causes, key=lambda c: c["t"])
+        op_end = op["start"] + op["dur"]
+        f["recovery_s"] = max(f["recovery_s"], op_end - f["t"])
+        if f["kind"] == "pause" and "restarted" in f:
+            f["after_resume_s"] = max(f["after_resume_s"], op_end - f["restarted"])
     return unexplained
 
 
@@ -176,6 +204,7 @@ def summarize(workdir: str, faults: list[dict], began: float, settings: dict, ma
         else:
             c["ok"] += 1
     end = max((op["start"] + op["dur"] for op in ops), default=began)
+    mark_back(faults, records, end)
     # A rank back from a pause or a cut finds its peers again within a heartbeat timeout.
     unexplained = attribute(ops, faults, deleted_at, end, settings["options"]["heartbeat_timeout"])
     return {
@@ -186,7 +215,8 @@ def summarize(workdir: str, faults: list[dict], began: float, settings: dict, ma
         "operations": {k: {"ok": v["ok"], "failed": v["failed"], "errors": dict(v["errors"])}
                        for k, v in sorted(counts.items())},
         "faults": [{**f, "t": f["t"] - began, **({"restart_at": f["restart_at"] - began} if "restart_at" in f else {}),
-                    **({"restarted": f["restarted"] - began} if "restarted" in f else {})} for f in faults],
+                    **({"restarted": f["restarted"] - began} if "restarted" in f else {}),
+                    **({"back": f["back"] - began} if "back" in f else {})} for f in faults],
         # Failures no fault explains (see attribute()): each is a finding.
         "unexplained_failures": [{**op, "start": op["start"] - began} for op in unexplained],
         "faults_by_kind": dict(collections.Counter(f["kind"] for f in faults)),
@@ -268,7 +298,7 @@ def plot(report: dict, path: str) -> None:
 def print_summary(report: dict) -> None:
     print(f"soak: {report['seconds']:.0f} s, faults {report['faults_by_kind']}")
     for kind, c in report["operations"].items():
-        print(f"  {kind:7s} ok {c['ok']:6d}  failed {c['failed']:5d}  {c['errors']}")
+        print(f"  {kind:18s} ok {c['ok']:6d}  failed {c['failed']:5d}  {c['errors']}")
     for kind in DISRUPTIVE:
         recoveries = [f["recovery_s"] for f in report["faults"] if f["kind"] == kind]
         if recoveries:

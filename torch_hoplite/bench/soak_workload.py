@@ -1,6 +1,7 @@
 """One rank of the soak run (see soak.py): a seeded random mix of puts, gets,
 deletes and first-k reduces, each result checked against the bytes its id
-determines, every outcome written as one JSON line to this rank's log."""
+determines, and beside it rounds of c10d collectives among all ranks, checked
+exactly; every outcome is written as one JSON line to this rank's log."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import collections
 import contextlib
 import datetime
 import json
+import math
 import os
 import random
 import signal
@@ -16,10 +18,12 @@ import time
 from typing import Any, Optional
 
 import torch
+import torch._C._distributed_c10d as c10d
 import torch.distributed as dist
 
 import torch_hoplite as hop
 import torch_hoplite.api as api
+from torch_hoplite import _C
 
 # Element counts of the objects a rank puts (int32: 4 KB to 4 MB); the i-th put
 # of a rank has SIZES[i % len(SIZES)] elements, so any reader knows its shape.
@@ -27,6 +31,9 @@ SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20)
 KEEP = 24  # a rank's deletes take its objects down to its last this many
 RECENT = 12  # readers choose among a rank's last puts
 WEIGHTS = {"put": 3, "get": 5, "delete": 1, "reduce": 1}
+ROUND_SECONDS = 5.0  # c10d rounds begin every this many seconds, at the same times on every rank
+ROUND_SHARE = 0.8  # of a round, for its collectives: every rank is done before the next round
+ROUND_ELEMENTS = 1 << 18  # float32 per rank: 1 MiB
 
 
 def object_id(rank: int, incarnation: int, index: int) -> str:
@@ -250,6 +257,90 @@ class Workload:
                        late=duration > self.calls * self.timeout + self.grace)
 
 
+def round_values(round_no: int, rank: int, numel: int) -> torch.Tensor:
+    """Integer-valued floats: sums over ranks are exact."""
+    return ((torch.arange(numel) * 3 + round_no * 7 + rank * 11) % 101).float()
+
+
+class CollectiveRounds:
+    """c10d collectives of the "hoplite" backend among all ranks, in rounds at
+    fixed wall-clock times. Each round has a group of its own, made when it
+    begins, so a rank restarted since the last round takes part; its
+    allreduce, broadcast, allgather and reduce-scatter are checked exactly. A
+    round's calls end before the next round begins, so ranks whose round
+    failed (a member dead, paused or cut off) meet again in the next."""
+
+    def __init__(self, rank: int, world: int, log: Log, grace: float, origin: float):
+        self.rank, self.world, self.log, self.grace = rank, world, log, grace
+        self.origin = origin  # round k begins at origin + k * ROUND_SECONDS
+        self.watchdog = Watchdog(log, ROUND_SECONDS * ROUND_SHARE + grace)
+
+    def run(self, stop_at: float, leaving: threading.Event) -> None:
+        while True:
+            round_no = math.floor((time.time() - self.origin) / ROUND_SECONDS) + 1
+            begins = self.origin + round_no * ROUND_SECONDS
+            if begins > stop_at or leaving.wait(max(0.0, begins - time.time())):
+                return
+            self.run_round(round_no, begins + ROUND_SECONDS * ROUND_SHARE)
+
+    def run_round(self, round_no: int, deadline: float) -> None:
+        backend = _C.create_backend(api._rt().node, f"soak-round.{round_no}", self.rank, list(range(self.world)),
+                                    ROUND_SECONDS)
+        for name in ("allreduce", "broadcast", "allgather", "reduce_scatter"):
+            timeout = max(0.05, deadline - time.time())
+            start = time.time()
+            self.watchdog.step(start)
+            self.watchdog.begin(f"c10d {name}")
+            error, wrong = None, 0
+            try:
+                wrong = getattr(self, name)(backend, round_no, datetime.timedelta(seconds=timeout))
+            except Exception as e:  # every failure is an outcome to count, by type
+                error = f"{type(e).__name__}: {str(e)[:300]}"
+            finally:
+                self.watchdog.end()
+            duration = time.time() - start
+            self.log.write(event="op", op=f"c10d {name}", start=start, dur=duration, error=error, wrong=wrong,
+                           objects=[], late=duration > timeout + self.grace)
+            if error:
+                return  # the round's group is broken: the next round has a new one
+
+    # ---- each returns the wrong bytes it saw
+    def allreduce(self, backend: Any, round_no: int, timeout: datetime.timedelta) -> int:
+        t = round_values(round_no, self.rank, ROUND_ELEMENTS)
+        opts = c10d.AllreduceOptions()
+        opts.timeout = timeout
+        backend.allreduce([t], opts).wait()
+        return wrong_bytes(t, sum(round_values(round_no, r, ROUND_ELEMENTS) for r in range(self.world)))
+
+    def broadcast(self, backend: Any, round_no: int, timeout: datetime.timedelta) -> int:
+        root = round_no % self.world
+        t = round_values(round_no, root, ROUND_ELEMENTS) if self.rank == root else torch.zeros(ROUND_ELEMENTS)
+        opts = c10d.BroadcastOptions()
+        opts.rootRank, opts.rootTensor, opts.timeout = root, 0, timeout
+        backend.broadcast([t], opts).wait()
+        return wrong_bytes(t, round_values(round_no, root, ROUND_ELEMENTS))
+
+    def allgather(self, backend: Any, round_no: int, timeout: datetime.timedelta) -> int:
+        n = ROUND_ELEMENTS // self.world
+        out = [torch.zeros(n) for _ in range(self.world)]
+        opts = c10d.AllgatherOptions()
+        opts.timeout = timeout
+        backend.allgather([out], [round_values(round_no, self.rank, n)], opts).wait()
+        return sum(wrong_bytes(got, round_values(round_no, r, n)) for r, got in enumerate(out))
+
+    def reduce_scatter(self, backend: Any, round_no: int, timeout: datetime.timedelta) -> int:
+        n = ROUND_ELEMENTS // self.world
+
+        def block(rank: int, to: int) -> torch.Tensor:  # what `rank` gives for `to`'s share
+            return round_values(round_no * self.world + to, rank, n)
+
+        out = torch.zeros(n)
+        opts = c10d.ReduceScatterOptions()
+        opts.timeout = timeout
+        backend.reduce_scatter([out], [[block(self.rank, to) for to in range(self.world)]], opts).wait()
+        return wrong_bytes(out, sum(block(r, self.rank) for r in range(self.world)))
+
+
 def hop_id(ref: Any) -> str:
     return ref if isinstance(ref, str) else ref.id
 
@@ -268,11 +359,15 @@ def run(rank: int, world: int, store_host: str, port: int, seed: int, incarnatio
     sample_resources(log, 1.0)
     workload = Workload(rank, incarnation, world, store, random.Random(seed * 1000 + rank * 100 + incarnation),
                         log, timeout, grace)
+    rounds = CollectiveRounds(rank, world, log, grace, origin=stop_at)
+    round_thread = threading.Thread(target=rounds.run, args=(stop_at, leaving), daemon=True)
+    round_thread.start()
     if incarnation > 0:
         workload.delete_predecessors_objects()
     workload.publish()
     while time.time() < stop_at and not leaving.is_set():
         workload.step()
+    round_thread.join(ROUND_SECONDS)  # its current round
     if leaving.is_set():
         log.write(event="left")
         hop.shutdown()
