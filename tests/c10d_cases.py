@@ -732,3 +732,26 @@ def run_late_messages(rank: int, world: int, port: int, conn) -> None:
     conn.send(report)
     dist.destroy_process_group()
     torch_hoplite.shutdown()
+
+
+def run_recv_pending_at_destroy(rank: int, world: int, port: int, conn) -> None:
+    """Rank 0 waits to receive from rank 1, which sends nothing, and destroys
+    the group: the receive fails then, not at the group's 60 s timeout."""
+    dist.init_process_group(
+        "hoplite", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TIMEOUT
+    )
+    dist.barrier()
+    report: dict = {}
+    work = dist.irecv(torch.zeros(10), src=1, tag=5) if rank == 0 else None
+    time.sleep(0.5)
+    dist.destroy_process_group()
+    if work is not None:
+        start = time.monotonic()
+        try:
+            work.wait()
+            report["outcome"] = "completed"
+        except Exception as e:  # noqa: BLE001  (reported to the test)
+            report["outcome"] = f"{type(e).__name__}: {e}"
+        report["seconds"] = time.monotonic() - start
+    conn.send(report)
+    torch_hoplite.shutdown()

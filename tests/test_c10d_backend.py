@@ -162,3 +162,8 @@ def test_dropping_a_backend_after_a_failed_collective_does_not_deadlock():
     run = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "drop_failed_backend.py"), str(n)],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.split() == [str(n)], run.stdout[-2000:] + run.stderr[-2000:]
+
+
+def test_a_receive_pending_when_its_group_is_destroyed_fails_at_once():
+    first, _ = _spawn(c10d_cases.run_recv_pending_at_destroy, 2, timeout=120)
+    assert first is not None and "group closed" in first["outcome"] and first["seconds"] < 5, first

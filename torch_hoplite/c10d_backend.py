@@ -57,12 +57,14 @@ def _instance_name(opts: Any) -> str:
     """The group's name and a token its members share and no earlier group of
     that name had: a group's messages are its own even when one of the same
     name was destroyed before (its late messages are dropped, see
-    TaggedMessenger::discard). Group rank 0 draws the token; the key it goes
-    under counts the instances made with this store, which may be reused."""
+    TaggedMessenger::discard). Group rank 0 draws the token. Each member
+    counts the instances it made with this store (which may be reused), so
+    the k-th instance of every member reads the k-th token, however the
+    members' creations interleave."""
     store = opts.store
-    if store is None:
+    if store is None:  # torch gives every group one
         return str(opts.group_id)
-    generation = (store.add("hoplite/instances", 1) - 1) // opts.group_size
+    generation = store.add(f"hoplite/instances/{opts.group_rank}", 1)
     key = f"hoplite/instance/{generation}"
     if opts.group_rank == 0:
         store.set(key, secrets.token_hex(8))

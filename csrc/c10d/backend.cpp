@@ -27,6 +27,8 @@ constexpr size_t kRingAllreduceBytes = 128u << 10;
 // Tags: a collective's are (seq << 40 | sub-tag), send/recv's (1 << 62 | tag).
 constexpr int kSeqShift = 40;
 constexpr uint64_t kSeqMask = (1ull << 22) - 1;
+// After a failed collective, late messages of it and of this many before it are dropped.
+constexpr uint64_t kAbandonWindow = 1ull << 20;
 // The kind of send/recv messages (collectives use their own name).
 const std::string kPointToPoint = "send/recv";
 constexpr uint64_t kPointToPointBit = 1ull << 62;
@@ -240,20 +242,28 @@ HopliteBackend::HopliteBackend(std::shared_ptr<TaggedMessenger> messenger, const
 HopliteBackend::~HopliteBackend() { shutdown(); }
 
 void HopliteBackend::shutdown() {
+  closed_ = true;
   worker_.stop();
   completer_->stop();
   // Peers' messages for this group, waiting or late, have no receiver any more.
   channel_.messenger().discard(channel_.context(), [](uint64_t) { return true; });
 }
 
-void HopliteBackend::abandonThrough(uint64_t seq) {
-  // Tags of collective `seq` and those before it (seq numbers wrap: "before"
-  // is the half of the ring behind it); send/recv's tags stay.
-  const uint64_t last = seq & kSeqMask;
-  channel_.messenger().discard(channel_.context(), [last](uint64_t tag) {
-    if (tag & kPointToPointBit) return false;
-    return ((last - (tag >> kSeqShift)) & kSeqMask) <= kSeqMask / 2;
-  });
+void HopliteBackend::noteOutcome(uint64_t seq, bool failed) {
+  if (closed_) return;  // the whole context is stale for good
+  if (failed) {
+    // Tags of collective `seq` and of the kAbandonWindow before it (seq
+    // numbers wrap); send/recv's stay.
+    abandoned_ = seq;
+    const uint64_t last = seq & kSeqMask;
+    channel_.messenger().discard(channel_.context(), [last](uint64_t tag) {
+      return !(tag & kPointToPointBit) && ((last - (tag >> kSeqShift)) & kSeqMask) < kAbandonWindow;
+    });
+  } else if (abandoned_ && seq - *abandoned_ >= kAbandonWindow) {
+    // Forgotten before the ring brings live tags into the window.
+    abandoned_.reset();
+    channel_.messenger().discard(channel_.context(), nullptr);
+  }
 }
 
 double HopliteBackend::timeoutSeconds(std::chrono::milliseconds requested) const {
@@ -284,7 +294,7 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::enqueue(::c10d::OpType type, co
       error = std::current_exception();
     }
     channel_.end(error != nullptr);
-    if (error) abandonThrough(seq);  // what peers sent for it, or send late, would wait forever
+    noteOutcome(seq, error != nullptr);  // after a failure, what peers sent for it would wait forever
     work->complete(error);
   });
   return work;

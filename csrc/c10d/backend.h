@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -101,11 +102,15 @@ class HopliteBackend : public ::c10d::Backend {
                                            std::shared_ptr<const DeviceStaging> staging, Body body);
   c10::intrusive_ptr<::c10d::Work> pointToPoint(Tensors& tensors, int peer, int tag, bool isSend);
   double timeoutSeconds(std::chrono::milliseconds requested) const;
-  // After collective `seq` failed: peers' messages for it and earlier ones are dropped.
-  void abandonThrough(uint64_t seq);
+  // After collective `seq` ended (worker thread): once it failed, peers'
+  // messages for it and the ones before are dropped, until enough later
+  // collectives have run.
+  void noteOutcome(uint64_t seq, bool failed);
 
   Channel channel_;  // its messenger is shared with send/recv; the rest is the worker thread's
   std::atomic<std::chrono::milliseconds> timeout_;
+  std::atomic<bool> closed_{false};  // shut down: its context is closed for good
+  std::optional<uint64_t> abandoned_;  // the last failed collective, while its tags are dropped (worker thread)
   std::mutex issueMutex_;  // numbers and queues a collective in one step
   uint64_t seq_ = 0;       // collectives issued: identical on every member
   WorkerPool worker_{"hoplite-c10d", 1};  // collectives, one at a time in issue order

@@ -413,6 +413,10 @@ void Mailbox::onMessage(Connection& conn, const wire::Message& msg) {
 
 void Mailbox::discard(uint64_t context, StaleTags stale) {
   loop_.post([this, context, stale = std::move(stale)]() mutable {
+    if (!stale) {
+      stale_.erase(context);
+      return;
+    }
     std::vector<std::shared_ptr<Inbound>> dropped;
     for (auto it = mailbox_.lower_bound({context, 0}); it != mailbox_.end() && it->first.first == context;) {
       if (!stale(it->first.second)) {
@@ -422,10 +426,24 @@ void Mailbox::discard(uint64_t context, StaleTags stale) {
       dropped.insert(dropped.end(), it->second.begin(), it->second.end());
       it = mailbox_.erase(it);
     }
+    std::vector<std::pair<MessageKey, PostedReceive>> refused;
+    for (auto it = receives_.lower_bound({context, 0}); it != receives_.end() && it->first.first == context;) {
+      if (!stale(it->first.second)) {
+        ++it;
+        continue;
+      }
+      for (auto& receive : it->second) refused.emplace_back(it->first, std::move(receive));
+      it = receives_.erase(it);
+    }
     stale_[context] = std::move(stale);
     for (auto& inbound : dropped) {
       if (inbound->eager) counters_.waitingBytes -= inbound->size;
       dropStale(inbound);
+    }
+    for (auto& [key, receive] : refused) {
+      receive.done(Status(Code::kShutdown, describeMessage(key.first, key.second) +
+                                               " will not come: its exchange was abandoned or its group closed"),
+                   receive.rank);
     }
   });
 }

@@ -50,10 +50,11 @@ class TaggedMessenger {
   using StaleTags = std::function<bool(uint64_t tag)>;
   // From now on the messages of `context` whose tags are `stale` are dropped:
   // those waiting for a receive at once, later ones as they arrive (an eager
-  // one's sender gets its window back, a deferred one's send is refused).
-  // Replaces what an earlier call said of the context. For a layer whose
-  // exchange failed (its peers' late messages would wait forever) or that
-  // closed the context. Any thread.
+  // one's sender gets its window back, a deferred one's send is refused), and
+  // receives posted for such tags fail. Replaces what an earlier call said of
+  // the context; an empty `stale` forgets it. For a layer whose exchange
+  // failed (its peers' late messages would wait forever) or that closed the
+  // context. Any thread.
   virtual void discard(uint64_t context, StaleTags stale) = 0;
 };
 

@@ -124,9 +124,10 @@ def mark_back(faults: list[dict], records: list[dict], end: float) -> None:
 def attribute(ops: list[dict], faults: list[dict], deleted_at: dict[str, float], end: float,
               settle: float) -> list[dict]:
     """Sets each disruptive fault's `recovery_s` (from the fault, for a pause
-    also `after_resume_s`, to the end of the last object-store failure it is
-    the latest fault to explain; 0 if none) and returns the counted failures
-    that no fault explains. (A c10d round fails until the rank is back,
+    also `after_resume_s`, to the end of the last object-store failure it
+    explains, where a fault of the failing rank's own, if any, is the one
+    that explains it; 0 if none) and returns the counted failures that no
+    fault explains. (A c10d round fails until the rank is back,
     restarts included: that is no measure of recovery.)"""
     disruptive = [f for f in faults if f["kind"] in DISRUPTIVE]
     windows = []
@@ -145,12 +146,13 @@ def attribute(ops: list[dict], faults: list[dict], deleted_at: dict[str, float],
             unexplained.append(op)
         if not causes or is_collective(op):
             continue
-        # Of several faults that explain it, the latest is the one it measures.
-        f = max(causes, key=lambda c: c["t"])
+        # A fault of the rank's own explains it before any other's.
+        own = [f for f in causes if f["rank"] == op["rank"]]
         op_end = op["start"] + op["dur"]
-        f["recovery_s"] = max(f["recovery_s"], op_end - f["t"])
-        if f["kind"] == "pause" and "restarted" in f:
-            f["after_resume_s"] = max(f["after_resume_s"], op_end - f["restarted"])
+        for f in own or causes:
+            f["recovery_s"] = max(f["recovery_s"], op_end - f["t"])
+            if f["kind"] == "pause" and "restarted" in f:
+                f["after_resume_s"] = max(f["after_resume_s"], op_end - f["restarted"])
     return unexplained
 
 
