@@ -146,3 +146,61 @@ def test_a_resumed_rank_deletes_its_own_object_before_it_listed_its_copies_again
     # Gone for good: not listed again by rank 1's re-registration.
     with pytest.raises((hop.ObjectDeletedError, hop.PeerFailedError)):
         hop.get(only, timeout=5).wait()
+
+
+def test_a_reduce_issued_as_its_rank_resumes_does_not_wait_out_its_timeout(cluster3_fast_heartbeats):
+    """A reduce that rank 1 issues the moment it resumes from a pause past
+    the heartbeat timeout must complete, or fail at once saying why. (The
+    soak saw one wait out its 10 s; this has not reproduced it.)"""
+    c = cluster3_fast_heartbeats
+    n = 1 << 18
+    c.call(0, workers.put, torch.full((n,), 1.0), "resumed-reduce-a")
+    c.call(2, workers.put, torch.full((n,), 2.0), "resumed-reduce-b")
+    c.call(1, workers.put, torch.full((n,), 4.0), "resumed-reduce-c")
+    for r in (0, 2):  # connections both ways between rank 1 and the others
+        assert torch.equal(c.call(r, workers.get, "resumed-reduce-c", 10), torch.full((n,), 4.0))
+    c.call(1, workers.get, "resumed-reduce-a", 10)
+    c.call(1, workers.get, "resumed-reduce-b", 10)
+    c.freeze(1)
+    try:
+        wait_for_stat(c, 0, "shards_moved", 1)
+        wait_for_stat(c, 2, "shards_moved", 1)
+        time.sleep(0.5)
+        reducing = c.submit(1, workers.reduce_and_get, ["resumed-reduce-a", "resumed-reduce-b", "resumed-reduce-c"],
+                            2, "resumed-reduce-out", 10)
+    finally:
+        os.kill(c.pids[1], signal.SIGCONT)
+    out, seconds = reducing.result(timeout=30)
+    assert seconds < 5, (out, seconds)
+    if isinstance(out, str):
+        assert "stalled" in out or "failed" in out, out
+    else:  # any two of 1, 2 and 4
+        assert set(out.unique().tolist()) <= {3.0, 5.0, 6.0} and out.unique().numel() == 1, out
+
+
+def test_a_get_waiting_at_a_resumed_ranks_own_shard_follows_the_shard(cluster3_fast_heartbeats):
+    """Found by the soak: rank 1 waits at its own shard for an object to be
+    put; it is stopped past the heartbeat timeout, and the others move its
+    shard and put the object, listing it at the new host. Resumed, rank 1
+    learns that its shard moved: the wait must move with it (it used to wait
+    out its timeout at the old place)."""
+    c = cluster3_fast_heartbeats
+    (obj,) = ids_with_shard("resumed-wait", 1, 3, lambda s: s == 1)
+    for r in (0, 2):  # connections both ways between rank 1 and the others
+        c.call(r, workers.put, torch.full((10,), float(r)), f"resumed-wait-warm-{r}")
+        c.call(1, workers.get, f"resumed-wait-warm-{r}", 10)
+    c.call(1, workers.put, torch.full((10,), 1.0), "resumed-wait-warm-1")
+    for r in (0, 2):
+        c.call(r, workers.get, "resumed-wait-warm-1", 10)
+    waiting = c.submit(1, workers.get_outcome, obj, 1 << 16, 3, 20)
+    time.sleep(0.5)  # rank 1's lookup waits at its own shard
+    c.freeze(1)
+    try:
+        wait_for_stat(c, 0, "shards_moved", 1)
+        wait_for_stat(c, 2, "shards_moved", 1)
+        c.call(0, workers.put_pattern, obj, 1 << 16, 3)  # listed where rank 1's shard went
+    finally:
+        os.kill(c.pids[1], signal.SIGCONT)
+    resumed = time.monotonic()
+    outcome = waiting.result(timeout=30)
+    assert outcome == "exact" and time.monotonic() - resumed < 6, (outcome, time.monotonic() - resumed)

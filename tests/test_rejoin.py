@@ -2,6 +2,8 @@
 gets objects, others reach it at its new address, and it serves as a reduce
 input again."""
 
+import os
+import signal
 import time
 
 import torch
@@ -38,5 +40,30 @@ def test_a_restarted_rank_rejoins_and_is_a_reduce_input_again():
         c.call(2, workers.put, torch.full((1 << 18,), 5.0), "rejoin-new")
         assert torch.equal(c.call(3, workers.get, "rejoin-new", 30), torch.full((1 << 18,), 5.0))
         assert torch.equal(hop.get("rejoin-new", timeout=30).wait(), torch.full((1 << 18,), 5.0))
+    finally:
+        c.close()
+
+
+def test_a_rank_paused_while_a_peer_rejoined_reaches_the_new_process():
+    """Found by the 30-minute soak: rank 1 was stopped past the heartbeat
+    timeout while rank 2 was killed and restarted. The new rank 2's
+    introduction went unanswered, so each took the other for failed, and
+    after rank 1 resumed everything between them failed ("has failed")
+    until one of them was restarted again."""
+    c = Cluster(3, options={"heartbeat_interval": 0.2, "heartbeat_timeout": 1.5, "connect_timeout": 1.0})
+    try:
+        c.call(1, workers.put, torch.full((10,), 1.0), "paused-rejoin-1")
+        c.call(2, workers.put, torch.full((10,), 2.0), "paused-rejoin-2")
+        assert torch.equal(c.call(1, workers.get, "paused-rejoin-2", 10), torch.full((10,), 2.0))
+        assert torch.equal(c.call(2, workers.get, "paused-rejoin-1", 10), torch.full((10,), 1.0))
+        c.freeze(1)
+        c.kill(2)
+        c.restart(2)  # its introduction to rank 1 goes unanswered
+        time.sleep(2.0)
+        os.kill(c.pids[1], signal.SIGCONT)
+        time.sleep(2.0)  # rank 1 notices its stall and redials
+        c.call(2, workers.put, torch.full((1 << 18,), 3.0), "paused-rejoin-new")
+        assert torch.equal(c.call(1, workers.get, "paused-rejoin-new", 10), torch.full((1 << 18,), 3.0))
+        assert torch.equal(c.call(2, workers.get, "paused-rejoin-1", 10), torch.full((10,), 1.0))
     finally:
         c.close()

@@ -214,3 +214,16 @@ def get_then_trace(ref, timeout=30):
     """A get, then what this rank traced meanwhile (tracing left as it was)."""
     hop.get(ref, timeout=timeout).wait()
     return trace_events()
+
+
+def reduce_and_get(ids, num_objects, result_id, timeout):
+    """A sum of the first `num_objects` of `ids` into `result_id`, and a get of
+    it: the result, or the error's text; and the seconds it all took."""
+    start = time.monotonic()
+    try:
+        ref, _ = hop.reduce(ids, num_objects=num_objects, id=result_id, timeout=timeout)
+        hop.wait_reduce(ref, timeout=timeout)
+        out = hop.get(ref, timeout=timeout).wait()
+    except hop.HopliteError as e:
+        out = f"{type(e).__name__}: {e}"
+    return out, time.monotonic() - start

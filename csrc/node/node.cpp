@@ -83,6 +83,10 @@ Node::Node(NodeConfig config)
   directory_ = std::make_unique<DirectoryClient>(
       loop_, *peers_, *store_, DirectoryClientConfig{config_.rank, config_.worldSize, config_.inlineThresholdBytes},
       [this] {
+        // What this node hosted for ids that now go elsewhere (its own share,
+        // when news comes that the others moved it while it was stalled) is
+        // handed over, and lookups waiting here are sent after it.
+        shardServer_->handOver();
         shardServer_->adoptStandby();
         subscriptions_->rehome();
       });

@@ -105,6 +105,7 @@ void Peers::handleAuth(Connection& conn, const wire::Auth& msg) {
   conn.markTrusted();
   adoptPeer(hs.rank, hs, conn.id());
   wire::HelloAck ack{config_.rank, {}, config_.incarnation};
+  ack.members = reachedMembers();
   events_.fillHelloAck(&ack);
   offerSameHost(&ack);
   conn.sendControl(wire::MsgType::kHelloAck, wire::encode(ack));
@@ -153,6 +154,47 @@ void Peers::adoptPeer(int rank, const Handshake& hello, uint64_t connectionId) {
   events_.onPeerRejoined(rank);
 }
 
+std::vector<wire::MemberAddress> Peers::reachedMembers() const {
+  std::vector<wire::MemberAddress> members;
+  for (const auto& [rank, peer] : peers_) {
+    if (!peer.lost && peer.port != 0 && peer.incarnation != 0) {
+      members.push_back(wire::MemberAddress{rank, peer.incarnation, peer.host, static_cast<uint32_t>(peer.port)});
+    }
+  }
+  return members;
+}
+
+// A rank that rejoined while this node was stalled or cut off introduced
+// itself to it in vain, and this node still knows only the process it gave
+// up on. A member that reaches the new process says where it listens (as its
+// authenticated hello told it); this node reaches that one from now on.
+void Peers::learnMembers(int from, const std::vector<wire::MemberAddress>& members) {
+  const bool away = justStalled(steadySeconds());
+  for (const wire::MemberAddress& m : members) {
+    if (m.rank == config_.rank || m.rank == from || m.rank < 0 || m.rank >= config_.worldSize || m.incarnation == 0) {
+      continue;
+    }
+    auto it = peers_.find(m.rank);
+    if (it == peers_.end() || it->second.incarnation == m.incarnation) continue;
+    // Only about a process this node gave up on, or cannot reach since it
+    // was away itself: else the member's news may be the older.
+    const Peer& known = it->second;
+    const bool reached = known.ready && known.conn && known.conn->isOpen();
+    if (!(known.lost || (away && !reached))) continue;
+    HLOG(kInfo, "rank %d rejoined from %s:%u while this process could not hear it (%s knows it)", m.rank,
+         m.host.c_str(), m.port, peerName(from).c_str());
+    if (known.conn || !known.queued.empty()) {
+      failPeer(m.rank, Status(Code::kPeerFailed, peerName(m.rank) + " restarted"), /*gone=*/false);
+    }
+    Peer fresh;
+    fresh.host = m.host;
+    fresh.port = static_cast<int>(m.port);
+    fresh.incarnation = m.incarnation;
+    it->second = std::move(fresh);
+    events_.onPeerRejoined(m.rank);
+  }
+}
+
 void Peers::handleHelloAck(Connection& conn, const wire::HelloAck& ack) {
   auto it = peers_.find(conn.peerRank());
   if (it == peers_.end() || it->second.conn.get() != &conn || ack.rank != conn.peerRank() || !it->second.verified) {
@@ -186,6 +228,7 @@ void Peers::handleHelloAck(Connection& conn, const wire::HelloAck& ack) {
     if (!c || !c->isOpen()) break;
     write(*c);
   }
+  learnMembers(conn.peerRank(), ack.members);
   leaveCutOffIfMostReached();
 }
 

@@ -197,6 +197,11 @@ class Peers : public PeerLinks, public ConnectionObserver {
   void handleHelloAck(Connection& conn, const wire::HelloAck& ack);
   void handleProbe(Connection& conn, const wire::Probe& msg);
   void adoptPeer(int rank, const Handshake& hello, uint64_t connectionId);
+  // The peers this node has not given up on, for its hello acks.
+  std::vector<wire::MemberAddress> reachedMembers() const;
+  // A member's hello ack names a new process of a rank this node gave up on:
+  // that rank rejoined while this node could not hear it (see handshake.cpp).
+  void learnMembers(int from, const std::vector<wire::MemberAddress>& members);
   // What this node's hello ack offers for same-host reads, and whether it can
   // take up a peer's offer (null: it cannot).
   void offerSameHost(wire::HelloAck* ack) const;

@@ -13,13 +13,14 @@ namespace hoplite {
 namespace wire {
 
 constexpr uint32_t kMagic = 0x544c5048;  // "HPLT" little-endian
-constexpr uint8_t kVersion = 13;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
+constexpr uint8_t kVersion = 14;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
                                   // 5: message kinds; 6: message withdrawal; 7: same-host reads;
                                   // 8: status kMoved (a copy handed to a get); 9: a lookup's preferred sender;
                                   // 10: the proofs cover the hello's listen address;
                                   // 11: moved shards name the incarnation that died (and return after a rejoin)
                                   // 12: leaves, and shards hand over what they remember of gone ids
                                   // 13: standbys hear where each put's copy is
+                                  // 14: hello acks list the members the server reaches
 constexpr size_t kHeaderSize = 16;
 constexpr size_t kDataSubheaderSize = 16;
 

@@ -133,6 +133,13 @@ void HelloAck::encode(Writer& w) const {
   w.u32(pid);
   w.u64(probeAddress);
   w.str(probe);
+  w.u32(static_cast<uint32_t>(members.size()));
+  for (const MemberAddress& m : members) {
+    w.i32(m.rank);
+    w.u64(m.incarnation);
+    w.str(m.host);
+    w.u32(m.port);
+  }
 }
 HelloAck HelloAck::decode(Reader& r) {
   HelloAck m;
@@ -149,6 +156,15 @@ HelloAck HelloAck::decode(Reader& r) {
   m.pid = r.u32();
   m.probeAddress = r.u64();
   m.probe = r.str(kNonceSize, "memory probe");
+  uint32_t members = r.u32();
+  if (members > r.remaining() / 20) throw DecodeError("hello ack lists more members than it holds");
+  m.members.resize(members);
+  for (MemberAddress& a : m.members) {
+    a.rank = r.i32();
+    a.incarnation = r.u64();
+    a.host = r.str(256, "member host");
+    a.port = r.u32();
+  }
   r.expectEnd("hello ack");
   return m;
 }

@@ -69,6 +69,14 @@ struct ShardDeath {
   uint64_t incarnation = 0;  // of the process that died (0: never heard from it)
 };
 
+// A live peer's process, as another member knows it.
+struct MemberAddress {
+  int32_t rank = -1;
+  uint64_t incarnation = 0;
+  std::string host;
+  uint32_t port = 0;
+};
+
 struct HelloAck {
   static constexpr MsgType kType = MsgType::kHelloAck;
   int32_t rank = -1;
@@ -78,6 +86,9 @@ struct HelloAck {
   uint32_t pid = 0;
   uint64_t probeAddress = 0;
   std::string probe;
+  // The peers the server has not given up on: a client that missed a rank's
+  // rejoin (it was stalled then) learns the new process's address.
+  std::vector<MemberAddress> members;
   void encode(Writer& w) const;
   static HelloAck decode(Reader& r);
 };

@@ -160,6 +160,14 @@ static void testMessages() {
           back.deadShards[0].incarnation == 0x1234567890ull && back.deadShards[1].rank == 5 &&
           back.deadShards[1].incarnation == 0);
     checkTruncations(HelloAck{2, {{1, 7}}}, [](Reader& r) { HelloAck::decode(r); }, "hello ack naming a dead shard");
+    HelloAck listing{2};
+    listing.members = {{1, 0xabcull, "10.0.0.2", 4100}, {3, 7, "", 0}};
+    std::string listed = encode(listing);
+    Reader lr(reinterpret_cast<const uint8_t*>(listed.data()), listed.size());
+    HelloAck members = HelloAck::decode(lr);
+    CHECK(members.members.size() == 2 && members.members[0].rank == 1 && members.members[0].incarnation == 0xabcull &&
+          members.members[0].host == "10.0.0.2" && members.members[0].port == 4100 && members.members[1].rank == 3);
+    checkTruncations(listing, [](Reader& r) { HelloAck::decode(r); }, "hello ack listing members");
     CHECK(throwsDecodeError(encode(Hello{kVersion, 2, "c", std::string(kNonceSize, 'n'), "h", 70000}),
                             [](Reader& r) { Hello::decode(r); }));
   }
