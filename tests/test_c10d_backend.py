@@ -125,8 +125,10 @@ def test_a_failed_collective_withdraws_the_sends_nobody_will_receive():
     for rank, o in enumerate(outcomes):  # every rank failed at once, not at the group's 60 s timeout
         assert "DistBackendError" in o["outcome"] and "different exchanges" in o["outcome"], (rank, o)
         assert o["seconds"] < 30, (rank, o)
-    for rank in (0, 1):  # its block for rank 2, withdrawn when the collective failed
-        assert outcomes[rank]["withdrawn"] == 1, (rank, outcomes[rank])
+    # Rank 0's and rank 1's blocks for rank 2: each withdrawn when its sender's
+    # collective failed, or refused by rank 2 once its own had failed.
+    assert all(outcomes[rank]["withdrawn"] <= 1 for rank in (0, 1)), outcomes
+    assert outcomes[0]["withdrawn"] + outcomes[1]["withdrawn"] + outcomes[2]["discarded"] >= 2, outcomes
     # Rank 2's scatter failed at the first refusal (and gave up its other send if not refused yet).
     assert "was refused" in outcomes[2]["outcome"] and outcomes[2]["withdrawn"] <= 1, outcomes[2]
 

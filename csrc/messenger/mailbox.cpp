@@ -328,6 +328,10 @@ void Mailbox::matchReceive(PostedReceive receive, MessageKey key) {
     fail(Code::kShutdown, "the node is shut down");
     return;
   }
+  if (isStale(key)) {
+    fail(Code::kShutdown, "will not come: its exchange was abandoned or its group closed");
+    return;
+  }
   if (receive.rank >= 0 && links_.hasFailed(receive.rank)) {
     fail(Code::kPeerFailed, links_.peerName(receive.rank) + " has failed");
     return;

@@ -85,8 +85,9 @@ Node::Node(NodeConfig config)
       [this] {
         // What this node hosted for ids that now go elsewhere (its own share,
         // when news comes that the others moved it while it was stalled) is
-        // handed over, and lookups waiting here are sent after it.
-        shardServer_->handOver();
+        // handed over, and lookups waiting here are sent after it. (A leave
+        // hands its share over itself, saying which objects it takes along.)
+        if (!stopped_) shardServer_->handOver();
         shardServer_->adoptStandby();
         subscriptions_->rehome();
       });

@@ -157,7 +157,9 @@ void Peers::adoptPeer(int rank, const Handshake& hello, uint64_t connectionId) {
 std::vector<wire::MemberAddress> Peers::reachedMembers() const {
   std::vector<wire::MemberAddress> members;
   for (const auto& [rank, peer] : peers_) {
-    if (!peer.lost && peer.port != 0 && peer.incarnation != 0) {
+    // Only processes this node hears from now: a stale view would send the
+    // asker back to a dead one.
+    if (!peer.lost && peer.port != 0 && peer.incarnation != 0 && talksTo(rank)) {
       members.push_back(wire::MemberAddress{rank, peer.incarnation, peer.host, static_cast<uint32_t>(peer.port)});
     }
   }
@@ -176,11 +178,10 @@ void Peers::learnMembers(int from, const std::vector<wire::MemberAddress>& membe
     }
     auto it = peers_.find(m.rank);
     if (it == peers_.end() || it->second.incarnation == m.incarnation) continue;
-    // Only about a process this node gave up on, or cannot reach since it
-    // was away itself: else the member's news may be the older.
+    // Only about a process this node gave up on, or does not hear from
+    // since it was away itself: else the member's news may be the older.
     const Peer& known = it->second;
-    const bool reached = known.ready && known.conn && known.conn->isOpen();
-    if (!(known.lost || (away && !reached))) continue;
+    if (!(known.lost || (away && !talksTo(m.rank)))) continue;
     HLOG(kInfo, "rank %d rejoined from %s:%u while this process could not hear it (%s knows it)", m.rank,
          m.host.c_str(), m.port, peerName(from).c_str());
     if (known.conn || !known.queued.empty()) {
@@ -190,7 +191,7 @@ void Peers::learnMembers(int from, const std::vector<wire::MemberAddress>& membe
     fresh.host = m.host;
     fresh.port = static_cast<int>(m.port);
     fresh.incarnation = m.incarnation;
-    it->second = std::move(fresh);
+    peers_[m.rank] = std::move(fresh);  // (failPeer's callbacks may have rehashed peers_)
     events_.onPeerRejoined(m.rank);
   }
 }
