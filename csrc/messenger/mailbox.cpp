@@ -82,6 +82,28 @@ std::optional<typename Queues::mapped_type::value_type> takeFirst(Queues& queues
   return std::nullopt;
 }
 
+// Removes and returns the queues of `context` whose tags are `stale`.
+template <typename Queues>
+std::vector<std::pair<typename Queues::key_type, typename Queues::mapped_type>> takeStale(
+    Queues& queues, uint64_t context, const TaggedMessenger::StaleTags& stale) {
+  std::vector<std::pair<typename Queues::key_type, typename Queues::mapped_type>> taken;
+  for (auto it = queues.lower_bound({context, 0}); it != queues.end() && it->first.first == context;) {
+    if (!stale(it->first.second)) {
+      ++it;
+      continue;
+    }
+    taken.emplace_back(it->first, std::move(it->second));
+    it = queues.erase(it);
+  }
+  return taken;
+}
+
+// Why a receive of a stale tag fails (TaggedMessenger::discard).
+Status staleReceive(const std::pair<uint64_t, uint64_t>& key) {
+  return Status(Code::kShutdown, describeMessage(key.first, key.second) +
+                                     ": will not come: its exchange was abandoned or its group closed");
+}
+
 // The keepalive of a message's frames: released when the last frame is written
 // (the send succeeded) or dropped unwritten (its connection closed first).
 class SendGuard {
@@ -329,7 +351,7 @@ void Mailbox::matchReceive(PostedReceive receive, MessageKey key) {
     return;
   }
   if (isStale(key)) {
-    fail(Code::kShutdown, "will not come: its exchange was abandoned or its group closed");
+    receive.done(staleReceive(key), receive.rank);
     return;
   }
   if (receive.rank >= 0 && links_.hasFailed(receive.rank)) {
@@ -421,33 +443,17 @@ void Mailbox::discard(uint64_t context, StaleTags stale) {
       stale_.erase(context);
       return;
     }
-    std::vector<std::shared_ptr<Inbound>> dropped;
-    for (auto it = mailbox_.lower_bound({context, 0}); it != mailbox_.end() && it->first.first == context;) {
-      if (!stale(it->first.second)) {
-        ++it;
-        continue;
-      }
-      dropped.insert(dropped.end(), it->second.begin(), it->second.end());
-      it = mailbox_.erase(it);
-    }
-    std::vector<std::pair<MessageKey, PostedReceive>> refused;
-    for (auto it = receives_.lower_bound({context, 0}); it != receives_.end() && it->first.first == context;) {
-      if (!stale(it->first.second)) {
-        ++it;
-        continue;
-      }
-      for (auto& receive : it->second) refused.emplace_back(it->first, std::move(receive));
-      it = receives_.erase(it);
-    }
+    auto dropped = takeStale(mailbox_, context, stale);
+    auto refused = takeStale(receives_, context, stale);
     stale_[context] = std::move(stale);
-    for (auto& inbound : dropped) {
-      if (inbound->eager) counters_.waitingBytes -= inbound->size;
-      dropStale(inbound);
+    for (auto& [key, queue] : dropped) {
+      for (auto& inbound : queue) {
+        if (inbound->eager) counters_.waitingBytes -= inbound->size;
+        dropStale(inbound);
+      }
     }
-    for (auto& [key, receive] : refused) {
-      receive.done(Status(Code::kShutdown, describeMessage(key.first, key.second) +
-                                               " will not come: its exchange was abandoned or its group closed"),
-                   receive.rank);
+    for (auto& [key, queue] : refused) {
+      for (auto& receive : queue) receive.done(staleReceive(key), receive.rank);
     }
   });
 }

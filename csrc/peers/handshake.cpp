@@ -139,18 +139,23 @@ void Peers::adoptPeer(int rank, const Handshake& hello, uint64_t connectionId) {
     events_.onPeerRejoined(rank);  // (its shard stays moved: it is the same process)
     return;
   }
+  HLOG(kInfo, "rank %d rejoined from %s:%d", rank, host.c_str(), port);
+  replaceProcess(rank, host, port, hello.incarnation, connectionId);
+}
+
+void Peers::replaceProcess(int rank, const std::string& host, int port, uint64_t incarnation, uint64_t incoming) {
   // What was on its way to the old process fails (and is asked again where that retries).
   // (Not `gone`: its shard is where it was, or returns below.)
-  if (peer.conn || !peer.queued.empty()) {
+  const Peer& old = peers_[rank];
+  if (old.conn || !old.queued.empty()) {
     failPeer(rank, Status(Code::kPeerFailed, peerName(rank) + " restarted"), /*gone=*/false);
   }
-  HLOG(kInfo, "rank %d rejoined from %s:%d", rank, host.c_str(), port);
   Peer fresh;
   fresh.host = host;
   fresh.port = port;
-  fresh.incoming = connectionId;
-  fresh.incarnation = hello.incarnation;
-  peers_[rank] = std::move(fresh);
+  fresh.incoming = incoming;
+  fresh.incarnation = incarnation;
+  peers_[rank] = std::move(fresh);  // (failPeer's callbacks may have rehashed peers_)
   events_.onPeerRejoined(rank);
 }
 
@@ -184,15 +189,7 @@ void Peers::learnMembers(int from, const std::vector<wire::MemberAddress>& membe
     if (!(known.lost || (away && !talksTo(m.rank)))) continue;
     HLOG(kInfo, "rank %d rejoined from %s:%u while this process could not hear it (%s knows it)", m.rank,
          m.host.c_str(), m.port, peerName(from).c_str());
-    if (known.conn || !known.queued.empty()) {
-      failPeer(m.rank, Status(Code::kPeerFailed, peerName(m.rank) + " restarted"), /*gone=*/false);
-    }
-    Peer fresh;
-    fresh.host = m.host;
-    fresh.port = static_cast<int>(m.port);
-    fresh.incarnation = m.incarnation;
-    peers_[m.rank] = std::move(fresh);  // (failPeer's callbacks may have rehashed peers_)
-    events_.onPeerRejoined(m.rank);
+    replaceProcess(m.rank, m.host, static_cast<int>(m.port), m.incarnation, /*incoming=*/0);
   }
 }
 

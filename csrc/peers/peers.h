@@ -197,6 +197,9 @@ class Peers : public PeerLinks, public ConnectionObserver {
   void handleHelloAck(Connection& conn, const wire::HelloAck& ack);
   void handleProbe(Connection& conn, const wire::Probe& msg);
   void adoptPeer(int rank, const Handshake& hello, uint64_t connectionId);
+  // `rank` is a new process now (it rejoined): what waited on the old one
+  // fails, and the new one is reached at host:port from now on.
+  void replaceProcess(int rank, const std::string& host, int port, uint64_t incarnation, uint64_t incoming);
   // The peers this node has not given up on, for its hello acks.
   std::vector<wire::MemberAddress> reachedMembers() const;
   // A member's hello ack names a new process of a rank this node gave up on:

@@ -2,6 +2,8 @@
 // casters for c10d::Backend, the heaviest headers of the build.
 #include <torch/extension.h>
 
+#include <optional>
+
 #include "c10d/backend.h"
 #include "python/node_handle.h"
 
@@ -18,12 +20,9 @@ class PythonOwnedBackend final : public c10d::HopliteBackend {
  public:
   using HopliteBackend::HopliteBackend;
   ~PythonOwnedBackend() override {
-    if (PyGILState_Check()) {
-      py::gil_scoped_release release;
-      shutdown();
-    } else {
-      shutdown();
-    }
+    std::optional<py::gil_scoped_release> release;
+    if (PyGILState_Check()) release.emplace();
+    shutdown();
   }
 };
 }  // namespace

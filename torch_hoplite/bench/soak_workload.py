@@ -15,7 +15,7 @@ import random
 import signal
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch._C._distributed_c10d as c10d
@@ -241,20 +241,31 @@ class Workload:
 
     def step(self) -> None:
         op = self.rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
-        start = time.time()
-        self.watchdog.step(start)
-        error, wrong = None, 0
         self.objects = []
         self.calls = 0
-        try:
-            wrong = getattr(self, f"op_{op}")()
-        except Exception as e:  # every failure is an outcome to count, by type
-            error = f"{type(e).__name__}: {str(e)[:300]}"
-        finally:
-            self.watchdog.end()
-        duration = time.time() - start
-        self.log.write(event="op", op=op, start=start, dur=duration, error=error, wrong=wrong, objects=self.objects,
-                       late=duration > self.calls * self.timeout + self.grace)
+        run_checked(self.log, self.watchdog, op, getattr(self, f"op_{op}"),
+                    allowed=lambda: self.calls * self.timeout + self.grace, objects=lambda: self.objects)
+
+
+def run_checked(log: Log, watchdog: Watchdog, op: str, body: Callable[[], int], allowed: Callable[[], float],
+                objects: Callable[[], list[str]] = list) -> Optional[str]:
+    """Runs one checked operation (`body` returns the wrong bytes it saw) and
+    logs its outcome as one "op" line: its error or wrong bytes, its
+    duration, the objects it touched, and whether it ran past `allowed()`
+    seconds. Returns the error, if any."""
+    start = time.time()
+    watchdog.step(start)
+    error, wrong = None, 0
+    try:
+        wrong = body()
+    except Exception as e:  # every failure is an outcome to count, by type
+        error = f"{type(e).__name__}: {str(e)[:300]}"
+    finally:
+        watchdog.end()
+    duration = time.time() - start
+    log.write(event="op", op=op, start=start, dur=duration, error=error, wrong=wrong, objects=objects(),
+              late=duration > allowed())
+    return error
 
 
 def round_values(round_no: int, rank: int, numel: int) -> torch.Tensor:
@@ -288,20 +299,13 @@ class CollectiveRounds:
                                     ROUND_SECONDS)
         for name in ("allreduce", "broadcast", "allgather", "reduce_scatter"):
             timeout = max(0.05, deadline - time.time())
-            start = time.time()
-            self.watchdog.step(start)
-            self.watchdog.begin(f"c10d {name}")
-            error, wrong = None, 0
-            try:
-                wrong = getattr(self, name)(backend, round_no, datetime.timedelta(seconds=timeout))
-            except Exception as e:  # every failure is an outcome to count, by type
-                error = f"{type(e).__name__}: {str(e)[:300]}"
-            finally:
-                self.watchdog.end()
-            duration = time.time() - start
-            self.log.write(event="op", op=f"c10d {name}", start=start, dur=duration, error=error, wrong=wrong,
-                           objects=[], late=duration > timeout + self.grace)
-            if error:
+
+            def collective(name: str = name, timeout: float = timeout) -> int:
+                self.watchdog.begin(f"c10d {name}")
+                return getattr(self, name)(backend, round_no, datetime.timedelta(seconds=timeout))
+
+            if run_checked(self.log, self.watchdog, f"c10d {name}", collective,
+                           allowed=lambda: timeout + self.grace):
                 return  # the round's group is broken: the next round has a new one
 
     # ---- each returns the wrong bytes it saw
