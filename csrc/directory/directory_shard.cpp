@@ -226,7 +226,8 @@ std::vector<wire::GoneId> DirectoryShard::handOver(const std::function<bool(cons
       ++g;
       continue;
     }
-    handed.push_back(wire::GoneId{g->first, g->second.code == Code::kDeleted, g->second.rank, g->second.left});
+    handed.push_back(
+        wire::GoneId{g->first, g->second.code == Code::kDeleted, g->second.rank, g->second.left, g->second.deletedBy});
     g = gone_.erase(g);  // (its place in goneOrder_ is skipped as stale)
   }
   std::vector<std::pair<std::string, std::vector<Waiter>>> moved;
@@ -259,7 +260,7 @@ void DirectoryShard::keepStandby(const wire::GoneId& gone) {
     return;
   }
   const uint64_t seq = ++standbySeq_;
-  standby_[gone.id] = StandbyRecord{seq, gone.deleted, gone.lastHolder};
+  standby_[gone.id] = StandbyRecord{seq, gone.deleted, gone.lastHolder, gone.deletedBy};
   standbyOrder_.emplace_back(gone.id, seq);
   while (standbyOrder_.size() > kMaxStandby) {
     auto& [oldest, oldestSeq] = standbyOrder_.front();
@@ -282,7 +283,7 @@ void DirectoryShard::adoptStandby(const std::function<bool(const std::string& id
   }
   for (const auto& [id, record] : adopted) {
     if (record.deleted) {
-      adoptGone(wire::GoneId{id, /*deleted=*/true, -1, false}, /*fromStandby=*/true);
+      adoptGone(wire::GoneId{id, /*deleted=*/true, -1, false, record.deletedBy}, /*fromStandby=*/true);
     } else if (entries_.count(id) == 0) {  // (listed here already: its holders speak for it)
       expected_[id] = record.holder;
     }
@@ -317,8 +318,11 @@ void DirectoryShard::loseExpected(const wire::GoneId& gone) {
 
 void DirectoryShard::adoptGone(const wire::GoneId& gone, bool fromStandby) {
   if (entries_.count(gone.id)) return;  // put (again) since: the entry is newer
-  rememberGone(gone.id, gone.deleted ? Code::kDeleted : Code::kPeerFailed, gone.lastHolder, gone.lastHolderLeft,
-               fromStandby);
+  rememberGone(gone.id, Gone{.code = gone.deleted ? Code::kDeleted : Code::kPeerFailed,
+                             .rank = gone.lastHolder,
+                             .left = gone.lastHolderLeft,
+                             .fromStandby = fromStandby,
+                             .deletedBy = gone.deletedBy});
   auto w = waiters_.find(gone.id);
   if (w == waiters_.end()) return;
   const Gone& now = gone_.at(gone.id);
@@ -432,28 +436,43 @@ void DirectoryShard::tellSubscribers(const std::string& id) {
   }
 }
 
-Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<int>* holders, uint64_t ifToken) {
+Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<int>* holders, uint64_t ifToken,
+                              uint64_t deleteToken) {
   auto it = entries_.find(id);
   if (it != entries_.end() && ifToken != 0 && it->second.token != 0 && it->second.token != ifToken) {
     return Status(Code::kAlreadyExists, "object " + printableId(id) + " was registered again since");
   }
   if (it == entries_.end()) {
-    expected_.erase(id);  // deleted or retracted before its holder listed it here
+    auto expected = expected_.find(id);
+    if (expected != expected_.end() && !retract) {
+      // Put, and its holder has not listed its copy here since this node took
+      // the share over: deleted now, and that holder drops its copy, so that
+      // listing it later cannot bring the object back.
+      holders->push_back(expected->second);
+      expected_.erase(expected);
+      rememberGone(id, Gone{.code = Code::kDeleted, .deletedBy = deleteToken});
+      tellSubscribers(id);
+      return Status();
+    }
+    if (expected != expected_.end()) expected_.erase(expected);  // retracted before its holder listed it here
     if (auto gone = gone_.find(id); gone != gone_.end() && gone->second.code == Code::kDeleted) {
+      if (deleteToken != 0 && gone->second.deletedBy == deleteToken) return Status();  // this delete, asked again
       return Status(Code::kDeleted, "object " + printableId(id) + " was already deleted");
     }
     return Status(Code::kNotFound, "object " + printableId(id) + " does not exist");
   }
   for (const auto& holder : it->second.holders) holders->push_back(holder.first);
   entries_.erase(it);
-  if (!retract) rememberGone(id, Code::kDeleted, -1);
+  if (!retract) rememberGone(id, Gone{.code = Code::kDeleted, .deletedBy = deleteToken});
   tellSubscribers(id);
   return Status();
 }
 
 DirectoryShard::Entries::iterator DirectoryShard::dropLost(Entries::iterator entry, int lastHolder, bool left) {
   // A reduce's result is computed again: its readers wait for it.
-  if (!entry->second.recomputable) rememberGone(entry->first, Code::kPeerFailed, lastHolder, left);
+  if (!entry->second.recomputable) {
+    rememberGone(entry->first, Gone{.code = Code::kPeerFailed, .rank = lastHolder, .left = left});
+  }
   return entries_.erase(entry);
 }
 
@@ -464,9 +483,10 @@ Status DirectoryShard::goneStatus(const std::string& id, const Gone& gone) {
                                (gone.left ? ", left (it shut down)" : ", failed"));
 }
 
-void DirectoryShard::rememberGone(const std::string& id, Code code, int rank, bool left, bool fromStandby) {
+void DirectoryShard::rememberGone(const std::string& id, Gone gone) {
   const uint64_t seq = ++goneSeq_;
-  gone_[id] = Gone{code, rank, left, fromStandby, seq};
+  gone.seq = seq;
+  gone_[id] = gone;
   goneOrder_.emplace_back(id, seq);
   while (goneOrder_.size() > kMaxRememberedGone) {
     auto& [oldest, oldestSeq] = goneOrder_.front();

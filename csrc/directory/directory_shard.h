@@ -85,12 +85,17 @@ class DirectoryShard {
   // After `holder` registered the object: whether the standby should be told
   // of it as the object's holder (the put's holder, or the first one listed).
   bool takeStandbyHolder(const std::string& id, int holder, bool primary);
-  // Forgets the object and returns who held copies. A deleted id is remembered
+  // Forgets the object and returns who held copies (for a put expected from
+  // its holder, see adoptStandby: that holder). A deleted id is remembered
   // (gets of it fail at once); a retracted one is not (gets of it wait for it
   // to be registered again). `ifToken` (nonzero): only if the entry was
   // registered under that token or under none; else nothing changes (a
   // cleanup of an earlier computation of a reduce's result) and it says so.
-  Status remove(const std::string& id, bool retract, std::vector<int>* holders, uint64_t ifToken = 0);
+  // `deleteToken` (nonzero) names this delete: asked again (its answer was
+  // lost with a host taken for failed), it finds the id deleted under that
+  // token, here or by the host whose share this is now, and succeeds.
+  Status remove(const std::string& id, bool retract, std::vector<int>* holders, uint64_t ifToken = 0,
+                uint64_t deleteToken = 0);
   // The ids that `leaves` picks are hosted elsewhere now (their home rank
   // rejoined, or this process leaves): their entries are dropped (their
   // holders register them there), the lookups parked for them are answered
@@ -134,7 +139,8 @@ class DirectoryShard {
   };
   // Remembers why an id is gone (deleted, or lost with its last holder), so a
   // get of it fails at once instead of waiting. Bounded; forgotten once put again.
-  void rememberGone(const std::string& id, Code code, int rank, bool left = false, bool fromStandby = false);
+  struct Gone;
+  void rememberGone(const std::string& id, Gone gone);
   using Entries = std::unordered_map<std::string, DirectoryEntry>;
   // An entry with no copy left (see lost()): forgets it, and remembers it as
   // lost (last holder, or -1) unless its reduce computes it again.
@@ -173,10 +179,11 @@ class DirectoryShard {
   uint64_t nextWaiter_ = 1;
   struct Gone {
     Code code;  // kDeleted, or kPeerFailed for a lost object
-    int rank;   // a lost object's last holder, or -1
-    bool left;  // that holder shut down (else it failed)
-    bool fromStandby;  // a delete the dead host's standby kept: a holder listing a copy again wins
-    uint64_t seq;
+    int rank = -1;      // a lost object's last holder, or -1
+    bool left = false;  // that holder shut down (else it failed)
+    bool fromStandby = false;  // a delete the dead host's standby kept: a holder listing a copy again wins
+    uint64_t deletedBy = 0;    // the delete's token (remove)
+    uint64_t seq = 0;
   };
   static Status goneStatus(const std::string& id, const Gone& gone);
   std::unordered_map<std::string, Gone> gone_;
@@ -186,6 +193,7 @@ class DirectoryShard {
     uint64_t seq;
     bool deleted;  // else put, its copy at `holder`
     int holder;
+    uint64_t deletedBy;
   };
   std::unordered_map<std::string, StandbyRecord> standby_;  // keepStandby
   // Adopted ids whose put's holder has not listed its copy here yet → that holder (adoptStandby).

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/hash.h"
 #include "common/step_trace.h"
 #include "common/timeouts.h"
 
@@ -114,9 +115,15 @@ void ShardServer::adoptStandby() {
   }, graceSeconds_);
 }
 
-void ShardServer::tellStandby(const std::string& id, bool deleted, int holder) {
+void ShardServer::tellStandby(const std::string& id, bool deleted, int holder, uint64_t deletedBy) {
   if (toStandby_.empty()) loop_.runSoon([this] { flushStandby(); });
-  toStandby_.push_back(wire::GoneId{id, deleted, holder, false});
+  toStandby_.push_back(wire::GoneId{id, deleted, holder, false, deletedBy});
+}
+
+uint64_t ShardServer::deleteToken(int rank, uint64_t request) const {
+  // A client asks again under the same request number (DirectoryClient::requestShard);
+  // its process's incarnation tells it apart from other processes' requests.
+  return mix64(peers_.incarnationOf(rank) ^ mix64(request)) | 1;
 }
 
 void ShardServer::flushStandby() {
@@ -167,8 +174,9 @@ void ShardServer::handleDelete(Connection& conn, const wire::Delete& msg) {
     return;
   }
   std::vector<int> holders;
-  Status s = shard_.remove(msg.id, msg.retract, &holders, msg.ifToken);
-  if (s.ok()) tellStandby(msg.id, /*deleted=*/!msg.retract);  // (retracted: forgotten)
+  const uint64_t token = msg.retract ? 0 : deleteToken(conn.peerRank(), msg.request);
+  Status s = shard_.remove(msg.id, msg.retract, &holders, msg.ifToken, token);
+  if (s.ok()) tellStandby(msg.id, /*deleted=*/!msg.retract, /*holder=*/-1, token);  // (retracted: forgotten)
   if (msg.retract && s.code == Code::kNotFound) s = Status();  // nothing to take back
   uint64_t request = msg.request;
   if (!s.ok() || holders.empty()) {

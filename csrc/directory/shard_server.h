@@ -44,9 +44,11 @@ class ShardServer {
   void handleSubscribe(Connection& conn, const wire::Subscribe& msg);
   void handleHandOver(const wire::ShardHandOver& msg);
   // Tells the rank that takes this node's shares over, should it die, that
-  // `id` was deleted, or put with its copy at `holder` (-1: forget it);
-  // batched per pass of the loop.
-  void tellStandby(const std::string& id, bool deleted, int holder = -1);
+  // `id` was deleted (by the delete `deletedBy`), or put with its copy at
+  // `holder` (-1: forget it); batched per pass of the loop.
+  void tellStandby(const std::string& id, bool deleted, int holder = -1, uint64_t deletedBy = 0);
+  // Names the delete `request` of `rank`'s process, the same at any host (DirectoryShard::remove).
+  uint64_t deleteToken(int rank, uint64_t request) const;
   void flushStandby();
   // `gone` to `rank` in ShardHandOver frames of a bounded size.
   void sendHandOver(int rank, bool standby, std::vector<wire::GoneId> gone);

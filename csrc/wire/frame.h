@@ -13,7 +13,7 @@ namespace hoplite {
 namespace wire {
 
 constexpr uint32_t kMagic = 0x544c5048;  // "HPLT" little-endian
-constexpr uint8_t kVersion = 14;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
+constexpr uint8_t kVersion = 15;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
                                   // 5: message kinds; 6: message withdrawal; 7: same-host reads;
                                   // 8: status kMoved (a copy handed to a get); 9: a lookup's preferred sender;
                                   // 10: the proofs cover the hello's listen address;
@@ -21,6 +21,7 @@ constexpr uint8_t kVersion = 14;  // 2: authenticated handshake; 3: recovery and
                                   // 12: leaves, and shards hand over what they remember of gone ids
                                   // 13: standbys hear where each put's copy is
                                   // 14: hello acks list the members the server reaches
+                                  // 15: remembered deletes name the delete that made them
 constexpr size_t kHeaderSize = 16;
 constexpr size_t kDataSubheaderSize = 16;
 

@@ -189,19 +189,21 @@ void ShardHandOver::encode(Writer& w) const {
     w.u8(g.deleted);
     w.i32(g.lastHolder);
     w.u8(g.lastHolderLeft);
+    w.u64(g.deletedBy);
   }
 }
 ShardHandOver ShardHandOver::decode(Reader& r) {
   ShardHandOver m;
   m.standby = decodeBool(r);
   const uint32_t count = r.u32();
-  if (count > r.remaining() / 11) throw DecodeError("shard hand-over lists more ids than it holds");
+  if (count > r.remaining() / 19) throw DecodeError("shard hand-over lists more ids than it holds");
   m.gone.resize(count);
   for (GoneId& g : m.gone) {
     g.id = decodeId(r);
     g.deleted = decodeBool(r);
     g.lastHolder = r.i32();
     g.lastHolderLeft = decodeBool(r);
+    g.deletedBy = r.u64();
   }
   r.expectEnd("shard hand-over");
   return m;

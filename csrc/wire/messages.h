@@ -111,6 +111,7 @@ struct GoneId {
   bool deleted = false;
   int32_t lastHolder = -1;
   bool lastHolderLeft = false;  // it shut down (else it failed)
+  uint64_t deletedBy = 0;       // the delete that removed it (ShardServer::deleteToken), 0 if unknown
 };
 
 // Old host → new host of some ids' directory entries (the old host leaves,

@@ -3,7 +3,8 @@
 // one's entry; remembered deletes travel with a hand-over and through the
 // standby list; an id put again after its delete is forgotten by the standby,
 // and a holder listing a copy again overrides a standby's delete; a standby
-// knows where puts' copies are, so objects lost with their holder fail gets.
+// knows where puts' copies are, so objects lost with their holder fail gets;
+// a delete asked again at the next host after its answer was lost succeeds.
 #include <memory>
 #include <string>
 #include <vector>
@@ -109,6 +110,47 @@ void testStandby(EventLoop& loop) {
   CHECK(standby.registerObject(registration("deleted", 3, 0, /*reannounce=*/true)).code == Code::kDeleted);
 }
 
+void testDeleteAskedAgain(EventLoop& loop) {
+  constexpr uint64_t kDelete = 41, kOther = 42;
+  DirectoryShard host(loop, [](int, const wire::Locations&) {});
+  DirectoryShard standby(loop, [](int, const wire::Locations&) {});
+  DirectoryShard successor(loop, [](int, const wire::Locations&) {});
+  std::vector<int> holders;
+  // At the same host: the same delete succeeds again; any other is told the id was deleted.
+  CHECK(host.registerObject(registration("x", 1, 0)).ok());
+  CHECK(host.remove("x", /*retract=*/false, &holders, /*ifToken=*/0, kDelete).ok());
+  CHECK(holders == std::vector<int>{1});
+  holders.clear();
+  CHECK(host.remove("x", false, &holders, 0, kDelete).ok());
+  CHECK(holders.empty());
+  CHECK(host.remove("x", false, &holders, 0, kOther).code == Code::kDeleted);
+  CHECK(host.remove("x", false, &holders, 0, /*deleteToken=*/0).code == Code::kDeleted);
+  // Through the standby list, after the host died with the answer.
+  standby.keepStandby(wire::GoneId{"x", /*deleted=*/true, -1, false, kDelete});
+  standby.adoptStandby([](const std::string&) { return true; }, [](int) { return DirectoryShard::Fate::kAlive; }, 0);
+  CHECK(standby.remove("x", false, &holders, 0, kDelete).ok());
+  CHECK(standby.remove("x", false, &holders, 0, kOther).code == Code::kDeleted);
+  // Through a hand-over, after the id's home rank rejoined.
+  for (const auto& gone : host.handOver([](const std::string&) { return true; })) successor.adoptGone(gone);
+  CHECK(successor.remove("x", false, &holders, 0, kDelete).ok());
+  CHECK(successor.remove("x", false, &holders, 0, kOther).code == Code::kDeleted);
+  CHECK(holders.empty());
+  // Put again since: a new object, which the old delete does not name.
+  CHECK(successor.registerObject(registration("x", 2, 0)).ok());
+  CHECK(successor.remove("x", false, &holders, 0, kOther).ok());
+  CHECK(successor.remove("x", false, &holders, 0, kDelete).code == Code::kDeleted);
+  // Deleted at a standby that took over before the put's holder (rank 3)
+  // listed its copy there: that holder is told to drop it, and its listing,
+  // should it come after all, is refused.
+  holders.clear();
+  standby.keepStandby(wire::GoneId{"y", /*deleted=*/false, /*lastHolder=*/3, false});
+  standby.adoptStandby([](const std::string&) { return true; }, [](int) { return DirectoryShard::Fate::kAlive; }, 0);
+  CHECK(standby.remove("y", false, &holders, 0, kDelete).ok());
+  CHECK(holders == std::vector<int>{3});
+  CHECK(standby.isDeleted("y"));
+  CHECK(standby.registerObject(registration("y", 3, 0, /*reannounce=*/true)).code == Code::kDeleted);
+}
+
 // (status, answered) of a get's lookup at `shard`, answered at once or parked.
 struct Answer {
   Status status;
@@ -190,5 +232,6 @@ int main() {
   testHandOver(loop);
   testStandby(loop);
   testStandbyHolders(loop);
+  testDeleteAskedAgain(loop);
   return finish("test_directory_shard");
 }

@@ -265,13 +265,13 @@ static void testMessages() {
   {
     ShardHandOver handOver;
     handOver.standby = true;
-    handOver.gone = {GoneId{"deleted-one", true, -1}, GoneId{"lost-one", false, 3, true}};
+    handOver.gone = {GoneId{"deleted-one", true, -1, false, 0x8877665544332211ull}, GoneId{"lost-one", false, 3, true}};
     checkTruncations(handOver, [](Reader& r) { ShardHandOver::decode(r); }, "shard hand-over");
     std::string bytes = encode(handOver);
     Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
     ShardHandOver back = ShardHandOver::decode(r);
     CHECK(back.standby && back.gone.size() == 2 && back.gone[0].id == "deleted-one" && back.gone[0].deleted &&
-          back.gone[1].id == "lost-one" && !back.gone[1].deleted && back.gone[1].lastHolder == 3 && back.gone[1].lastHolderLeft);
+          back.gone[0].deletedBy == 0x8877665544332211ull && back.gone[1].deletedBy == 0 && back.gone[1].id == "lost-one" && !back.gone[1].deleted && back.gone[1].lastHolder == 3 && back.gone[1].lastHolderLeft);
     // A count the payload cannot hold is refused before allocating.
     Writer w;
     w.u8(0);
