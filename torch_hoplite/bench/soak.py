@@ -50,8 +50,10 @@ from torch_hoplite.bench.common import RESULTS, machine
 from torch_hoplite.bench.emulated_cluster import MANAGEMENT_HOST, EmulatedCluster, enter_namespace
 
 OPTIONS = {"timeout": 10.0, "connect_timeout": 3.0, "heartbeat_interval": 0.25, "heartbeat_timeout": 2.0,
-           "capacity_bytes": "512MiB",  # copies of objects whose owner died are evicted, not kept
            "same_host": False}
+# Each rank's store (--capacity): copies of objects whose owner died stay
+# until the capacity evicts them, so this bounds the store.
+CAPACITY = "512MiB"
 GRACE = 5.0  # past an operation's timeout: a hang
 FAULTS = ("kill", "leave", "pause", "stranger")
 
@@ -74,6 +76,7 @@ class Soak:
     mean_fault_interval: float
     cluster: Optional[EmulatedCluster] = None
     kept: Optional[int] = None  # a rank never killed nor made to leave: one process lives the whole run
+    capacity: str = CAPACITY
     faults: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -88,7 +91,7 @@ class Soak:
 
     def start(self, r: Rank) -> None:
         r.address = None
-        options, store_host, namespace = dict(OPTIONS), "127.0.0.1", None
+        options, store_host, namespace = dict(OPTIONS, capacity_bytes=self.capacity), "127.0.0.1", None
         if self.cluster:
             options["host"] = self.cluster.address(r.rank)
             store_host, namespace = MANAGEMENT_HOST, self.cluster.ns(r.rank)
@@ -277,6 +280,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--keep", type=int, default=0,
                         help="a rank never killed nor made to leave (still paused, cut and pestered), so that one "
                              "process lives the whole run and its memory can be followed; -1: none")
+    parser.add_argument("--capacity", default=CAPACITY,
+                        help="each rank's store capacity (HOPLITE_STORE_CAPACITY's format); a smaller one fills "
+                             "within the run, so the memory plot shows where it levels off")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/soak_nN_Mmin.json)")
     parser.add_argument("--workdir", default=None, help="where the ranks' logs go (default: next to --out)")
     args = parser.parse_args(argv)
@@ -291,11 +297,12 @@ def main(argv: Optional[list[str]] = None) -> None:
         if emulated:
             cluster = stack.enter_context(EmulatedCluster(args.nodes, rate=args.rate, name="hplsoak", management=True))
         soak = Soak(args.nodes, args.minutes * 60, args.seed, workdir, args.fault_interval, cluster,
-                    kept=args.keep if args.keep >= 0 else None)
+                    kept=args.keep if args.keep >= 0 else None, capacity=args.capacity)
         soak.run()
     settings = {"nodes": args.nodes, "minutes": args.minutes, "seed": args.seed,
                 "cluster": f"emulated {args.rate}" if emulated else "loopback",
-                "mean_fault_interval_s": args.fault_interval, "kept_rank": soak.kept, "options": OPTIONS,
+                "mean_fault_interval_s": args.fault_interval, "kept_rank": soak.kept,
+                "options": dict(OPTIONS, capacity_bytes=args.capacity),
                 "grace_s": GRACE, "round_seconds": soak_workload.ROUND_SECONDS,
                 "sizes_bytes": [n * 4 for n in soak_workload.SIZES], "weights": soak_workload.WEIGHTS}
     report = soak_report.summarize(workdir, soak.faults, soak.began, settings, machine())

@@ -11,6 +11,8 @@ import re
 import statistics
 from typing import Any
 
+from torch_hoplite.config import parse_size
+
 ENDS_PROCESS = ("kill", "leave")  # faults after which the rank's objects are gone
 NETWORK = ("partition", "loss")  # faults of a rank's link
 KEEPS_PROCESS = ("pause",) + NETWORK  # faults the rank lives through: its own operations fail too
@@ -288,6 +290,11 @@ def plot(report: dict, path: str) -> None:
                             label=f"rank {rank}" if inc == 0 else None)
         ax_rss.plot(ts, [p[3] / 2**20 for p in points], linewidth=0.8, linestyle="--", color=line.get_color())
         ax_fds.plot(ts, [p[2] for p in points], linewidth=0.8)
+    capacity = s.get("options", {}).get("capacity_bytes")
+    if capacity is not None:
+        ax_rss.axhline(parse_size(capacity) / 2**20, color="gray", linewidth=0.8, linestyle=":")
+        ax_rss.annotate("store capacity", (0, parse_size(capacity) / 2**20), fontsize=8, color="gray",
+                        xytext=(2, 2), textcoords="offset points")
     ax_rss.set_ylabel("RSS (solid), store (dashed), MiB")
     ax_rss.legend(loc="upper right", fontsize=8, ncol=4)
     ax_fds.set_ylabel("open fds")
