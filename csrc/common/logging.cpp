@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 namespace hoplite {
 namespace {
@@ -45,7 +46,13 @@ void logf(LogLevel level, const char* fmt, ...) {
   va_start(args, fmt);
   std::vsnprintf(line, sizeof(line), fmt, args);
   va_end(args);
-  std::fprintf(stderr, "[hoplite %s rank %d] %s\n", levelName(level), gRank.load(), line);
+  // Wall-clock time (UTC), so that the logs of several processes line up.
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  tm utc{};
+  gmtime_r(&now.tv_sec, &utc);
+  std::fprintf(stderr, "[hoplite %s rank %d %02d:%02d:%02d.%03ld] %s\n", levelName(level), gRank.load(), utc.tm_hour,
+               utc.tm_min, utc.tm_sec, now.tv_nsec / 1000000, line);
 }
 
 }  // namespace hoplite

@@ -86,8 +86,9 @@ class Soak:
         self.ctx = mp.get_context("spawn")
         self.kinds = FAULTS + (soak_report.NETWORK if self.cluster else ())
 
-    def log_path(self, rank: int) -> str:
-        return os.path.join(self.workdir, f"rank{rank}.jsonl")
+    def log_path(self, rank: int, kind: str = "jsonl") -> str:
+        """The rank's operations (jsonl), or its extension's log (log)."""
+        return os.path.join(self.workdir, f"rank{rank}.{kind}")
 
     def start(self, r: Rank) -> None:
         r.address = None
@@ -97,8 +98,8 @@ class Soak:
             store_host, namespace = MANAGEMENT_HOST, self.cluster.ns(r.rank)
         r.process = self.ctx.Process(
             target=run_rank,
-            args=(namespace, r.rank, self.nodes, store_host, self.store.port, self.seed, r.incarnation, self.stop_at,
-                  self.log_path(r.rank), options, OPTIONS["timeout"], GRACE),
+            args=(namespace, self.log_path(r.rank, "log"), r.rank, self.nodes, store_host, self.store.port, self.seed,
+                  r.incarnation, self.stop_at, self.log_path(r.rank), options, OPTIONS["timeout"], GRACE),
             daemon=True,
         )
         r.process.start()
@@ -261,8 +262,15 @@ def pester(address: tuple[str, int], rng: random.Random, namespace: Optional[str
     return how
 
 
-def run_rank(namespace: Optional[str], *args) -> None:
-    """A rank's process (soak_workload.run), inside `namespace` if given."""
+def run_rank(namespace: Optional[str], log_path: str, *args) -> None:
+    """A rank's process (soak_workload.run), inside `namespace` if given.
+
+    The extension's log, at level info, goes to `log_path` (all of the
+    rank's processes in turn): what a report cannot explain is looked up there.
+    """
+    os.environ["HOPLITE_LOG_LEVEL"] = "info"
+    with open(log_path, "a") as log:
+        os.dup2(log.fileno(), 2)
     if namespace:
         enter_namespace(namespace)
     soak_workload.run(*args)
