@@ -42,7 +42,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
     }
     gone_.erase(gone);  // put again: a new object from now on
   }
-  expected_.erase(msg.id);
+  forgetExpected(msg.id);
   DirectoryEntry& entry = entries_[msg.id];
   entry.meta = msg.meta;
   entry.holders[msg.holder] = Holder{msg.complete, 0, msg.primary};
@@ -309,6 +309,14 @@ void DirectoryShard::adoptStandby(const std::function<bool(const std::string& id
   for (const auto& gone : lostNow) loseExpected(gone);
 }
 
+void DirectoryShard::forgetExpected(const std::string& id) {
+  expected_.erase(id);
+  if (auto timer = graceTimers_.find(id); timer != graceTimers_.end()) {
+    loop_.cancelTimer(timer->second);
+    graceTimers_.erase(timer);
+  }
+}
+
 void DirectoryShard::loseExpected(const wire::GoneId& gone) {
   auto x = expected_.find(gone.id);
   if (x == expected_.end() || x->second != gone.lastHolder) return;  // listed, deleted or moved since
@@ -444,19 +452,26 @@ Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<i
   }
   if (it == entries_.end()) {
     auto expected = expected_.find(id);
-    if (expected != expected_.end() && !retract) {
+    if (expected != expected_.end() && !retract && ifToken == 0) {
       // Put, and its holder has not listed its copy here since this node took
       // the share over: deleted now, and that holder drops its copy, so that
       // listing it later cannot bring the object back.
       holders->push_back(expected->second);
-      expected_.erase(expected);
+      forgetExpected(id);
       rememberGone(id, Gone{.code = Code::kDeleted, .deletedBy = deleteToken});
       tellSubscribers(id);
       return Status();
     }
-    if (expected != expected_.end()) expected_.erase(expected);  // retracted before its holder listed it here
+    // Retracted (or a cleanup of a reduce's result, whose token the standby
+    // does not know) before its holder listed it here.
+    forgetExpected(id);
     if (auto gone = gone_.find(id); gone != gone_.end() && gone->second.code == Code::kDeleted) {
-      if (deleteToken != 0 && gone->second.deletedBy == deleteToken) return Status();  // this delete, asked again
+      if (deleteToken != 0 && gone->second.deletedBy == deleteToken) {
+        // This delete, asked again. Holders the first host could not reach
+        // before it died must not bring the object back by listing it.
+        gone->second.fromStandby = false;
+        return Status();
+      }
       return Status(Code::kDeleted, "object " + printableId(id) + " was already deleted");
     }
     return Status(Code::kNotFound, "object " + printableId(id) + " does not exist");

@@ -86,14 +86,17 @@ class DirectoryShard {
   // of it as the object's holder (the put's holder, or the first one listed).
   bool takeStandbyHolder(const std::string& id, int holder, bool primary);
   // Forgets the object and returns who held copies (for a put expected from
-  // its holder, see adoptStandby: that holder). A deleted id is remembered
+  // its holder, see adoptStandby: that holder, unless `retract` or `ifToken`
+  // is given). A deleted id is remembered
   // (gets of it fail at once); a retracted one is not (gets of it wait for it
   // to be registered again). `ifToken` (nonzero): only if the entry was
   // registered under that token or under none; else nothing changes (a
   // cleanup of an earlier computation of a reduce's result) and it says so.
   // `deleteToken` (nonzero) names this delete: asked again (its answer was
   // lost with a host taken for failed), it finds the id deleted under that
-  // token, here or by the host whose share this is now, and succeeds.
+  // token, here or by the host whose share this is now, and succeeds; from
+  // then on, holders listing a copy again are refused (as after a delete
+  // made here), since the delete is known to have happened.
   Status remove(const std::string& id, bool retract, std::vector<int>* holders, uint64_t ifToken = 0,
                 uint64_t deleteToken = 0);
   // The ids that `leaves` picks are hosted elsewhere now (their home rank
@@ -145,6 +148,8 @@ class DirectoryShard {
   // An entry with no copy left (see lost()): forgets it, and remembers it as
   // lost (last holder, or -1) unless its reduce computes it again.
   Entries::iterator dropLost(Entries::iterator entry, int lastHolder, bool left = false);
+  // No longer expects the id from a holder (listed, deleted or retracted).
+  void forgetExpected(const std::string& id);
   // An expected id (adoptStandby) whose holder is gone: lost with it, unless
   // listed, deleted or expected from another holder since.
   void loseExpected(const wire::GoneId& gone);

@@ -54,6 +54,10 @@ void ShardServer::handleRegister(Connection& conn, const wire::Register& msg) {
     tellStandby(msg.id, /*deleted=*/false, msg.holder);  // where a copy is (put again, maybe)
   } else if (s.ok() && wasDeleted) {
     tellStandby(msg.id, /*deleted=*/false);  // put again
+  } else if (s.code == Code::kDeleted && msg.reannounce) {
+    // A copy of a deleted object (its holder missed the delete's drop, which
+    // went to a host that died): it goes too.
+    dropCopyAt(msg.holder, msg.id, /*retract=*/false, [](const Status&) {});
   }
   conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{msg.request, s}));
 }
@@ -123,7 +127,9 @@ void ShardServer::tellStandby(const std::string& id, bool deleted, int holder, u
 uint64_t ShardServer::deleteToken(int rank, uint64_t request) const {
   // A client asks again under the same request number (DirectoryClient::requestShard);
   // its process's incarnation tells it apart from other processes' requests.
-  return mix64(peers_.incarnationOf(rank) ^ mix64(request)) | 1;
+  const uint64_t incarnation = peers_.incarnationOf(rank);
+  if (incarnation == 0) return 0;  // not known: no token
+  return mix64(incarnation ^ mix64(request ^ (static_cast<uint64_t>(rank) << 48))) | 1;
 }
 
 void ShardServer::flushStandby() {
@@ -179,6 +185,9 @@ void ShardServer::handleDelete(Connection& conn, const wire::Delete& msg) {
   if (s.ok()) tellStandby(msg.id, /*deleted=*/!msg.retract, /*holder=*/-1, token);  // (retracted: forgotten)
   if (msg.retract && s.code == Code::kNotFound) s = Status();  // nothing to take back
   uint64_t request = msg.request;
+  // A holder known to have failed holds nothing any more (the one a standby
+  // expected may have): not waited for.
+  std::erase_if(holders, [this](int holder) { return peers_.hasFailed(holder); });
   if (!s.ok() || holders.empty()) {
     conn.sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{request, s}));
     return;

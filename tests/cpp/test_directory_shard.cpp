@@ -149,6 +149,23 @@ void testDeleteAskedAgain(EventLoop& loop) {
   CHECK(holders == std::vector<int>{3});
   CHECK(standby.isDeleted("y"));
   CHECK(standby.registerObject(registration("y", 3, 0, /*reannounce=*/true)).code == Code::kDeleted);
+  // A retract, or a cleanup under a reduce's token (which the standby does
+  // not know), of an expected id only stops expecting it: nothing is deleted.
+  for (uint64_t ifToken : {0, 5}) {
+    holders.clear();
+    const std::string id = ifToken ? "cleaned" : "retracted";
+    standby.keepStandby(wire::GoneId{id, false, 3, false});
+    standby.adoptStandby([](const std::string&) { return true; }, [](int) { return DirectoryShard::Fate::kAlive; }, 0);
+    CHECK(standby.remove(id, /*retract=*/ifToken == 0, &holders, ifToken, kDelete).code == Code::kNotFound);
+    CHECK(holders.empty() && !standby.isDeleted(id));
+    CHECK(standby.registerObject(registration(id, 3, 0, /*reannounce=*/true)).ok());
+  }
+  // The same delete asked again at a standby: holders that missed its drop
+  // cannot list their copies again.
+  standby.keepStandby(wire::GoneId{"z", /*deleted=*/true, -1, false, kDelete});
+  standby.adoptStandby([](const std::string&) { return true; }, [](int) { return DirectoryShard::Fate::kAlive; }, 0);
+  CHECK(standby.remove("z", false, &holders, 0, kDelete).ok());
+  CHECK(standby.registerObject(registration("z", 3, 0, /*reannounce=*/true)).code == Code::kDeleted);
 }
 
 // (status, answered) of a get's lookup at `shard`, answered at once or parked.
