@@ -57,6 +57,17 @@ def test_tcp_connection_reads_frames_cut_at_any_byte_with_read_ahead(tmp_path):
 
 
 @needs_gxx
+def test_directory_client_tells_every_live_member_of_moves(tmp_path):
+    build_and_run(
+        tmp_path,
+        "test_directory_client",
+        ["tests/cpp/test_directory_client.cpp", "csrc/directory/directory_client.cpp", "csrc/store/object_store.cpp",
+         "csrc/store/local_object.cpp", "csrc/store/buffer_pool.cpp", "csrc/net/event_loop.cpp",
+         "csrc/common/logging.cpp", "csrc/wire/frame.cpp", "csrc/wire/messages.cpp", "csrc/common/object_meta.cpp"],
+    )
+
+
+@needs_gxx
 def test_directory_shard_tokens_hand_over_and_standby(tmp_path):
     build_and_run(
         tmp_path,

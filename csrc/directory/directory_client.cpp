@@ -72,9 +72,7 @@ void DirectoryClient::moveShardFrom(int rank, uint64_t incarnation) {
        peers_.peerName(rank).c_str(), listedThere.size());
   // Everyone must agree where ids go: tell the others (who pass it on once).
   for (int r = 0; r < config_.worldSize; ++r) {
-    if (r != config_.rank && r != rank && !moved_.count(r) && !peers_.hasFailed(r)) {
-      peers_.send(r, wire::ShardMoved{rank, incarnation});
-    }
+    if (r != config_.rank && r != rank && isLiveMember(r)) peers_.send(r, wire::ShardMoved{rank, incarnation});
   }
   reRegisterCopies([&](const std::string& id) { return listedThere.count(id) > 0; });
 }
@@ -222,6 +220,14 @@ void DirectoryClient::sendLookup(const wire::Lookup& msg, LookupCallback cb, dou
         if (!retryShardRequest(s, msg.id, shard, process, deadline, std::move(again), std::move(fail))) cb(s, r);
       });
   sendWhenDue(shard, wire::MsgType::kLookup, wire::encode(msg), msg.request, attempt, delay);
+}
+
+bool DirectoryClient::isLiveMember(int rank) const {
+  if (peers_.hasFailed(rank) || peers_.isLeaving(rank)) return false;
+  // A moved share's rank is gone, unless this node hears from it: a process
+  // taken for failed that came back (a stall, a cut link) keeps its share
+  // moved, and must still hear of every later move.
+  return !moved_.count(rank) || peers_.talksTo(rank);
 }
 
 bool DirectoryClient::shardMovedOrRestarted(const std::string& id, int shard, uint64_t process) const {

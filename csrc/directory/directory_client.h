@@ -45,6 +45,9 @@ class DirectoryClient : public DirectoryAccess {
   // Who would host this node's shares if its process died (-1: nobody).
   int standbyHost() const;
   bool hasMoved(int homeRank) const { return moved_.count(homeRank) > 0; }
+  // Whether `rank` is a member to tell of moves: not failed nor leaving, and
+  // either its share has not moved or this node still hears from it.
+  bool isLiveMember(int rank) const;
   // The shards that moved, and the processes whose death moved them.
   std::vector<wire::ShardDeath> movedShards() const;
   // `rank`'s process `incarnation` (0: unknown) is gone: its share of the

@@ -27,6 +27,8 @@ class PeerLinks {
   virtual bool hasFailed(int rank) = 0;
   // It told this node that it shuts down (a Leave).
   virtual bool isLeaving(int rank) const = 0;
+  // Whether this node has a connection to or from `rank` that finished its handshake.
+  virtual bool talksTo(int rank) const = 0;
   // Id of the latest connection `rank` opened to this node (0: none): only
   // its close speaks for the peer (an older one is a previous process's).
   virtual uint64_t latestIncoming(int rank) = 0;

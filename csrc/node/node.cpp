@@ -256,7 +256,7 @@ void Node::leaveCluster(std::function<void()> done) {
   }
   for (auto it = told.begin(); it != told.end();) {
     const int rank = *it;
-    it = rank == config_.rank || peers_->hasFailed(rank) || directory_->hasMoved(rank) ? told.erase(it) : std::next(it);
+    it = rank == config_.rank || !directory_->isLiveMember(rank) ? told.erase(it) : std::next(it);
   }
   struct Leaving {
     size_t waiting;

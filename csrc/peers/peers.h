@@ -101,8 +101,6 @@ class Peers : public PeerLinks, public ConnectionObserver {
   // `rank`'s process said it leaves: when its connections close, what waits
   // for it fails saying so, and a refused connect to it is final.
   void markLeaving(int rank);
-  // Whether this node has a connection to or from `rank` that finished its handshake.
-  bool talksTo(int rank) const;
   bool isReady(int rank) const;       // handshake done
   bool hasConnection(int rank) const;  // dialed, or being dialed
   bool sameHostEnabled() const { return !hostIdentity_.empty(); }
@@ -124,6 +122,7 @@ class Peers : public PeerLinks, public ConnectionObserver {
   std::shared_ptr<Connection> sharedConnection(Connection& conn) override;
   bool hasFailed(int rank) override;
   bool isLeaving(int rank) const override;
+  bool talksTo(int rank) const override;
   uint64_t latestIncoming(int rank) override;
   uint64_t incarnationOf(int rank) const override;
   // After a stall: closes every connection this node dialed, so that the next
