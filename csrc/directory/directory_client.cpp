@@ -52,7 +52,7 @@ std::vector<wire::ShardDeath> DirectoryClient::movedShards() const {
   return out;
 }
 
-void DirectoryClient::moveShardFrom(int rank, uint64_t incarnation) {
+void DirectoryClient::moveShardFrom(int rank, uint64_t incarnation, bool sawItGo) {
   HOPLITE_ASSERT_ON_LOOP(loop_);
   // One shard always stays (a member could claim every rank failed).
   if (rank < 0 || rank >= config_.worldSize || moved_.count(rank) || moved_.size() + 1 >= static_cast<size_t>(config_.worldSize) || closing_) {
@@ -74,6 +74,7 @@ void DirectoryClient::moveShardFrom(int rank, uint64_t incarnation) {
   for (int r = 0; r < config_.worldSize; ++r) {
     if (r != config_.rank && r != rank && isLiveMember(r)) peers_.send(r, wire::ShardMoved{rank, incarnation});
   }
+  if (sawItGo && !peers_.isLeaving(rank)) peers_.send(rank, wire::ShardMoved{rank, incarnation});
   reRegisterCopies([&](const std::string& id) { return listedThere.count(id) > 0; });
 }
 

@@ -55,7 +55,12 @@ class DirectoryClient : public DirectoryAccess {
   // there its copies of the objects that were listed on it. News of another
   // process than the one this node knows of that rank changes nothing. One
   // share always stays (a member could claim every rank failed).
-  void moveShardFrom(int rank, uint64_t incarnation);
+  // `sawItGo`: this node's own failure detection gave up on it (this is not
+  // news from another member): the rank is told too, as it may live on,
+  // taken for failed while its heartbeats were lost; then it hears of its
+  // move at once instead of when it next dials a member (a dead one's
+  // connect is refused).
+  void moveShardFrom(int rank, uint64_t incarnation, bool sawItGo = false);
   // A new process of `rank` joined (PeerLinks::incarnationOf tells it): a
   // share that moved away from its rank returns to it, and this node
   // registers there its copies of the objects that are listed there now

@@ -125,7 +125,8 @@ Node::~Node() { shutdown(); }
 // ---------------------------------------------------------------- peers' events
 
 void Node::onPeerGone(int rank) {
-  directory_->moveShardFrom(rank, peers_->incarnationOf(rank));  // first: requests failed next are retried at the new shard
+  // First: requests failed next are retried at the new shard.
+  directory_->moveShardFrom(rank, peers_->incarnationOf(rank), /*sawItGo=*/true);
   reduceTasks_->dropPartialResultsOf(rank);
 }
 

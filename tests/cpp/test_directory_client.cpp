@@ -1,7 +1,8 @@
 // Who hears that a directory shard moved: every member this node believes
 // alive, a rank whose own share moved included as long as this node still
 // hears from it (a process taken for failed that came back keeps its share
-// moved); not the gone rank, nor ranks that failed or leave.
+// moved); not ranks that failed or leave; the gone rank itself only when this
+// node saw it go (it may live on, taken for failed).
 #include <map>
 #include <memory>
 #include <set>
@@ -54,6 +55,15 @@ void testMovesReachEveryLiveMember(EventLoop& loop) {
   CHECK((peers.told == std::set<int>{1, 2, 4}));
   CHECK(client.isLiveMember(2) && !client.isLiveMember(5) && !client.isLiveMember(6) && !client.isLiveMember(7));
   CHECK(client.isLiveMember(4));
+  // Seen to go by this node itself: the rank is told too (it may live on).
+  peers.told.clear();
+  peers.failed.insert(1);
+  client.moveShardFrom(1, 0, /*sawItGo=*/true);
+  CHECK((peers.told == std::set<int>{1, 2, 3, 4}));  // (3's share moved, and it talks to this node)
+  // A rank that leaves is not.
+  peers.told.clear();
+  client.moveShardFrom(7, 0, /*sawItGo=*/true);
+  CHECK((peers.told == std::set<int>{2, 3, 4}));
 }
 
 }  // namespace
