@@ -74,7 +74,18 @@ void DirectoryClient::moveShardFrom(int rank, uint64_t incarnation, bool sawItGo
   for (int r = 0; r < config_.worldSize; ++r) {
     if (r != config_.rank && r != rank && isLiveMember(r)) peers_.send(r, wire::ShardMoved{rank, incarnation});
   }
-  if (sawItGo && !peers_.isLeaving(rank)) peers_.send(rank, wire::ShardMoved{rank, incarnation});
+  if (sawItGo) {
+    // Once the failure is through (it drops what is queued for the rank),
+    // so that this dials it anew.
+    loop_.runSoon([this, rank, incarnation] {
+      auto moved = moved_.find(rank);
+      if (closing_ || moved == moved_.end() || moved->second != incarnation || !peers_.hasFailed(rank) ||
+          peers_.isLeaving(rank)) {
+        return;
+      }
+      peers_.send(rank, wire::ShardMoved{rank, incarnation});
+    });
+  }
   reRegisterCopies([&](const std::string& id) { return listedThere.count(id) > 0; });
 }
 

@@ -3,6 +3,8 @@
 // hears from it (a process taken for failed that came back keeps its share
 // moved); not ranks that failed or leave; the gone rank itself only when this
 // node saw it go (it may live on, taken for failed).
+#include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <set>
@@ -16,15 +18,37 @@ using namespace hoplite;
 
 namespace {
 
-// Records to whom the client sends, instead of sending. (With an empty
-// store, the only messages a move sends are the news of it.)
+// Takes the frames written to it: the news of moves it carries.
+class NewsConnection : public Connection {
+ public:
+  NewsConnection() : Connection(1) {}
+  std::vector<int> movedRanks;
+  void sendControl(wire::MsgType type, std::string payload) override {
+    if (type != wire::MsgType::kShardMoved) return;
+    wire::Reader r(reinterpret_cast<const uint8_t*>(payload.data()), payload.size());
+    movedRanks.push_back(wire::ShardMoved::decode(r).rank);
+  }
+  void sendData(uint64_t, uint64_t, uint64_t, const uint8_t*, size_t, std::shared_ptr<const void>) override {}
+  void close(const Status&) override {}
+  bool isOpen() const override { return true; }
+  std::string describe() const override { return "fake"; }
+};
+
+// Records to whom the client sends what, instead of sending. (With an
+// empty store, the only messages a move sends are the news of it.)
 class FakePeers : public PeerLinks {
  public:
   std::set<int> failed, leaving, talking;
   std::map<int, uint64_t> incarnations;
-  std::set<int> told;
+  std::set<int> told;                      // ranks sent news of a move
+  std::set<std::pair<int, int>> toldOf;    // (recipient, moved rank)
 
-  void whenConnected(int rank, std::function<void(Connection&)>) override { told.insert(rank); }
+  void whenConnected(int rank, std::function<void(Connection&)> write) override {
+    NewsConnection conn;
+    write(conn);
+    told.insert(rank);
+    for (int moved : conn.movedRanks) toldOf.emplace(rank, moved);
+  }
   std::shared_ptr<Connection> sharedConnection(Connection&) override { return nullptr; }
   bool hasFailed(int rank) override { return failed.count(rank) > 0; }
   bool isLeaving(int rank) const override { return leaving.count(rank) > 0; }
@@ -55,21 +79,64 @@ void testMovesReachEveryLiveMember(EventLoop& loop) {
   CHECK((peers.told == std::set<int>{1, 2, 4}));
   CHECK(client.isLiveMember(2) && !client.isLiveMember(5) && !client.isLiveMember(6) && !client.isLiveMember(7));
   CHECK(client.isLiveMember(4));
-  // Seen to go by this node itself: the rank is told too (it may live on).
+}
+
+// Runs `fn` on the loop thread, and waits until the tasks it left for the
+// loop's same turn (runSoon) ran too.
+void onLoop(EventLoop& loop, const std::function<void()>& fn) {
+  for (const auto& step : {fn, std::function<void()>([] {})}) {
+    std::promise<void> done;
+    loop.post([&] {
+      step();
+      done.set_value();
+    });
+    done.get_future().wait();
+  }
+}
+
+void testTheRankSeenToGoIsToldOnceItsFailureIsThrough(EventLoop& loop) {
+  FakePeers peers;
+  for (int r = 0; r < 8; ++r) peers.incarnations[r] = 100 + r;
+  peers.talking = {2, 3, 4, 5, 6, 7};
+  ObjectStore store(std::make_shared<BufferPool>(0), 1 << 20, [](const std::string&) {});
+  DirectoryClient client(loop, peers, store, DirectoryClientConfig{0, 8, 0}, [] {});
+  // The failure moves the share first, and drops what was queued for the
+  // rank after: the rank is told only once that is through (it may live on).
+  onLoop(loop, [&] {
+    client.moveShardFrom(1, 0, /*sawItGo=*/true);
+    CHECK((peers.told == std::set<int>{2, 3, 4, 5, 6, 7}));
+    peers.failed.insert(1);
+  });
+  CHECK((peers.told == std::set<int>{1, 2, 3, 4, 5, 6, 7}));
+  CHECK(peers.toldOf.count({1, 1}) == 1);
+  // News from another member: the rank is not dialed.
   peers.told.clear();
-  peers.failed.insert(1);
-  client.moveShardFrom(1, 0, /*sawItGo=*/true);
-  CHECK((peers.told == std::set<int>{1, 2, 3, 4}));  // (3's share moved, and it talks to this node)
-  // A rank that leaves is not.
+  onLoop(loop, [&] {
+    client.moveShardFrom(2, 0);
+    peers.failed.insert(2);
+  });
+  CHECK((peers.told == std::set<int>{3, 4, 5, 6, 7}));
+  // Nor one that leaves, nor one back (taken back, or rejoined) before the news went out.
   peers.told.clear();
-  client.moveShardFrom(7, 0, /*sawItGo=*/true);
-  CHECK((peers.told == std::set<int>{2, 3, 4}));
+  peers.leaving.insert(7);
+  peers.toldOf.clear();
+  onLoop(loop, [&] {
+    client.moveShardFrom(7, 0, /*sawItGo=*/true);
+    client.moveShardFrom(6, 0, /*sawItGo=*/true);
+    peers.failed.insert(7);
+  });
+  CHECK(peers.toldOf.count({7, 7}) == 0 && peers.toldOf.count({6, 6}) == 0);
+  CHECK(peers.toldOf.count({6, 7}) == 1 && peers.toldOf.count({5, 6}) == 1);
 }
 
 }  // namespace
 
 int main() {
-  EventLoop loop;  // not started: nothing here waits
-  testMovesReachEveryLiveMember(loop);
+  EventLoop idle;  // not started: nothing here waits
+  testMovesReachEveryLiveMember(idle);
+  EventLoop loop;
+  loop.start();
+  testTheRankSeenToGoIsToldOnceItsFailureIsThrough(loop);
+  loop.stop();
   return finish("test_directory_client");
 }
