@@ -180,6 +180,8 @@ def resource_trend(samples: list[dict]) -> dict[str, Any]:
             "store_last_third_mb": statistics.median(s["store"] for s in tail) / 2**20,
             "objects_last_third": statistics.median(s["objects"] for s in tail),
             "pool_mapped_last_third_mb": statistics.median(s["mapped"] for s in tail) / 2**20,
+            # Copies the store evicted to make room, over the process's life (logs before 2026-11-27 lack it).
+            "evictions": series[-1].get("evictions"),
         })
     return out
 
@@ -321,6 +323,6 @@ def print_summary(report: dict) -> None:
     for r in report["resources"]:
         print(f"  rank {r['rank']}.{r['incarnation']}: RSS {r['rss_first_third_mb']:.0f} -> {r['rss_last_third_mb']:.0f} MiB "
               f"(max {r['rss_max_mb']:.0f}; store {r['store_last_third_mb']:.0f} MiB in {r['objects_last_third']:.0f} objects, "
-              f"pool mapped {r['pool_mapped_last_third_mb']:.0f}), fds {r['fds_first_third']:.0f} -> {r['fds_last_third']:.0f} "
+              f"pool mapped {r['pool_mapped_last_third_mb']:.0f}, evictions {r['evictions']}), fds {r['fds_first_third']:.0f} -> {r['fds_last_third']:.0f} "
               f"over {r['seconds']:.0f} s")
     print(f"  wrong bytes {report['wrong_bytes']}, hangs {report['hangs']}")

@@ -103,7 +103,7 @@ class Watchdog:
 
 
 def sample_resources(log: Log, period: float) -> None:
-    """RSS, open fds and what the store holds, every `period` seconds."""
+    """RSS, open fds, what the store holds and has evicted, every `period` seconds."""
     def run():
         while hop.is_initialized():
             with open("/proc/self/statm") as f:
@@ -111,7 +111,7 @@ def sample_resources(log: Log, period: float) -> None:
             stats = hop.stats()
             log.write(event="sample", rss=rss, fds=len(os.listdir("/proc/self/fd")),
                       store=stats["store_used_bytes"], objects=stats["store_objects"],
-                      mapped=stats["pool_mapped_bytes"])
+                      mapped=stats["pool_mapped_bytes"], evictions=stats["evictions"])
             time.sleep(period)
 
     threading.Thread(target=run, daemon=True).start()
