@@ -450,18 +450,12 @@ Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<i
   if (it != entries_.end() && ifToken != 0 && it->second.token != 0 && it->second.token != ifToken) {
     return Status(Code::kAlreadyExists, "object " + printableId(id) + " was registered again since");
   }
-  if (it == entries_.end()) {
-    auto expected = expected_.find(id);
-    if (expected != expected_.end() && !retract && ifToken == 0) {
-      // Put, and its holder has not listed its copy here since this node took
-      // the share over: deleted now, and that holder drops its copy, so that
-      // listing it later cannot bring the object back.
-      holders->push_back(expected->second);
-      forgetExpected(id);
-      rememberGone(id, Gone{.code = Code::kDeleted, .deletedBy = deleteToken});
-      tellSubscribers(id);
-      return Status();
-    }
+  auto expected = expected_.find(id);
+  // Put, and its holder has not listed its copy here since this node took the
+  // share over: deleted as below, and that holder drops its copy, so that
+  // listing it later cannot bring the object back.
+  const bool deletesExpected = it == entries_.end() && expected != expected_.end() && !retract && ifToken == 0;
+  if (it == entries_.end() && !deletesExpected) {
     // Retracted (or a cleanup of a reduce's result, whose token the standby
     // does not know) before its holder listed it here.
     forgetExpected(id);
@@ -476,8 +470,13 @@ Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<i
     }
     return Status(Code::kNotFound, "object " + printableId(id) + " does not exist");
   }
-  for (const auto& holder : it->second.holders) holders->push_back(holder.first);
-  entries_.erase(it);
+  if (deletesExpected) {
+    holders->push_back(expected->second);
+    forgetExpected(id);
+  } else {
+    for (const auto& holder : it->second.holders) holders->push_back(holder.first);
+    entries_.erase(it);
+  }
   if (!retract) rememberGone(id, Gone{.code = Code::kDeleted, .deletedBy = deleteToken});
   tellSubscribers(id);
   return Status();

@@ -294,9 +294,10 @@ def plot(report: dict, path: str) -> None:
         ax_fds.plot(ts, [p[2] for p in points], linewidth=0.8)
     capacity = s.get("options", {}).get("capacity_bytes")
     if capacity is not None:
-        ax_rss.axhline(parse_size(capacity) / 2**20, color="gray", linewidth=0.8, linestyle=":")
-        ax_rss.annotate("store capacity", (0, parse_size(capacity) / 2**20), fontsize=8, color="gray",
-                        xytext=(2, 2), textcoords="offset points")
+        capacity_mb = parse_size(capacity) / 2**20
+        ax_rss.axhline(capacity_mb, color="gray", linewidth=0.8, linestyle=":")
+        ax_rss.annotate("store capacity", (0, capacity_mb), fontsize=8, color="gray", xytext=(2, 2),
+                        textcoords="offset points")
     ax_rss.set_ylabel("RSS (solid), store (dashed), MiB")
     ax_rss.legend(loc="upper right", fontsize=8, ncol=4)
     ax_fds.set_ylabel("open fds")
