@@ -22,11 +22,14 @@ SOURCES := $(shell find csrc cuda -name '*.cpp' -o -name '*.h' -o -name '*.inc' 
 	HOPLITE_BUILD_UCX=1 MAX_JOBS=2 $(PIP) install -q --no-build-isolation -e .
 	touch $@
 
-# nft: the emulated cluster's partitions and loss (the soak, tests/test_partition.py).
-.stamp-bench-deps: .stamp-deps
+# nft: the emulated cluster's partitions and loss (the soak, tests/test_partition.py);
+# iptables and libnetfilter_queue: its delayed links (bench/link_delay.c).
+.stamp-bench-deps: .stamp-deps Makefile
 	$(PIP) install -q matplotlib tqdm gymnasium
 	command -v mpicc >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev)
 	command -v nft >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables)
+	command -v iptables >/dev/null && test -f /usr/include/libnetfilter_queue/libnetfilter_queue.h || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables libnetfilter-queue-dev)
 	touch $@
 
 # clang with libFuzzer, for make fuzz and the fuzz smoke test of make test.

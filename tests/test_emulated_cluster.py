@@ -11,7 +11,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from cluster import communicate_all
-from torch_hoplite.bench.emulated_cluster import EmulatedCluster, available
+from torch_hoplite.bench.emulated_cluster import EmulatedCluster, available, links_can_fail
 
 pytestmark = pytest.mark.skipif(not available(), reason="needs root and iproute2 for network namespaces")
 
@@ -48,3 +48,61 @@ def test_nodes_default_to_the_congestion_control_asked_for():
         with EmulatedCluster(1, rate="1gbit", name="hplcc", congestion="no-such-cc"):
             pass
     assert "hplcc-n0" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+# Numbered datagrams, each with its send time, 0.2 ms apart; the receiver
+# prints [(number, one-way delay in ms), ...] in arrival order.
+_DATAGRAM_SENDER = """
+import socket, struct, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(int(sys.argv[2])):
+    s.sendto(struct.pack("<Id", i, time.time()), (sys.argv[1], 6000))
+    time.sleep(0.0002)
+"""
+_DATAGRAM_RECEIVER = """
+import json, socket, struct, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], 6000))
+s.settimeout(5)
+print("bound", flush=True)
+got = []
+try:
+    while len(got) < int(sys.argv[2]):
+        i, sent = struct.unpack("<Id", s.recv(64))
+        got.append((i, (time.time() - sent) * 1e3))
+except socket.timeout:
+    pass
+print(json.dumps(got))
+"""
+
+
+def _datagrams(cluster: EmulatedCluster, count: int) -> list:
+    receiver = cluster.popen(1, [sys.executable, "-c", _DATAGRAM_RECEIVER, cluster.address(1), str(count)],
+                             stdout=subprocess.PIPE, text=True)
+    assert receiver.stdout.readline().strip() == "bound"
+    sender = cluster.popen(0, [sys.executable, "-c", _DATAGRAM_SENDER, cluster.address(1), str(count)])
+    assert sender.wait(timeout=30) == 0
+    out, _ = receiver.communicate(timeout=30)
+    return json.loads(out)
+
+
+@pytest.mark.skipif(not links_can_fail(), reason="needs nft, iptables and libnetfilter_queue")
+def test_a_delayed_link_delivers_everything_late_and_out_of_order_until_healed():
+    count = 300
+    with EmulatedCluster(2, rate="1gbit", name="hpldly") as cluster:
+        cluster.delay(1, 20, 10, seed=5)
+        with pytest.raises(ValueError, match="node 1's link is delayed already"):
+            cluster.delay(1, 20)
+        late = _datagrams(cluster, count)
+        cluster.heal(1)
+        healed = _datagrams(cluster, count)
+    assert sorted(i for i, _ in late) == list(range(count)), "a delayed datagram was lost"
+    assert min(ms for _, ms in late) >= 10 - 0.5  # 20 ms - 10 ms jitter, one way
+    assert sorted(ms for _, ms in late)[count // 2] <= 30 + 5
+    inversions = sum(1 for a, b in zip(late, late[1:]) if b[0] < a[0])
+    assert inversions > count // 10, f"{inversions} of {count} datagrams overtook one sent before them"
+    assert [i for i, _ in healed] == list(range(count))
+    assert sorted(ms for _, ms in healed)[count // 2] < 5
+    with pytest.raises(ValueError, match="jitter_ms"):
+        with EmulatedCluster(1, rate="1gbit", name="hpldly") as cluster:
+            cluster.delay(0, 5, 10)

@@ -1,6 +1,6 @@
 """Short soaks (torch_hoplite.bench.soak): 4 ranks for 2 minutes of kills,
-leaves, restarts, pauses and strangers, over loopback and, adding partitions
-and packet loss, on the emulated cluster; nothing wrong is delivered and
+leaves, restarts, pauses and strangers, over loopback and, adding partitions,
+packet loss and delay, on the emulated cluster; nothing wrong is delivered and
 nothing hangs."""
 
 import json
@@ -12,7 +12,7 @@ import pytest
 from torch_hoplite.bench.emulated_cluster import links_can_fail
 
 EMULATED = pytest.param("emulated", marks=pytest.mark.skipif(
-    not links_can_fail(), reason="needs root, iproute2 and nft for network namespaces and link faults"))
+    not links_can_fail(), reason="needs root, iproute2, nft, iptables and libnetfilter_queue for network namespaces and link faults"))
 
 
 @pytest.mark.parametrize("cluster", ["loopback", EMULATED])
@@ -31,7 +31,7 @@ def test_two_minute_soak_delivers_nothing_wrong_and_never_hangs(tmp_path, cluste
     faults = report["faults_by_kind"]
     assert faults.get("kill", 0) + faults.get("leave", 0) + faults.get("pause", 0) >= 3, faults
     if cluster == "emulated":
-        assert faults.get("partition", 0) >= 1 and faults.get("loss", 0) >= 1, faults
+        assert all(faults.get(kind, 0) >= 1 for kind in ("partition", "loss", "delay")), faults
     assert all(op["ok"] > 0 for op in report["operations"].values()), report["operations"]
     assert not [f for f in report["faults"] if f["kind"] == "not-exited"], report["faults"]
     assert (out.with_suffix(".png")).exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import time
 from typing import Any
@@ -92,6 +93,24 @@ def run_ranks(target, world: int, args: tuple) -> dict:
     for p in procs:
         p.join(60)
     return results
+
+
+def compile_helper(source: str, name: str, compiler: str = "cc", libraries: tuple[str, ...] = ()) -> str:
+    """A C helper program of the harness (`source`, beside this file), compiled
+    into ~/.cache/torch_hoplite/`name` and rebuilt when its source is newer."""
+    cc = shutil.which(compiler)
+    if cc is None:
+        raise RuntimeError(f"building {name} needs {compiler}")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), source)
+    cache = os.path.join(os.path.expanduser("~"), ".cache", "torch_hoplite")
+    os.makedirs(cache, exist_ok=True)
+    binary = os.path.join(cache, name)
+    if not os.path.exists(binary) or os.path.getmtime(binary) < os.path.getmtime(path):
+        built = subprocess.run([cc, "-O2", "-o", binary, path, *(f"-l{lib}" for lib in libraries)],
+                               capture_output=True, text=True)
+        if built.returncode != 0:
+            raise RuntimeError(f"building {name} from {source} failed:\n{built.stderr[-2000:]}")
+    return binary
 
 
 def parse_sizes(text: str) -> list[int]:

@@ -5,9 +5,10 @@ bandwidth, not the CPU, is the bottleneck and the ideal time is known.
     with EmulatedCluster(4, rate="1gbit") as cluster:
         proc = cluster.popen(0, ["python", "worker.py"])   # runs inside node 0's namespace
 
-A node's link can be cut (all its frames dropped both ways) or made lossy,
-and healed (nftables at the switch: this kernel has no netem, so no delay or
-reordering). With `management=True` every node also has an unshaped link to
+A node's link can be cut (all its frames dropped both ways) or made lossy
+(nftables at the switch), or delayed with jitter, which reorders (this kernel
+has no netem: link_delay.c holds the node's packets in user space, queued to
+it by iptables at the switch), and healed. With `management=True` every node also has an unshaped link to
 this (the host's) namespace at `management_address(i)`, never impaired: a
 harness's own bookkeeping (its rendezvous store) stays reachable while the
 data link is cut.
@@ -28,6 +29,8 @@ import signal
 import subprocess
 import sys
 from typing import Optional
+
+from torch_hoplite.bench.common import compile_helper
 
 SUBNET = "10.77.0"
 MANAGEMENT_SUBNET = "10.78.0"
@@ -87,9 +90,10 @@ def available() -> bool:
 
 
 def links_can_fail() -> bool:
-    """Whether an emulated cluster can be made here and its links cut or made
-    lossy (available(), and nft)."""
-    return available() and shutil.which("nft") is not None
+    """Whether an emulated cluster can be made here and its links cut, made
+    lossy or delayed (available(), nft, iptables, libnetfilter_queue)."""
+    return (available() and shutil.which("nft") is not None and shutil.which("iptables") is not None
+            and os.path.exists("/usr/include/libnetfilter_queue/libnetfilter_queue.h"))
 
 
 def enter_namespace(ns: str) -> None:
@@ -126,6 +130,7 @@ class EmulatedCluster:
         self.management = management
         self._allowed_before: Optional[str] = None
         self._faults: dict[int, str] = {}  # node: what the switch does to its frames
+        self._delays: dict[int, subprocess.Popen] = {}  # node: its link_delay process
 
     def ns(self, i: int) -> str:
         return f"{self.name}-n{i}"
@@ -199,10 +204,49 @@ class EmulatedCluster:
         self._faults[i] = f"numgen random mod 10000 < {round(fraction * 10000)} drop"
         self._apply_faults()
 
+    def delay(self, i: int, ms: float, jitter_ms: float = 0.0, seed: int = 0) -> None:
+        """Node i's packets, both ways, reach the other side `ms` +- `jitter_ms`
+        (uniform) later than they would; a jitter wider than the gap between
+        two packets reorders them. Throughput through the delayer is lower
+        than the link's at 1 Gbit/s: a delayed link is also a slower one."""
+        if not 0 <= jitter_ms <= ms:
+            raise ValueError(f"a delay needs 0 <= jitter_ms <= ms, got ms={ms}, jitter_ms={jitter_ms}")
+        if i in self._delays:
+            raise ValueError(f"node {i}'s link is delayed already: heal it first")
+        if shutil.which("iptables") is None:
+            raise RuntimeError("delaying an emulated link needs iptables and libnetfilter_queue "
+                               "(apt-get install iptables libnetfilter-queue-dev; `make bench` installs them)")
+        tool = compile_helper("link_delay.c", "link_delay", libraries=("netfilter_queue",))
+        # Bridged frames pass iptables only with this (per namespace: the switch's alone).
+        _ip("sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1", ns=self.switch)
+        delayer = subprocess.Popen(["ip", "netns", "exec", self.switch, tool, str(i), str(ms), str(jitter_ms), str(seed)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if delayer.stdout.readline().strip() != "ready":
+            delayer.kill()
+            raise RuntimeError(f"link_delay for node {i} did not start: {delayer.communicate(timeout=5)[1].strip()}")
+        self._delays[i] = delayer
+        for rule in self._delay_rules(i):
+            _ip("iptables", "-A", *rule, ns=self.switch)
+
+    def _delay_rules(self, i: int) -> list[list[str]]:
+        # --queue-bypass: while no delayer listens, packets pass as if undelayed.
+        return [["FORWARD", way, self.address(i), "-j", "NFQUEUE", "--queue-num", str(i), "--queue-bypass"]
+                for way in ("-s", "-d")]
+
     def heal(self, i: int) -> None:
         """Node i's link as it was set up."""
         if self._faults.pop(i, None) is not None:
             self._apply_faults()
+        delayer = self._delays.pop(i, None)
+        if delayer is not None:
+            for rule in self._delay_rules(i):
+                _ip("iptables", "-D", *rule, ns=self.switch)
+            delayer.terminate()  # lets through what it still holds
+            try:
+                delayer.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                delayer.kill()
+                delayer.wait()
 
     def _apply_faults(self) -> None:
         """The switch's fault rules, replaced as a whole in one transaction."""
@@ -233,6 +277,10 @@ class EmulatedCluster:
 
     def _teardown(self) -> None:
         self._faults.clear()  # (the switch goes, and its rules with it)
+        for delayer in self._delays.values():
+            delayer.kill()
+            delayer.wait()
+        self._delays.clear()
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
         for ns in names:
             if ns == self.switch or ns.startswith(f"{self.name}-n"):

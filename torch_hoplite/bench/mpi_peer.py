@@ -25,22 +25,15 @@ from torch_hoplite.bench import common
 OPS = {"broadcast", "reduce", "allreduce"}
 # System name -> whether waiting ranks yield their core.
 SYSTEMS = {"mpi": False, "mpi-yield": True}
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_peer.c")
 _LAUNCH_ATTEMPTS = 3
 
 
 def build() -> str:
     """The compiled peer, rebuilt when its source is newer."""
-    mpicc = shutil.which("mpicc")
-    if mpicc is None or shutil.which("mpirun") is None:
+    if shutil.which("mpicc") is None or shutil.which("mpirun") is None:
         raise RuntimeError("the mpi system needs Open MPI (apt-get install openmpi-bin libopenmpi-dev; "
                            "`make bench` installs it)")
-    cache = os.path.join(os.path.expanduser("~"), ".cache", "torch_hoplite")
-    os.makedirs(cache, exist_ok=True)
-    binary = os.path.join(cache, "mpi_peer")
-    if not os.path.exists(binary) or os.path.getmtime(binary) < os.path.getmtime(_SOURCE):
-        subprocess.run([mpicc, "-O2", "-o", binary, _SOURCE], check=True)
-    return binary
+    return common.compile_helper("mpi_peer.c", "mpi_peer", compiler="mpicc")
 
 
 def _parse(stdout: str, world: int, system: str) -> dict:

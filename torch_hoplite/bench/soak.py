@@ -23,7 +23,10 @@ The nemesis's faults, at exponential intervals drawn from the seed, overlapping:
 - partition (emulated cluster only): cut a rank's link, both ways, for longer
   than the heartbeat timeout, then heal it;
 - loss (emulated cluster only): the switch drops 2-10% of a rank's frames for
-  a few seconds. (This kernel has no netem: no delay or reordering.)
+  a few seconds;
+- delay (emulated cluster only): a rank's packets, both ways, arrive 20-100 ms
+  late, with a jitter of half that, which reorders them, for 3-15 s
+  (EmulatedCluster.delay: this kernel has no netem).
 """
 
 from __future__ import annotations
@@ -184,7 +187,7 @@ class Soak:
         calm = [r for r in self.ranks if r.busy_until <= now and r.process.is_alive() and self.address_of(r)]
         # At most half the ranks are down at once (a reduce needs inputs).
         down = sum(1 for r in self.ranks if r.busy_until > now)
-        if kind not in ("stranger", "loss") and down + 1 > self.nodes // 2:
+        if kind not in ("stranger", "loss", "delay") and down + 1 > self.nodes // 2:
             kind = "stranger"
         if not calm:
             return
@@ -214,6 +217,12 @@ class Soak:
             fault["fraction"] = self.rng.choice((0.02, 0.05, 0.1))
             self.cluster.lose(r.rank, fault["fraction"])
             fault["restart_at"] = now + self.rng.uniform(2.0, 6.0)
+            r.busy_until = fault["restart_at"] + 5
+        elif kind == "delay":
+            fault["delay_ms"] = self.rng.choice((20, 50, 100))
+            fault["jitter_ms"] = fault["delay_ms"] / 2
+            self.cluster.delay(r.rank, fault["delay_ms"], fault["jitter_ms"], seed=self.rng.randrange(1 << 32))
+            fault["restart_at"] = now + self.rng.uniform(3.0, 15.0)
             r.busy_until = fault["restart_at"] + 5
         else:
             namespace = self.cluster.ns(r.rank) if self.cluster else None
@@ -283,7 +292,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--fault-interval", type=float, default=8.0, help="mean seconds between faults")
     parser.add_argument("--cluster", choices=("loopback", "emulated"), default="loopback",
-                        help="ranks over loopback, or on the emulated cluster (adds partitions and loss)")
+                        help="ranks over loopback, or on the emulated cluster (adds partitions, loss and delay)")
     parser.add_argument("--rate", default="1gbit", help="the emulated cluster's link rate")
     parser.add_argument("--keep", type=int, default=0,
                         help="a rank never killed nor made to leave (still paused, cut and pestered), so that one "

@@ -9,12 +9,12 @@ import json
 import os
 import re
 import statistics
-from typing import Any
+from typing import Any, Callable, Optional, Union
 
 from torch_hoplite.config import parse_size
 
 ENDS_PROCESS = ("kill", "leave")  # faults after which the rank's objects are gone
-NETWORK = ("partition", "loss")  # faults of a rank's link
+NETWORK = ("partition", "loss", "delay")  # faults of a rank's link
 KEEPS_PROCESS = ("pause",) + NETWORK  # faults the rank lives through: its own operations fail too
 DISRUPTIVE = ENDS_PROCESS + KEEPS_PROCESS  # faults whose recovery is measured
 
@@ -158,6 +158,23 @@ def attribute(ops: list[dict], faults: list[dict], deleted_at: dict[str, float],
     return unexplained
 
 
+def outside_pool(sample: dict) -> Optional[int]:
+    """Anonymous resident memory outside the store's pool."""
+    if "shared" not in sample:
+        return None
+    return sample["rss"] - sample["shared"] - sample["mapped"]
+
+
+def median_of(samples: list[dict], key: Union[str, Callable[[dict], Optional[int]]]) -> Optional[float]:
+    values = [v for v in ((key(s) if callable(key) else s.get(key)) for s in samples) if v is not None]
+    return statistics.median(values) if values else None
+
+
+def median_mb(samples: list[dict], key: Union[str, Callable[[dict], Optional[int]]]) -> Optional[float]:
+    value = median_of(samples, key)
+    return None if value is None else value / 2**20
+
+
 def resource_trend(samples: list[dict]) -> dict[str, Any]:
     """Per rank incarnation: first and last thirds' median RSS and fds."""
     by_process = collections.defaultdict(list)
@@ -180,6 +197,13 @@ def resource_trend(samples: list[dict]) -> dict[str, Any]:
             "store_last_third_mb": statistics.median(s["store"] for s in tail) / 2**20,
             "objects_last_third": statistics.median(s["objects"] for s in tail),
             "pool_mapped_last_third_mb": statistics.median(s["mapped"] for s in tail) / 2**20,
+            # Where RSS outside the store's pool goes (logs before 2026-11-27 lack these: None).
+            **{f"{name}_{part}_third_mb": median_mb(samples_of, key)
+               for name, key in (("anon_outside_pool", outside_pool), ("malloc_used", "malloc_used"),
+                                 ("malloc_free", "malloc_free"))
+               for part, samples_of in (("first", head), ("last", tail))},
+            "py_blocks_first_third": median_of(head, "py_blocks"),
+            "py_blocks_last_third": median_of(tail, "py_blocks"),
             # Copies the store evicted to make room, over the process's life (logs before 2026-11-27 lack it).
             "evictions": series[-1].get("evictions"),
         })
@@ -233,8 +257,8 @@ def summarize(workdir: str, faults: list[dict], began: float, settings: dict, ma
         "timeline": {
             # Per second since the start: operations completed, by type, and failed.
             "completed": per_second(ops, began, end),
-            "samples": [[round(s["t"] - began, 2), s["rank"], s["inc"], s["rss"], s["fds"], s["store"], s["objects"]]
-                        for s in samples],
+            "samples": [[round(s["t"] - began, 2), s["rank"], s["inc"], s["rss"], s["fds"], s["store"], s["objects"],
+                         outside_pool(s)] for s in samples],
         },
     }
 
@@ -270,7 +294,7 @@ def plot(report: dict, path: str) -> None:
     ax_ops.stackplot(xs, [ok[k] for k in kinds], labels=kinds, alpha=0.8)
     ax_ops.plot(xs, failed, color="red", label="failed", linewidth=1)
     colors = {"kill": "black", "leave": "green", "pause": "purple", "stranger": "orange", "partition": "red",
-              "loss": "brown"}
+              "loss": "brown", "delay": "teal"}
     for f in report["faults"]:
         for ax in (ax_ops, ax_rss, ax_fds):
             ax.axvline(f["t"], color=colors.get(f["kind"], "gray"), linewidth=0.8, alpha=0.6,
@@ -283,14 +307,16 @@ def plot(report: dict, path: str) -> None:
                      f"wrong bytes {report['wrong_bytes']}, hangs {report['hangs']}\n"
                      f"faults (lines): " + ", ".join(f"{k} {colors[k]}" for k in seen), fontsize=9)
     series = collections.defaultdict(list)
-    for t, rank, inc, rss, fds, store, _objects in report["timeline"]["samples"]:
-        series[(rank, inc)].append((t, rss, fds, store))
+    for t, rank, inc, rss, fds, store, _objects, *outside in report["timeline"]["samples"]:
+        series[(rank, inc)].append((t, rss, fds, store, outside[0] if outside else None))
     for (rank, inc), points in sorted(series.items()):
         points.sort()
         ts = [p[0] for p in points]
         line, = ax_rss.plot(ts, [p[1] / 2**20 for p in points], linewidth=0.8,
                             label=f"rank {rank}" if inc == 0 else None)
         ax_rss.plot(ts, [p[3] / 2**20 for p in points], linewidth=0.8, linestyle="--", color=line.get_color())
+        if all(p[4] is not None for p in points):
+            ax_rss.plot(ts, [p[4] / 2**20 for p in points], linewidth=0.8, linestyle=":", color=line.get_color())
         ax_fds.plot(ts, [p[2] for p in points], linewidth=0.8)
     capacity = s.get("options", {}).get("capacity_bytes")
     if capacity is not None:
@@ -298,7 +324,7 @@ def plot(report: dict, path: str) -> None:
         ax_rss.axhline(capacity_mb, color="gray", linewidth=0.8, linestyle=":")
         ax_rss.annotate("store capacity", (0, capacity_mb), fontsize=8, color="gray", xytext=(2, 2),
                         textcoords="offset points")
-    ax_rss.set_ylabel("RSS (solid), store (dashed), MiB")
+    ax_rss.set_ylabel("MiB: RSS (solid), store (dashed),\nanonymous outside the pool (dotted)", fontsize=8)
     ax_rss.legend(loc="upper right", fontsize=8, ncol=4)
     ax_fds.set_ylabel("open fds")
     ax_fds.set_xlabel("seconds since the ranks started")
@@ -326,4 +352,11 @@ def print_summary(report: dict) -> None:
               f"(max {r['rss_max_mb']:.0f}; store {r['store_last_third_mb']:.0f} MiB in {r['objects_last_third']:.0f} objects, "
               f"pool mapped {r['pool_mapped_last_third_mb']:.0f}, evictions {r['evictions']}), fds {r['fds_first_third']:.0f} -> {r['fds_last_third']:.0f} "
               f"over {r['seconds']:.0f} s")
+        if r.get("malloc_used_first_third_mb") is not None:
+            def mb(key: str) -> str:
+                return "?" if r[key] is None else f"{r[key]:.0f}"
+
+            print(f"    outside the pool {mb('anon_outside_pool_first_third_mb')} -> {mb('anon_outside_pool_last_third_mb')}"
+                  f" MiB; malloc in use {mb('malloc_used_first_third_mb')} -> {mb('malloc_used_last_third_mb')}, freed but"
+                  f" kept {mb('malloc_free_first_third_mb')} -> {mb('malloc_free_last_third_mb')} MiB")
     print(f"  wrong bytes {report['wrong_bytes']}, hangs {report['hangs']}")

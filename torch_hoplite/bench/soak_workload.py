@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import datetime
 import json
 import math
 import os
 import random
+import re
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -102,16 +105,51 @@ class Watchdog:
                                     running_s=time.monotonic() - self._current[1])
 
 
-def sample_resources(log: Log, period: float) -> None:
-    """RSS, open fds, what the store holds and has evicted, every `period` seconds."""
+_libc = ctypes.CDLL(None)
+_libc.open_memstream.restype = ctypes.c_void_p
+_libc.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]
+_libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+_libc.fclose.argtypes = [ctypes.c_void_p]
+_libc.free.argtypes = [ctypes.c_void_p]
+
+
+def malloc_totals() -> tuple[int, int]:
+    """(bytes in use, bytes freed but kept) over all of glibc malloc's arenas,
+    from malloc_info: what separates a leak from fragmentation."""
+    buf, size = ctypes.c_void_p(), ctypes.c_size_t()
+    stream = _libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+    _libc.malloc_info(0, stream)
+    _libc.fclose(stream)
+    xml = ctypes.string_at(buf, size.value).decode()
+    _libc.free(buf)
+
+    def total(pattern: str) -> int:  # the last match: the totals over all arenas follow the arenas
+        return int(re.findall(pattern, xml)[-1])
+
+    free = total(r'<total type="fast" count="\d+" size="(\d+)"') + total(r'<total type="rest" count="\d+" size="(\d+)"')
+    held = total(r'<system type="current" size="(\d+)"') + total(r'<total type="mmap" count="\d+" size="(\d+)"')
+    return held - free, free
+
+
+def sample_resources(log: Log, period: float, breakdown_every: int = 10) -> None:
+    """RSS, open fds, what the store holds and has evicted, every `period`
+    seconds; every `breakdown_every` samples also malloc's totals and
+    Python's allocated blocks. RSS less `shared` (file-backed pages) less the
+    pool's `mapped` is the anonymous memory outside the pool."""
     def run():
+        count = 0
         while hop.is_initialized():
             with open("/proc/self/statm") as f:
-                rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+                pages = [int(x) * os.sysconf("SC_PAGE_SIZE") for x in f.read().split()]
             stats = hop.stats()
-            log.write(event="sample", rss=rss, fds=len(os.listdir("/proc/self/fd")),
+            extra = {}
+            if count % breakdown_every == 0:
+                extra["malloc_used"], extra["malloc_free"] = malloc_totals()
+                extra["py_blocks"] = sys.getallocatedblocks()
+            log.write(event="sample", rss=pages[1], shared=pages[2], fds=len(os.listdir("/proc/self/fd")),
                       store=stats["store_used_bytes"], objects=stats["store_objects"],
-                      mapped=stats["pool_mapped_bytes"], evictions=stats["evictions"])
+                      mapped=stats["pool_mapped_bytes"], evictions=stats["evictions"], **extra)
+            count += 1
             time.sleep(period)
 
     threading.Thread(target=run, daemon=True).start()
