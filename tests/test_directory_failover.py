@@ -127,6 +127,29 @@ def test_a_shard_host_that_dies_leaves_its_deletes_with_its_successor():
         c.close()
 
 
+def test_a_second_failover_still_knows_the_first_ones_deletes():
+    """The rank that took a dead shard's share over tells its own standby
+    what it adopted: when it dies too, a get of an id deleted before the
+    first failover still fails at once."""
+    (deleted,) = ids_on("second", 1)
+    c = Cluster(WORLD, options={"heartbeat_interval": 0.2, "heartbeat_timeout": 1.5})
+    try:
+        c.call(1, workers.put, torch.ones(1 << 18), deleted)
+        c.call(1, workers.delete, deleted, 10)
+        time.sleep(0.2)  # the standby's news travels after the delete's answer
+        c.kill(DEAD)
+        with pytest.raises(hop.ObjectDeletedError, match=deleted):
+            hop.get(deleted, timeout=20).wait()  # known at rank 3, the share's host now
+        time.sleep(0.2)  # and from it at rank 3's standby, this process
+        c.kill(DEAD + 1)
+        start = time.monotonic()
+        with pytest.raises(hop.ObjectDeletedError, match=deleted):
+            hop.get(deleted, timeout=20).wait()
+        assert time.monotonic() - start < 10  # the failure's detection, not the get's 20 s
+    finally:
+        c.close()
+
+
 def test_an_object_lost_with_its_shard_host_fails_a_get_at_once():
     """A shard also tells its standby where each put's copy is: when its host
     dies holding the only copy, the successor fails a get of it at once

@@ -270,8 +270,9 @@ void DirectoryShard::keepStandby(const wire::GoneId& gone) {
   }
 }
 
-void DirectoryShard::adoptStandby(const std::function<bool(const std::string& id)>& hosted,
-                                  const std::function<Fate(int rank)>& fateOf, double graceSeconds) {
+std::vector<wire::GoneId> DirectoryShard::adoptStandby(const std::function<bool(const std::string& id)>& hosted,
+                                                       const std::function<Fate(int rank)>& fateOf,
+                                                       double graceSeconds) {
   std::vector<std::pair<std::string, StandbyRecord>> adopted;
   for (auto it = standby_.begin(); it != standby_.end();) {
     if (!hosted(it->first)) {
@@ -281,11 +282,14 @@ void DirectoryShard::adoptStandby(const std::function<bool(const std::string& id
     adopted.emplace_back(it->first, it->second);
     it = standby_.erase(it);
   }
+  std::vector<wire::GoneId> kept;
   for (const auto& [id, record] : adopted) {
     if (record.deleted) {
-      adoptGone(wire::GoneId{id, /*deleted=*/true, -1, false, record.deletedBy}, /*fromStandby=*/true);
+      wire::GoneId gone{id, /*deleted=*/true, -1, false, record.deletedBy};
+      if (adoptGone(gone, /*fromStandby=*/true)) kept.push_back(gone);
     } else if (entries_.count(id) == 0) {  // (listed here already: its holders speak for it)
       expected_[id] = record.holder;
+      kept.push_back(wire::GoneId{id, /*deleted=*/false, record.holder});
     }
   }
   // A holder that went before listing its copy here (no connection to this
@@ -307,6 +311,7 @@ void DirectoryShard::adoptStandby(const std::function<bool(const std::string& id
     });
   }
   for (const auto& gone : lostNow) loseExpected(gone);
+  return kept;
 }
 
 void DirectoryShard::forgetExpected(const std::string& id) {
@@ -324,15 +329,15 @@ void DirectoryShard::loseExpected(const wire::GoneId& gone) {
   adoptGone(gone, /*fromStandby=*/true);
 }
 
-void DirectoryShard::adoptGone(const wire::GoneId& gone, bool fromStandby) {
-  if (entries_.count(gone.id)) return;  // put (again) since: the entry is newer
+bool DirectoryShard::adoptGone(const wire::GoneId& gone, bool fromStandby) {
+  if (entries_.count(gone.id)) return false;  // put (again) since: the entry is newer
   rememberGone(gone.id, Gone{.code = gone.deleted ? Code::kDeleted : Code::kPeerFailed,
                              .rank = gone.lastHolder,
                              .left = gone.lastHolderLeft,
                              .fromStandby = fromStandby,
                              .deletedBy = gone.deletedBy});
   auto w = waiters_.find(gone.id);
-  if (w == waiters_.end()) return;
+  if (w == waiters_.end()) return true;
   const Gone& now = gone_.at(gone.id);
   std::vector<Waiter> answered, kept;
   for (auto& waiter : w->second) {
@@ -350,6 +355,7 @@ void DirectoryShard::adoptGone(const wire::GoneId& gone, bool fromStandby) {
     loop_.cancelTimer(waiter.timer);
     waiter.reply(why, nullptr, -1);
   }
+  return true;
 }
 
 bool DirectoryShard::takeStandbyHolder(const std::string& id, int holder, bool primary) {

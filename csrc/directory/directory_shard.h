@@ -108,8 +108,8 @@ class DirectoryShard {
   std::vector<wire::GoneId> handOver(const std::function<bool(const std::string& id)>& leaves, int leaving = -1);
   // What the previous host remembered of an id that is gone, unless it was
   // registered here since: gets of it fail at once, also those parked now.
-  // (`fromStandby`: see adoptStandby.)
-  void adoptGone(const wire::GoneId& gone, bool fromStandby = false);
+  // (`fromStandby`: see adoptStandby.) Returns whether it was adopted.
+  bool adoptGone(const wire::GoneId& gone, bool fromStandby = false);
   // Whether the id is remembered as deleted.
   bool isDeleted(const std::string& id) const;
   // Standby: what this node must know of the shares it takes over should
@@ -125,8 +125,9 @@ class DirectoryShard {
   // was told of: if it is gone (`fateOf`; checked again at every later call)
   // and has not listed its copy `graceSeconds` later, or if this node loses
   // it (forgetHolder), they are remembered as lost with it, so that gets fail
-  // instead of waiting for a put.
-  void adoptStandby(const std::function<bool(const std::string& id)>& hosted,
+  // instead of waiting for a put. Returns what was adopted, for this node's
+  // own standby: a second failover must not forget it.
+  std::vector<wire::GoneId> adoptStandby(const std::function<bool(const std::string& id)>& hosted,
                     const std::function<Fate(int rank)>& fateOf, double graceSeconds);
   // Lookups parked here until their object is registered (any thread, for stats).
   uint64_t waitingLookups() const { return waiting_.load(); }

@@ -103,7 +103,10 @@ void ShardServer::handleHandOver(const wire::ShardHandOver& msg) {
     return;
   }
   for (const auto& gone : msg.gone) {
-    if (directory_.hosts(gone.id)) shard_.adoptGone(gone);  // (members disagreeing: dropped)
+    // (members disagreeing: dropped) This node's standby learns it too.
+    if (directory_.hosts(gone.id) && shard_.adoptGone(gone)) {
+      tellStandby(gone.id, gone.deleted, gone.lastHolder, gone.deletedBy);
+    }
   }
 }
 
@@ -113,10 +116,15 @@ void ShardServer::forgetHolder(int rank, bool left) {
 
 void ShardServer::adoptStandby() {
   using Fate = DirectoryShard::Fate;
-  shard_.adoptStandby([this](const std::string& id) { return directory_.hosts(id); }, [this](int rank) {
-    if (rank == directory_.rank() || !(peers_.hasFailed(rank) || directory_.hasMoved(rank))) return Fate::kAlive;
-    return peers_.isLeaving(rank) ? Fate::kLeft : Fate::kFailed;
-  }, graceSeconds_);
+  const auto adopted = shard_.adoptStandby(
+      [this](const std::string& id) { return directory_.hosts(id); },
+      [this](int rank) {
+        if (rank == directory_.rank() || !(peers_.hasFailed(rank) || directory_.hasMoved(rank))) return Fate::kAlive;
+        return peers_.isLeaving(rank) ? Fate::kLeft : Fate::kFailed;
+      },
+      graceSeconds_);
+  // This node's own standby learns what it took over.
+  for (const auto& gone : adopted) tellStandby(gone.id, gone.deleted, gone.lastHolder, gone.deletedBy);
 }
 
 void ShardServer::tellStandby(const std::string& id, bool deleted, int holder, uint64_t deletedBy) {

@@ -4,7 +4,8 @@
 // standby list; an id put again after its delete is forgotten by the standby,
 // and a holder listing a copy again overrides a standby's delete; a standby
 // knows where puts' copies are, so objects lost with their holder fail gets;
-// a delete asked again at the next host after its answer was lost succeeds.
+// a delete asked again at the next host after its answer was lost succeeds;
+// what a standby adopted survives a second failover.
 #include <memory>
 #include <string>
 #include <vector>
@@ -241,6 +242,36 @@ void testStandbyHolders(EventLoop& loop) {
   CHECK(lookUp(standby, "holder-dead")->status.ok());
 }
 
+// What a standby adopts goes on to its own standby, so that a second
+// failover still knows it: deleted ids, with their delete's token, and where
+// a put's copy is. An id put again before the adoption is not passed on.
+void testSecondFailover(EventLoop& loop) {
+  constexpr uint64_t kDelete = 0x51, kOther = 0x53;
+  auto everything = [](const std::string&) { return true; };
+  auto alive = [](int) { return DirectoryShard::Fate::kAlive; };
+  DirectoryShard first(loop, [](int, const wire::Locations&) {});
+  first.keepStandby(wire::GoneId{"deleted", /*deleted=*/true, -1, false, kDelete});
+  first.keepStandby(wire::GoneId{"held", /*deleted=*/false, /*lastHolder=*/4, false});
+  first.keepStandby(wire::GoneId{"put-again", /*deleted=*/true, -1, false, kDelete});
+  CHECK(first.registerObject(registration("put-again", 2, 0, /*reannounce=*/true)).ok());
+  const auto adopted = first.adoptStandby(everything, alive, 0);
+  CHECK(adopted.size() == 2);
+
+  DirectoryShard second(loop, [](int, const wire::Locations&) {});
+  for (const auto& gone : adopted) second.keepStandby(gone);
+  second.adoptStandby(everything, alive, 0);
+  std::vector<int> holders;
+  CHECK(second.remove("deleted", false, &holders, 0, kDelete).ok());
+  CHECK(second.remove("deleted", false, &holders, 0, kOther).code == Code::kDeleted);
+  CHECK(!lookUp(second, "held")->answered);  // rank 4 lives: waits for its listing
+  CHECK(second.registerObject(registration("held", 4, 0, /*reannounce=*/true)).ok());
+  CHECK(lookUp(second, "held")->status.ok());
+  CHECK(!second.isDeleted("put-again"));
+  // A hand-over's gone id is adopted (and so passed on) only if not put again since.
+  CHECK(!first.adoptGone(wire::GoneId{"put-again", true, -1, false, kOther}));
+  CHECK(first.adoptGone(wire::GoneId{"handed", true, -1, false, kOther}));
+}
+
 }  // namespace
 
 int main() {
@@ -250,5 +281,6 @@ int main() {
   testStandby(loop);
   testStandbyHolders(loop);
   testDeleteAskedAgain(loop);
+  testSecondFailover(loop);
   return finish("test_directory_shard");
 }
