@@ -11,7 +11,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from cluster import communicate_all
-from torch_hoplite.bench.emulated_cluster import EmulatedCluster, available, links_can_fail
+from torch_hoplite.bench.emulated_cluster import EmulatedCluster, available, links_can_be_delayed
 
 pytestmark = pytest.mark.skipif(not available(), reason="needs root and iproute2 for network namespaces")
 
@@ -76,33 +76,44 @@ print(json.dumps(got))
 """
 
 
-def _datagrams(cluster: EmulatedCluster, count: int) -> list:
-    receiver = cluster.popen(1, [sys.executable, "-c", _DATAGRAM_RECEIVER, cluster.address(1), str(count)],
-                             stdout=subprocess.PIPE, text=True)
-    assert receiver.stdout.readline().strip() == "bound"
-    sender = cluster.popen(0, [sys.executable, "-c", _DATAGRAM_SENDER, cluster.address(1), str(count)])
-    assert sender.wait(timeout=30) == 0
-    out, _ = receiver.communicate(timeout=30)
+def _datagrams(cluster: EmulatedCluster, count: int, sender: int, receiver: int, then=lambda: None) -> list:
+    """Sends `count` datagrams from node `sender` to node `receiver`; calls
+    `then` once they are all sent; returns what arrived."""
+    to = cluster.address(receiver)
+    listening = cluster.popen(receiver, [sys.executable, "-c", _DATAGRAM_RECEIVER, to, str(count)],
+                              stdout=subprocess.PIPE, text=True)
+    assert listening.stdout.readline().strip() == "bound"
+    sending = cluster.popen(sender, [sys.executable, "-c", _DATAGRAM_SENDER, to, str(count)])
+    assert sending.wait(timeout=30) == 0
+    then()
+    out, _ = listening.communicate(timeout=30)
     return json.loads(out)
 
 
-@pytest.mark.skipif(not links_can_fail(), reason="needs nft, iptables and libnetfilter_queue")
+@pytest.mark.skipif(not links_can_be_delayed(), reason="needs nft, iptables, cc and libnetfilter_queue")
 def test_a_delayed_link_delivers_everything_late_and_out_of_order_until_healed():
     count = 300
     with EmulatedCluster(2, rate="1gbit", name="hpldly") as cluster:
         cluster.delay(1, 20, 10, seed=5)
         with pytest.raises(ValueError, match="node 1's link is delayed already"):
             cluster.delay(1, 20)
-        late = _datagrams(cluster, count)
+        to_delayed = _datagrams(cluster, count, sender=0, receiver=1)
+        from_delayed = _datagrams(cluster, count, sender=1, receiver=0)
         cluster.heal(1)
-        healed = _datagrams(cluster, count)
-    assert sorted(i for i, _ in late) == list(range(count)), "a delayed datagram was lost"
-    assert min(ms for _, ms in late) >= 10 - 0.5  # 20 ms - 10 ms jitter, one way
-    assert sorted(ms for _, ms in late)[count // 2] <= 30 + 5
-    inversions = sum(1 for a, b in zip(late, late[1:]) if b[0] < a[0])
-    assert inversions > count // 10, f"{inversions} of {count} datagrams overtook one sent before them"
+        healed = _datagrams(cluster, count, sender=0, receiver=1)
+        # Healed while most are held: those are let through, not dropped.
+        cluster.delay(1, 500, seed=6)
+        cut_short = _datagrams(cluster, count, sender=0, receiver=1, then=lambda: cluster.heal(1))
+    for late in (to_delayed, from_delayed):
+        assert sorted(i for i, _ in late) == list(range(count)), "a delayed datagram was lost"
+        assert min(ms for _, ms in late) >= 10 - 0.5  # 20 ms - 10 ms jitter, one way
+        assert sorted(ms for _, ms in late)[count // 2] <= 30 + 5
+        inversions = sum(1 for a, b in zip(late, late[1:]) if b[0] < a[0])
+        assert inversions > count // 10, f"{inversions} of {count} datagrams overtook one sent before them"
     assert [i for i, _ in healed] == list(range(count))
     assert sorted(ms for _, ms in healed)[count // 2] < 5
+    assert sorted(i for i, _ in cut_short) == list(range(count)), "datagrams held at the heal were lost"
+    assert sorted(ms for _, ms in cut_short)[count // 2] < 500  # let through before their time
     with pytest.raises(ValueError, match="jitter_ms"):
         with EmulatedCluster(1, rate="1gbit", name="hpldly") as cluster:
             cluster.delay(0, 5, 10)

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from torch_hoplite.bench.emulated_cluster import links_can_fail
+from torch_hoplite.bench.emulated_cluster import links_can_be_delayed
 
 EMULATED = pytest.param("emulated", marks=pytest.mark.skipif(
-    not links_can_fail(), reason="needs root, iproute2, nft, iptables and libnetfilter_queue for network namespaces and link faults"))
+    not links_can_be_delayed(), reason="needs root, iproute2, nft, iptables, cc and libnetfilter_queue for network namespaces and link faults"))
 
 
 @pytest.mark.parametrize("cluster", ["loopback", EMULATED])

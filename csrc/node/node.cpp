@@ -370,6 +370,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"shards_moved", directory_->shardsMoved()},
       {"pool_cached_bytes", pool_->cachedBytes()},
       {"pool_mapped_bytes", pool_->mappedBytes()},
+      {"pool_held_bytes", pool_->heldBytes()},
   };
 }
 

@@ -67,6 +67,8 @@ void BufferPool::unmap(uint8_t* data, size_t capacity) {
     }
   }
   unmapMemory(data, capacity);
+  std::lock_guard<std::mutex> lock(mutex_);
+  heldBytes_ -= capacity;
 }
 
 size_t BufferPool::sizeClass(size_t size) {
@@ -93,6 +95,7 @@ std::shared_ptr<Buffer> BufferPool::allocate(size_t size) {
     data = mapMemory(capacity);
     std::lock_guard<std::mutex> lock(mutex_);
     mappedBytes_ += capacity;
+    heldBytes_ += capacity;
   }
   auto pool = shared_from_this();
   return std::make_shared<Buffer>(data, size, capacity, this, [pool, data, capacity] { pool->release(data, capacity); });
@@ -113,6 +116,11 @@ void BufferPool::release(uint8_t* data, size_t capacity) {
 size_t BufferPool::mappedBytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return mappedBytes_;
+}
+
+size_t BufferPool::heldBytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return heldBytes_;
 }
 
 size_t BufferPool::cachedBytes() const {

@@ -61,6 +61,8 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   size_t cachedBytes() const;
   // Bytes mapped fresh from the kernel so far (each costs first-touch faults).
   size_t mappedBytes() const;
+  // Bytes the pool holds now: in buffers handed out and in its cache.
+  size_t heldBytes() const;
 
   // Device copies use page-locked buffers where `locker` can lock them.
   void setLocker(std::shared_ptr<HostMemoryLocker> locker);
@@ -82,6 +84,7 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   std::map<size_t, std::vector<uint8_t*>> free_;
   size_t cachedBytes_ = 0;
   size_t mappedBytes_ = 0;
+  size_t heldBytes_ = 0;
   // Separate from mutex_: locking takes milliseconds and must not hold up allocations.
   std::mutex lockMutex_;
   std::shared_ptr<HostMemoryLocker> locker_;

@@ -106,10 +106,12 @@ def compile_helper(source: str, name: str, compiler: str = "cc", libraries: tupl
     os.makedirs(cache, exist_ok=True)
     binary = os.path.join(cache, name)
     if not os.path.exists(binary) or os.path.getmtime(binary) < os.path.getmtime(path):
-        built = subprocess.run([cc, "-O2", "-o", binary, path, *(f"-l{lib}" for lib in libraries)],
+        partial = f"{binary}.{os.getpid()}"  # (another process may be running the old one)
+        built = subprocess.run([cc, "-O2", "-o", partial, path, *(f"-l{lib}" for lib in libraries)],
                                capture_output=True, text=True)
         if built.returncode != 0:
             raise RuntimeError(f"building {name} from {source} failed:\n{built.stderr[-2000:]}")
+        os.replace(partial, binary)
     return binary
 
 

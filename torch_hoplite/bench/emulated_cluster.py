@@ -90,9 +90,15 @@ def available() -> bool:
 
 
 def links_can_fail() -> bool:
-    """Whether an emulated cluster can be made here and its links cut, made
-    lossy or delayed (available(), nft, iptables, libnetfilter_queue)."""
-    return (available() and shutil.which("nft") is not None and shutil.which("iptables") is not None
+    """Whether an emulated cluster can be made here and its links cut or made
+    lossy (available(), and nft)."""
+    return available() and shutil.which("nft") is not None
+
+
+def links_can_be_delayed() -> bool:
+    """Whether its links can be delayed too (iptables, a C compiler and
+    libnetfilter_queue for link_delay.c)."""
+    return (links_can_fail() and shutil.which("iptables") is not None and shutil.which("cc") is not None
             and os.path.exists("/usr/include/libnetfilter_queue/libnetfilter_queue.h"))
 
 
@@ -205,48 +211,64 @@ class EmulatedCluster:
         self._apply_faults()
 
     def delay(self, i: int, ms: float, jitter_ms: float = 0.0, seed: int = 0) -> None:
-        """Node i's packets, both ways, reach the other side `ms` +- `jitter_ms`
-        (uniform) later than they would; a jitter wider than the gap between
-        two packets reorders them. Throughput through the delayer is lower
-        than the link's at 1 Gbit/s: a delayed link is also a slower one."""
-        if not 0 <= jitter_ms <= ms:
-            raise ValueError(f"a delay needs 0 <= jitter_ms <= ms, got ms={ms}, jitter_ms={jitter_ms}")
+        """Node i's packets, to it and from it, reach the other side `ms` +-
+        `jitter_ms` (uniform) later than they would; a jitter wider than the
+        gap between two packets reorders them. (A packet between two delayed
+        nodes is delayed once.) Throughput through the delayer is lower than
+        the link's at 1 Gbit/s: a delayed link is also a slower one."""
+        if not 0 <= jitter_ms <= ms <= 60_000:
+            raise ValueError(f"a delay needs 0 <= jitter_ms <= ms <= 60000, got ms={ms}, jitter_ms={jitter_ms}")
         if i in self._delays:
             raise ValueError(f"node {i}'s link is delayed already: heal it first")
-        if shutil.which("iptables") is None:
-            raise RuntimeError("delaying an emulated link needs iptables and libnetfilter_queue "
+        if not links_can_be_delayed():
+            raise RuntimeError("delaying an emulated link needs iptables, cc and libnetfilter_queue "
                                "(apt-get install iptables libnetfilter-queue-dev; `make bench` installs them)")
         tool = compile_helper("link_delay.c", "link_delay", libraries=("netfilter_queue",))
         # Bridged frames pass iptables only with this (per namespace: the switch's alone).
         _ip("sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1", ns=self.switch)
         delayer = subprocess.Popen(["ip", "netns", "exec", self.switch, tool, str(i), str(ms), str(jitter_ms), str(seed)],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if delayer.stdout.readline().strip() != "ready":
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        said = delayer.stdout.readline().strip()  # "ready", or why not (it exits)
+        if said != "ready":
             delayer.kill()
-            raise RuntimeError(f"link_delay for node {i} did not start: {delayer.communicate(timeout=5)[1].strip()}")
+            rest, _ = delayer.communicate(timeout=5)
+            raise RuntimeError(f"link_delay for node {i} did not start: {(said + ' ' + rest).strip()}")
+        delayer.stdout.close()  # it writes nothing more
         self._delays[i] = delayer
-        for rule in self._delay_rules(i):
-            _ip("iptables", "-A", *rule, ns=self.switch)
+        try:
+            for rule in self._delay_rules(i):
+                _ip("iptables", "-A", *rule, ns=self.switch)
+        except BaseException:
+            self._stop_delay(i)
+            raise
 
     def _delay_rules(self, i: int) -> list[list[str]]:
         # --queue-bypass: while no delayer listens, packets pass as if undelayed.
         return [["FORWARD", way, self.address(i), "-j", "NFQUEUE", "--queue-num", str(i), "--queue-bypass"]
                 for way in ("-s", "-d")]
 
-    def heal(self, i: int) -> None:
-        """Node i's link as it was set up."""
-        if self._faults.pop(i, None) is not None:
-            self._apply_faults()
-        delayer = self._delays.pop(i, None)
-        if delayer is not None:
+    def _stop_delay(self, i: int) -> None:
+        """Node i's delay rules removed (those there are), then its delayer
+        stopped, which lets through what it still holds."""
+        delayer = self._delays[i]
+        try:
             for rule in self._delay_rules(i):
-                _ip("iptables", "-D", *rule, ns=self.switch)
-            delayer.terminate()  # lets through what it still holds
+                subprocess.run(["ip", "netns", "exec", self.switch, "iptables", "-D", *rule], capture_output=True)
+        finally:
+            delayer.terminate()
             try:
                 delayer.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 delayer.kill()
                 delayer.wait()
+            del self._delays[i]
+
+    def heal(self, i: int) -> None:
+        """Node i's link as it was set up."""
+        if self._faults.pop(i, None) is not None:
+            self._apply_faults()
+        if i in self._delays:
+            self._stop_delay(i)
 
     def _apply_faults(self) -> None:
         """The switch's fault rules, replaced as a whole in one transaction."""

@@ -5,8 +5,9 @@
  * Takes the packets that iptables' NFQUEUE target puts on queue QUEUE and lets
  * each through DELAY_MS +- JITTER_MS (uniform) after it arrived. Packets are let
  * through in the order their times come up, so a jitter wider than the gap
- * between two packets reorders them. SIGTERM or SIGINT: everything still held
- * is let through at once, then it exits. The emulated cluster
+ * between two packets reorders them. SIGTERM or SIGINT, or the death of the
+ * process that started it: everything still held or queued is let through at
+ * once, then it exits. The emulated cluster
  * (emulated_cluster.py) starts one per delayed node, in the switch's namespace.
  */
 #define _GNU_SOURCE /* ppoll */
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -28,6 +30,9 @@
 /* Packets held at once; beyond it the kernel lets them through undelayed
  * (NFQA_CFG_F_FAIL_OPEN) rather than drop them. */
 #define MAX_HELD 65536
+/* Messages read per pass, so that verdicts that are due are not held back. */
+#define READS_PER_PASS 64
+#define MAX_DELAY_MS 60000.0
 
 struct held {
   int64_t due_ns;
@@ -102,13 +107,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   int queue_number = atoi(argv[1]);
-  delay_ns = (int64_t)(atof(argv[2]) * 1e6);
-  jitter_ns = (int64_t)(atof(argv[3]) * 1e6);
+  double delay_ms = atof(argv[2]), jitter_ms = atof(argv[3]);
   rng_state = strtoull(argv[4], NULL, 10);
-  if (delay_ns < 0 || jitter_ns < 0) {
-    fprintf(stderr, "link_delay: delay and jitter must be >= 0\n");
+  if (!(delay_ms >= 0 && delay_ms <= MAX_DELAY_MS && jitter_ms >= 0 && jitter_ms <= delay_ms)) {
+    fprintf(stderr, "link_delay: need 0 <= jitter <= delay <= %.0f ms, got delay %s, jitter %s\n", MAX_DELAY_MS,
+            argv[2], argv[3]);
     return 2;
   }
+  delay_ns = (int64_t)(delay_ms * 1e6);
+  jitter_ns = (int64_t)(jitter_ms * 1e6);
+  prctl(PR_SET_PDEATHSIG, SIGTERM);  /* never outlives the harness that started it */
   struct sigaction action;
   memset(&action, 0, sizeof action);
   action.sa_handler = on_signal;
@@ -133,10 +141,19 @@ int main(int argc, char** argv) {
   }
   int fd = nfq_fd(handle);
   int one = 1, buffer = 16 << 20;
-  /* A burst beyond the socket's buffer would lose verdict requests: those
-   * packets would stay queued in the kernel until this program exits. */
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buffer, sizeof buffer);
-  setsockopt(fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, &one, sizeof one);
+  /* A packet the kernel cannot hand over (socket buffer full) passes
+   * undelayed (FAIL_OPEN): a big buffer keeps that rare. */
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buffer, sizeof buffer) < 0 ||
+      setsockopt(fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, &one, sizeof one) < 0) {
+    perror("link_delay: socket options");
+    return 1;
+  }
+  /* Signals arrive only inside ppoll: none is missed between the check and the wait. */
+  sigset_t blocked, during_wait;
+  sigemptyset(&blocked);
+  sigaddset(&blocked, SIGTERM);
+  sigaddset(&blocked, SIGINT);
+  sigprocmask(SIG_BLOCK, &blocked, &during_wait);
   printf("ready\n");
   fflush(stdout);
 
@@ -144,19 +161,26 @@ int main(int argc, char** argv) {
   while (!stopping) {
     int64_t now = now_ns();
     while (held > 0 && heap[0].due_ns <= now) nfq_set_verdict(queue, pop().id, NF_ACCEPT, 0, NULL);
-    struct timespec timeout = {0, 100000000};  /* wakes to notice a signal */
+    struct timespec timeout = {1, 0};
     if (held > 0) {
       int64_t wait = heap[0].due_ns - now;
-      if (wait < 100000000) timeout.tv_nsec = wait;
+      if (wait < 1000000000) timeout = (struct timespec){0, (long)wait};
     }
     struct pollfd readable = {fd, POLLIN, 0};
-    if (ppoll(&readable, 1, &timeout, NULL) > 0) {
-      for (;;) {
+    if (ppoll(&readable, 1, &timeout, &during_wait) > 0) {
+      for (int i = 0; i < READS_PER_PASS; i++) {
         ssize_t n = recv(fd, packet, sizeof packet, MSG_DONTWAIT);
         if (n <= 0) break;
         nfq_handle_packet(handle, packet, (int)n);
       }
     }
+  }
+  /* What the kernel has queued to us but we have not read yet would be
+   * dropped when the queue goes: read it all, then let everything through. */
+  for (;;) {
+    ssize_t n = recv(fd, packet, sizeof packet, MSG_DONTWAIT);
+    if (n <= 0) break;
+    nfq_handle_packet(handle, packet, (int)n);
   }
   while (held > 0) nfq_set_verdict(queue, pop().id, NF_ACCEPT, 0, NULL);
   nfq_destroy_queue(queue);

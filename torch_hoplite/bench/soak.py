@@ -50,7 +50,7 @@ import torch.distributed as dist
 from torch_hoplite import _C
 from torch_hoplite.bench import soak_report, soak_workload
 from torch_hoplite.bench.common import RESULTS, machine
-from torch_hoplite.bench.emulated_cluster import MANAGEMENT_HOST, EmulatedCluster, enter_namespace
+from torch_hoplite.bench.emulated_cluster import MANAGEMENT_HOST, EmulatedCluster, enter_namespace, links_can_be_delayed
 
 OPTIONS = {"timeout": 10.0, "connect_timeout": 3.0, "heartbeat_interval": 0.25, "heartbeat_timeout": 2.0,
            "same_host": False}
@@ -87,7 +87,11 @@ class Soak:
         self.store = dist.TCPStore("127.0.0.1", 0, self.nodes, is_master=True, wait_for_workers=False)
         self.ranks = [Rank(r) for r in range(self.nodes)]
         self.ctx = mp.get_context("spawn")
-        self.kinds = FAULTS + (soak_report.NETWORK if self.cluster else ())
+        self.kinds = FAULTS
+        if self.cluster:
+            self.kinds += tuple(k for k in soak_report.NETWORK if k != "delay" or links_can_be_delayed())
+            if "delay" not in self.kinds:
+                print("no delay faults: they need iptables, cc and libnetfilter_queue (make bench installs them)")
 
     def log_path(self, rank: int, kind: str = "jsonl") -> str:
         """The rank's operations (jsonl), or its extension's log (log)."""

@@ -128,7 +128,7 @@ def attribute(ops: list[dict], faults: list[dict], deleted_at: dict[str, float],
     """Sets each disruptive fault's `recovery_s` (from the fault, for a pause
     also `after_resume_s`, to the end of the last object-store failure it
     explains, where a fault of the failing rank's own, if any, is the one
-    that explains it; 0 if none) and returns the counted failures that no
+    that explains it, else those still under way, if any; 0 if none) and returns the counted failures that no
     fault explains. (A c10d round fails until the rank is back,
     restarts included: that is no measure of recovery.)"""
     disruptive = [f for f in faults if f["kind"] in DISRUPTIVE]
@@ -148,10 +148,13 @@ def attribute(ops: list[dict], faults: list[dict], deleted_at: dict[str, float],
             unexplained.append(op)
         if not causes or is_collective(op):
             continue
-        # A fault of the rank's own explains it before any other's.
+        # A fault of the rank's own explains it before any other's; else one
+        # still under way (its rank not back `settle` seconds before the
+        # operation began) before one whose rank was back by then.
         own = [f for f in causes if f["rank"] == op["rank"]]
+        current = [f for f in causes if op["start"] < f["back"] + settle]
         op_end = op["start"] + op["dur"]
-        for f in own or causes:
+        for f in own or current or causes:
             f["recovery_s"] = max(f["recovery_s"], op_end - f["t"])
             if f["kind"] == "pause" and "restarted" in f:
                 f["after_resume_s"] = max(f["after_resume_s"], op_end - f["restarted"])
@@ -159,10 +162,12 @@ def attribute(ops: list[dict], faults: list[dict], deleted_at: dict[str, float],
 
 
 def outside_pool(sample: dict) -> Optional[int]:
-    """Anonymous resident memory outside the store's pool."""
+    """Anonymous resident memory outside the store's pool. (Logs before
+    d5a9813 lack it; those of d5a9813 have only the pool's mappings so far,
+    which it holds still unless its cache overflowed.)"""
     if "shared" not in sample:
         return None
-    return sample["rss"] - sample["shared"] - sample["mapped"]
+    return sample["rss"] - sample["shared"] - sample.get("pool", sample["mapped"])
 
 
 def median_of(samples: list[dict], key: Union[str, Callable[[dict], Optional[int]]]) -> Optional[float]:
@@ -197,6 +202,7 @@ def resource_trend(samples: list[dict]) -> dict[str, Any]:
             "store_last_third_mb": statistics.median(s["store"] for s in tail) / 2**20,
             "objects_last_third": statistics.median(s["objects"] for s in tail),
             "pool_mapped_last_third_mb": statistics.median(s["mapped"] for s in tail) / 2**20,
+            "pool_held_last_third_mb": median_mb(tail, "pool"),
             # Where RSS outside the store's pool goes (logs before 2026-11-27 lack these: None).
             **{f"{name}_{part}_third_mb": median_mb(samples_of, key)
                for name, key in (("anon_outside_pool", outside_pool), ("malloc_used", "malloc_used"),

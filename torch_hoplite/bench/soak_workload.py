@@ -105,7 +105,7 @@ class Watchdog:
                                     running_s=time.monotonic() - self._current[1])
 
 
-_libc = ctypes.CDLL(None)
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.open_memstream.restype = ctypes.c_void_p
 _libc.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]
 _libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
@@ -118,6 +118,8 @@ def malloc_totals() -> tuple[int, int]:
     from malloc_info: what separates a leak from fragmentation."""
     buf, size = ctypes.c_void_p(), ctypes.c_size_t()
     stream = _libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+    if not stream:
+        raise OSError(ctypes.get_errno(), "open_memstream failed")
     _libc.malloc_info(0, stream)
     _libc.fclose(stream)
     xml = ctypes.string_at(buf, size.value).decode()
@@ -133,22 +135,29 @@ def malloc_totals() -> tuple[int, int]:
 
 def sample_resources(log: Log, period: float, breakdown_every: int = 10) -> None:
     """RSS, open fds, what the store holds and has evicted, every `period`
-    seconds; every `breakdown_every` samples also malloc's totals and
-    Python's allocated blocks. RSS less `shared` (file-backed pages) less the
-    pool's `mapped` is the anonymous memory outside the pool."""
+    seconds; every `breakdown_every` samples also malloc's totals (glibc's;
+    left out where it fails) and Python's allocated blocks. RSS less `shared`
+    (file-backed pages) less `pool` (what the store's pool holds now) is the
+    anonymous memory outside the pool; `malloc_used` includes the pool's
+    buffers below 256 KiB."""
     def run():
-        count = 0
+        count, breakdown = 0, True
         while hop.is_initialized():
             with open("/proc/self/statm") as f:
                 pages = [int(x) * os.sysconf("SC_PAGE_SIZE") for x in f.read().split()]
             stats = hop.stats()
             extra = {}
-            if count % breakdown_every == 0:
-                extra["malloc_used"], extra["malloc_free"] = malloc_totals()
+            if breakdown and count % breakdown_every == 0:
+                try:
+                    extra["malloc_used"], extra["malloc_free"] = malloc_totals()
+                except (OSError, IndexError, ValueError) as e:
+                    breakdown = False
+                    log.write(event="note", text=f"no malloc totals: {e!r}")
                 extra["py_blocks"] = sys.getallocatedblocks()
             log.write(event="sample", rss=pages[1], shared=pages[2], fds=len(os.listdir("/proc/self/fd")),
                       store=stats["store_used_bytes"], objects=stats["store_objects"],
-                      mapped=stats["pool_mapped_bytes"], evictions=stats["evictions"], **extra)
+                      mapped=stats["pool_mapped_bytes"], pool=stats["pool_held_bytes"], evictions=stats["evictions"],
+                      **extra)
             count += 1
             time.sleep(period)
 
