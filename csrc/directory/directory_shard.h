@@ -128,7 +128,7 @@ class DirectoryShard {
   // instead of waiting for a put. Returns what was adopted, for this node's
   // own standby: a second failover must not forget it.
   std::vector<wire::GoneId> adoptStandby(const std::function<bool(const std::string& id)>& hosted,
-                    const std::function<Fate(int rank)>& fateOf, double graceSeconds);
+                                         const std::function<Fate(int rank)>& fateOf, double graceSeconds);
   // Lookups parked here until their object is registered (any thread, for stats).
   uint64_t waitingLookups() const { return waiting_.load(); }
 

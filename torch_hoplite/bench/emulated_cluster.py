@@ -8,8 +8,8 @@ bandwidth, not the CPU, is the bottleneck and the ideal time is known.
 A node's link can be cut (all its frames dropped both ways) or made lossy
 (nftables at the switch), or delayed with jitter, which reorders (this kernel
 has no netem: link_delay.c holds the node's packets in user space, queued to
-it by iptables at the switch), and healed. With `management=True` every node also has an unshaped link to
-this (the host's) namespace at `management_address(i)`, never impaired: a
+it by iptables at the switch), and healed. With `management=True` every node
+also has an unshaped link to this (the host's) namespace at `management_address(i)`, never impaired: a
 harness's own bookkeeping (its rendezvous store) stays reachable while the
 data link is cut.
 
@@ -72,9 +72,9 @@ _AVAILABLE = "/proc/sys/net/ipv4/tcp_available_congestion_control"
 _ALLOWED = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
 
 
-def _ip(*args: str, ns: Optional[str] = None) -> str:
+def _ip(*args: str, ns: Optional[str] = None, check: bool = True) -> str:
     cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return subprocess.run(cmd, check=check, capture_output=True, text=True).stdout
 
 
 def available() -> bool:
@@ -95,11 +95,16 @@ def links_can_fail() -> bool:
     return available() and shutil.which("nft") is not None
 
 
-def links_can_be_delayed() -> bool:
-    """Whether its links can be delayed too (iptables, a C compiler and
-    libnetfilter_queue for link_delay.c)."""
-    return (links_can_fail() and shutil.which("iptables") is not None and shutil.which("cc") is not None
+def _delay_tools_present() -> bool:
+    """iptables, a C compiler and libnetfilter_queue, for link_delay.c."""
+    return (shutil.which("iptables") is not None and shutil.which("cc") is not None
             and os.path.exists("/usr/include/libnetfilter_queue/libnetfilter_queue.h"))
+
+
+def links_can_be_delayed() -> bool:
+    """Whether its links can be delayed too (links_can_fail(), and the tools
+    link_delay.c needs)."""
+    return links_can_fail() and _delay_tools_present()
 
 
 def enter_namespace(ns: str) -> None:
@@ -220,7 +225,7 @@ class EmulatedCluster:
             raise ValueError(f"a delay needs 0 <= jitter_ms <= ms <= 60000, got ms={ms}, jitter_ms={jitter_ms}")
         if i in self._delays:
             raise ValueError(f"node {i}'s link is delayed already: heal it first")
-        if not links_can_be_delayed():
+        if not _delay_tools_present():
             raise RuntimeError("delaying an emulated link needs iptables, cc and libnetfilter_queue "
                                "(apt-get install iptables libnetfilter-queue-dev; `make bench` installs them)")
         tool = compile_helper("link_delay.c", "link_delay", libraries=("netfilter_queue",))
@@ -253,7 +258,7 @@ class EmulatedCluster:
         delayer = self._delays[i]
         try:
             for rule in self._delay_rules(i):
-                subprocess.run(["ip", "netns", "exec", self.switch, "iptables", "-D", *rule], capture_output=True)
+                _ip("iptables", "-D", *rule, ns=self.switch, check=False)
         finally:
             delayer.terminate()
             try:

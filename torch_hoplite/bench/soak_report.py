@@ -128,9 +128,10 @@ def attribute(ops: list[dict], faults: list[dict], deleted_at: dict[str, float],
     """Sets each disruptive fault's `recovery_s` (from the fault, for a pause
     also `after_resume_s`, to the end of the last object-store failure it
     explains, where a fault of the failing rank's own, if any, is the one
-    that explains it, else those still under way, if any; 0 if none) and returns the counted failures that no
-    fault explains. (A c10d round fails until the rank is back,
-    restarts included: that is no measure of recovery.)"""
+    that explains it, else those still under way, if any; 0 if none) and
+    returns the counted failures that no fault explains. (A c10d round fails
+    until the rank is back, restarts included: that is no measure of
+    recovery.)"""
     disruptive = [f for f in faults if f["kind"] in DISRUPTIVE]
     windows = []
     for f in disruptive:
