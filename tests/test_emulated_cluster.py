@@ -62,6 +62,8 @@ for i in range(int(sys.argv[2])):
 _DATAGRAM_RECEIVER = """
 import json, socket, struct, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+# Room for all of them at once: a heal lets everything held through together.
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
 s.bind((sys.argv[1], 6000))
 s.settimeout(5)
 print("bound", flush=True)
