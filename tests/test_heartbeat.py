@@ -121,6 +121,49 @@ def test_a_rank_resumed_past_the_heartbeat_timeout_blames_no_one_and_works_again
     assert torch.equal(c.call(2, workers.get, fresh, 10), torch.full((10,), 4.0))
 
 
+def test_a_resumed_rank_takes_its_share_back_with_what_was_listed_and_deleted_meanwhile(cluster3_fast_heartbeats):
+    """Found by the soak: a process taken for failed that came back kept its
+    share moved for good, so shares piled up on the ranks never taken for
+    failed (by minute 15 one rank hosted the whole directory, and when it
+    left, every request failed). Now the resumed rank takes its share back
+    once it has run settled for two heartbeat timeouts; what was listed at
+    the share's interim host, and what was deleted there, comes with it."""
+    c = cluster3_fast_heartbeats
+    listed, deleted, fresh = ids_with_shard("share-back", 3, 3, lambda s: s == 1)
+    for r in (0, 2):  # connections both ways between rank 1 and the others
+        c.call(r, workers.put, torch.full((10,), float(r)), f"share-back-warm-{r}")
+        c.call(1, workers.get, f"share-back-warm-{r}", 10)
+    c.call(1, workers.put, torch.full((10,), 1.0), "share-back-warm-1")
+    for r in (0, 2):
+        c.call(r, workers.get, "share-back-warm-1", 10)
+    c.freeze(1)
+    try:
+        wait_for_stat(c, 0, "shards_moved", 1)
+        wait_for_stat(c, 2, "shards_moved", 1)
+        # Listed, and deleted, at rank 2 (the interim host of rank 1's share).
+        c.call(0, workers.put, torch.full((1 << 18,), 5.0), listed)
+        c.call(2, workers.put, torch.full((1 << 18,), 6.0), deleted)
+        c.call(2, workers.delete, deleted, 10)
+    finally:
+        os.kill(c.pids[1], signal.SIGCONT)
+    resumed = time.monotonic()
+    deadline = resumed + 20
+    while any(c.call(r, workers.stats)["shards_moved"] for r in range(3)):
+        assert time.monotonic() < deadline, [c.call(r, workers.stats)["shards_moved"] for r in range(3)]
+        time.sleep(0.1)
+    # Two heartbeat timeouts settled (3 s) after it heard that its share moved.
+    assert time.monotonic() - resumed < 8
+    for r in (1, 2):
+        assert torch.equal(c.call(r, workers.get, listed, 10), torch.full((1 << 18,), 5.0))
+    start = time.monotonic()
+    with pytest.raises(hop.ObjectDeletedError, match=deleted):
+        hop.get(deleted, timeout=10).wait()
+    assert time.monotonic() - start < 2
+    c.call(0, workers.put, torch.full((10,), 7.0), fresh)  # listed at rank 1 again
+    assert torch.equal(c.call(2, workers.get, fresh, 10), torch.full((10,), 7.0))
+    assert c.call(1, workers.stats)["lookups_waiting"] == 0
+
+
 def test_a_resumed_rank_deletes_its_own_object_before_it_listed_its_copies_again(cluster3_fast_heartbeats):
     """Found by the soak: rank 1's delete of its own object, issued the moment
     it resumed, reached a shard that had forgotten its copy (it took rank 1

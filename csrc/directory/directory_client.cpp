@@ -46,10 +46,32 @@ int DirectoryClient::standbyHost() const {
   return -1;
 }
 
-std::vector<wire::ShardDeath> DirectoryClient::movedShards() const {
-  std::vector<wire::ShardDeath> out;
-  for (const auto& [rank, incarnation] : moved_) out.push_back(wire::ShardDeath{rank, incarnation});
+std::vector<wire::ShareState> DirectoryClient::movedShards() const {
+  std::vector<wire::ShareState> out;
+  for (const auto& [rank, share] : moved_) out.push_back(wire::ShareState{rank, share.incarnation, share.epoch});
   return out;
+}
+
+std::vector<wire::ShareState> DirectoryClient::returnedShards() const {
+  std::vector<wire::ShareState> out;
+  for (const auto& [rank, share] : returned_) {
+    if (share.epoch == epochOf(rank)) out.push_back(wire::ShareState{rank, share.incarnation, share.epoch});
+  }
+  return out;
+}
+
+uint64_t DirectoryClient::epochOf(int rank) const {
+  auto it = returned_.find(rank);
+  if (it == returned_.end()) return 0;
+  const uint64_t process = rank == config_.rank ? config_.incarnation : peers_.incarnationOf(rank);
+  return it->second.incarnation == process ? it->second.epoch : 0;
+}
+
+template <typename News>
+void DirectoryClient::tellMembers(const News& news) {
+  for (int r = 0; r < config_.worldSize; ++r) {
+    if (r != config_.rank && r != news.share.rank && isLiveMember(r)) peers_.send(r, news);
+  }
 }
 
 void DirectoryClient::moveShardFrom(int rank, uint64_t incarnation, bool sawItGo) {
@@ -65,39 +87,92 @@ void DirectoryClient::moveShardFrom(int rank, uint64_t incarnation, bool sawItGo
   for (const auto& obj : store_.snapshot()) {
     if (shardOf(obj->id()) == rank) listedThere.insert(obj->id());
   }
-  moved_[rank] = incarnation;
+  const wire::ShardMoved news{{rank, incarnation, epochOf(rank)}};
+  moved_[rank] = ShareRecord{incarnation, news.share.epoch};
   movedCount_ = moved_.size();
   onShardsChanged_();
   HLOG(kInfo, "%s is gone (failed or left): its directory shard moves on; re-registering %zu local copies",
        peers_.peerName(rank).c_str(), listedThere.size());
   // Everyone must agree where ids go: tell the others (who pass it on once).
-  for (int r = 0; r < config_.worldSize; ++r) {
-    if (r != config_.rank && r != rank && isLiveMember(r)) peers_.send(r, wire::ShardMoved{rank, incarnation});
-  }
+  tellMembers(news);
   if (sawItGo) {
     // Once the failure is through (it drops what is queued for the rank),
     // so that this dials it anew.
-    loop_.runSoon([this, rank, incarnation] {
-      auto moved = moved_.find(rank);
-      if (closing_ || moved == moved_.end() || moved->second != incarnation || !peers_.hasFailed(rank) ||
-          peers_.isLeaving(rank)) {
+    loop_.runSoon([this, news] {
+      auto moved = moved_.find(news.share.rank);
+      if (closing_ || moved == moved_.end() || moved->second.incarnation != news.share.incarnation ||
+          moved->second.epoch != news.share.epoch || !peers_.hasFailed(news.share.rank) ||
+          peers_.isLeaving(news.share.rank)) {
         return;
       }
-      peers_.send(rank, wire::ShardMoved{rank, incarnation});
+      peers_.send(news.share.rank, news);
     });
   }
   reRegisterCopies([&](const std::string& id) { return listedThere.count(id) > 0; });
 }
 
+bool DirectoryClient::hearShardMoved(const wire::ShareState& news) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
+  if (news.rank < 0 || news.rank >= config_.worldSize) return false;
+  const uint64_t known = news.rank == config_.rank ? config_.incarnation : peers_.incarnationOf(news.rank);
+  const bool sameProcess = news.incarnation == 0 || known == 0 || news.incarnation == known;
+  if (!sameProcess || news.epoch < epochOf(news.rank)) return false;  // before a rejoin, or a return
+  if (news.epoch > epochOf(news.rank)) {
+    // The sender heard of a return this node missed, and of a move after it.
+    returned_[news.rank] = ShareRecord{known != 0 ? known : news.incarnation, news.epoch};
+  }
+  auto moved = moved_.find(news.rank);
+  if (moved != moved_.end()) {
+    moved->second.epoch = std::max(moved->second.epoch, news.epoch);
+    return true;
+  }
+  moveShardFrom(news.rank, news.incarnation);
+  return moved_.count(news.rank) > 0;
+}
+
+void DirectoryClient::hearShardReturned(const wire::ShareState& news) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
+  if (closing_ || news.rank < 0 || news.rank >= config_.worldSize || news.rank == config_.rank) return;
+  const uint64_t known = peers_.incarnationOf(news.rank);
+  if (known == 0 || news.incarnation != known || news.epoch <= epochOf(news.rank)) return;
+  returned_[news.rank] = ShareRecord{news.incarnation, news.epoch};
+  auto moved = moved_.find(news.rank);
+  if (moved != moved_.end() && moved->second.epoch < news.epoch) {
+    moved_.erase(moved);
+    movedCount_ = moved_.size();
+    onShardsChanged_();
+    HLOG(kInfo, "%s is back and takes its directory shard back", peers_.peerName(news.rank).c_str());
+  }
+  tellMembers(wire::ShardReturned{news});
+  // Its process handed its share over when it heard that it moved (moved
+  // here or not): what this node holds is listed there again.
+  reRegisterCopies([&](const std::string& id) { return shardOf(id) == news.rank; });
+}
+
+bool DirectoryClient::takeShareBack() {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
+  auto moved = moved_.find(config_.rank);
+  if (closing_ || left_ || moved == moved_.end()) return false;
+  const wire::ShardReturned news{{config_.rank, config_.incarnation, epochOf(config_.rank) + 1}};
+  returned_[config_.rank] = ShareRecord{config_.incarnation, news.share.epoch};
+  moved_.erase(moved);
+  movedCount_ = moved_.size();
+  onShardsChanged_();
+  HLOG(kInfo, "this process takes its directory shard back (the others moved it while it was stalled or cut off)");
+  tellMembers(news);
+  return true;
+}
+
 std::set<int> DirectoryClient::leave(uint64_t incarnation) {
   HOPLITE_ASSERT_ON_LOOP(loop_);
+  left_ = true;
   std::set<int> hosted;
   for (int home = 0; home < config_.worldSize; ++home) {
     if (shardHost(home) == config_.rank) hosted.insert(home);
   }
   // One share always stays (as in moveShardFrom): the last one cannot leave.
   if (moved_.count(config_.rank) || moved_.size() + 1 >= static_cast<size_t>(config_.worldSize)) return {};
-  moved_[config_.rank] = incarnation;
+  moved_[config_.rank] = ShareRecord{incarnation, epochOf(config_.rank)};
   movedCount_ = moved_.size();
   std::set<int> successors;
   for (int home : hosted) successors.insert(shardHost(home));
@@ -109,7 +184,7 @@ void DirectoryClient::shardReturned(int rank) {
   if (closing_) return;
   auto it = moved_.find(rank);
   if (it != moved_.end()) {
-    if (it->second == peers_.incarnationOf(rank)) return;  // the same process, back after a stall
+    if (it->second.incarnation == peers_.incarnationOf(rank)) return;  // the same process, back after a stall
     moved_.erase(it);
     movedCount_ = moved_.size();
     onShardsChanged_();

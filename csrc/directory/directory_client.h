@@ -25,6 +25,7 @@ struct DirectoryClientConfig {
   int rank = 0;
   int worldSize = 1;
   uint64_t inlineThresholdBytes = 0;  // copies re-registered with their bytes up to this size
+  uint64_t incarnation = 0;           // of this process
 };
 
 class DirectoryClient : public DirectoryAccess {
@@ -49,7 +50,10 @@ class DirectoryClient : public DirectoryAccess {
   // either its share has not moved or this node still hears from it.
   bool isLiveMember(int rank) const;
   // The shards that moved, and the processes whose death moved them.
-  std::vector<wire::ShardDeath> movedShards() const;
+  std::vector<wire::ShareState> movedShards() const;
+  // The latest return of each rank's share (ShardReturned) this node heard
+  // of, for ranks whose process is still the one that took it back.
+  std::vector<wire::ShareState> returnedShards() const;
   // `rank`'s process `incarnation` (0: unknown) is gone: its share of the
   // directory moves on, the other members hear of it, and this node registers
   // there its copies of the objects that were listed on it. News of another
@@ -61,6 +65,18 @@ class DirectoryClient : public DirectoryAccess {
   // move at once instead of when it next dials a member (a dead one's
   // connect is refused).
   void moveShardFrom(int rank, uint64_t incarnation, bool sawItGo = false);
+  // A member's news that a share moved (ShardMoved, or a hello ack's list):
+  // moveShardFrom, unless the share returned since. Returns whether it moved.
+  bool hearShardMoved(const wire::ShareState& news);
+  // A member's news that a process back from a stall or a cut-off took its
+  // share back (ShardReturned, or a hello ack's list), newer than any this
+  // node heard: the share returns to it, the other members hear of it, and
+  // this node registers there its copies of the objects whose entries live
+  // there (that process handed its share over when it heard that it moved).
+  void hearShardReturned(const wire::ShareState& news);
+  // This process, taken for failed while it was stalled or cut off, takes its
+  // share back and tells the members. False: its share has not moved, or it leaves.
+  bool takeShareBack();
   // A new process of `rank` joined (PeerLinks::incarnationOf tells it): a
   // share that moved away from its rank returns to it, and this node
   // registers there its copies of the objects that are listed there now
@@ -134,7 +150,19 @@ class DirectoryClient : public DirectoryAccess {
   ObjectStore& store_;
   const DirectoryClientConfig config_;
   const std::function<void()> onShardsChanged_;
-  std::map<int, uint64_t> moved_;  // ranks whose share of the directory moved on, and the process that died
+  // A process of a rank, and how many times it took its share back then.
+  struct ShareRecord {
+    uint64_t incarnation = 0;
+    uint64_t epoch = 0;
+  };
+  // How many times `rank`'s current process took its share back, as far as this node heard.
+  uint64_t epochOf(int rank) const;
+  // Tells the live members, other than this node and the share's rank.
+  template <typename News>
+  void tellMembers(const News& news);
+  std::map<int, ShareRecord> moved_;     // ranks whose share moved on: the process that died, and as of which return
+  std::map<int, ShareRecord> returned_;  // the latest return of each rank's share heard of
+  bool left_ = false;                    // this process leaves (leave)
   std::atomic<uint64_t> movedCount_{0};  // moved_.size()
   uint64_t nextRequest_ = 1;
   RequestTracker requests_;

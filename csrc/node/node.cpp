@@ -29,6 +29,10 @@ constexpr double kResumeDelaySeconds = 0.2;
 // leaves (at most the connect and heartbeat timeouts: a peer silent that long
 // counts as failed anyway): one round trip, or a dial and one.
 constexpr double kLeaveSeconds = 2;
+// How long a process whose share moved runs settled (Peers::settled) before
+// it takes the share back, in heartbeat timeouts: long enough that a flapping
+// link or repeated stalls do not move the share back and forth.
+constexpr double kShareReturnHeartbeats = 2;
 
 // Control frames carry inline objects (up to the threshold) and their
 // metadata; data frames at most the largest chunk.
@@ -81,7 +85,7 @@ Node::Node(NodeConfig config)
     loop_.post([this, id] { directory_->updateHolder(id, wire::HolderState::kRemoved); });
   });
   directory_ = std::make_unique<DirectoryClient>(
-      loop_, *peers_, *store_, DirectoryClientConfig{config_.rank, config_.worldSize, config_.inlineThresholdBytes},
+      loop_, *peers_, *store_, DirectoryClientConfig{config_.rank, config_.worldSize, config_.inlineThresholdBytes, incarnation_},
       [this] {
         // What this node hosted for ids that now go elsewhere (its own share,
         // when news comes that the others moved it while it was stalled) is
@@ -90,6 +94,7 @@ Node::Node(NodeConfig config)
         if (!stopped_) shardServer_->handOver();
         shardServer_->adoptStandby();
         subscriptions_->rehome();
+        if (directory_->hasMoved(config_.rank)) scheduleShareReturn();
       });
   workers_ = std::make_unique<WorkerPool>("hoplite-copy", config_.copyThreads);
   putCopies_ = std::make_unique<WorkerPool>("hoplite-putcopy", 1, kPutCopyNice);
@@ -173,10 +178,12 @@ void Node::onAcceptedClosed(Connection& conn, int rank, bool left, const Status&
 
 void Node::fillHelloAck(wire::HelloAck* ack) {
   ack->deadShards = directory_->movedShards();
+  ack->returnedShards = directory_->returnedShards();
 }
 
 void Node::onPeerReady(int, const wire::HelloAck& ack) {
-  for (const wire::ShardDeath& death : ack.deadShards) directory_->moveShardFrom(death.rank, death.incarnation);
+  for (const wire::ShareState& share : ack.returnedShards) directory_->hearShardReturned(share);
+  for (const wire::ShareState& share : ack.deadShards) directory_->hearShardMoved(share);
 }
 
 void Node::onPeerRejoined(int rank) {
@@ -209,6 +216,7 @@ void Node::handle(Route route, void (Node::*method)(Connection&, const M&)) {
 void Node::registerHandlers() {
   // Peers and the directory.
   handle(Route::kOnEither, &Node::handleShardMoved);
+  handle(Route::kOnEither, &Node::handleShardReturned);
   handle(Route::kOnEither, &Node::handleLeave);
   shardServer_->registerHandlers(router_);
   router_.on<wire::Locations>(Route::kOnEither, [this](Connection& c, const wire::Locations& m) {
@@ -226,13 +234,24 @@ void Node::registerHandlers() {
 }
 
 void Node::handleShardMoved(Connection&, const wire::ShardMoved& msg) {
-  if (msg.rank < 0 || msg.rank >= config_.worldSize) return;
   // Another member saw it go: a connect to it that is being refused now is
   // final, not a peer still starting up (requests queued for it fail at the
   // next refusal and move on to the new shard, instead of waiting out the
   // connect timeout).
-  peers_->stopRetrying(msg.rank);
-  directory_->moveShardFrom(msg.rank, msg.incarnation);
+  if (directory_->hearShardMoved(msg.share) && msg.share.rank != config_.rank) peers_->stopRetrying(msg.share.rank);
+}
+
+void Node::handleShardReturned(Connection&, const wire::ShardReturned& msg) { directory_->hearShardReturned(msg.share); }
+
+void Node::scheduleShareReturn() {
+  if (shareReturnScheduled_) return;
+  shareReturnScheduled_ = true;
+  loop_.addTimer(kShareReturnHeartbeats * config_.heartbeatTimeoutSeconds, [this] {
+    shareReturnScheduled_ = false;
+    if (shuttingDown_ || !directory_->hasMoved(config_.rank)) return;
+    if (!peers_->settled()) return scheduleShareReturn();
+    directory_->takeShareBack();
+  });
 }
 
 void Node::handleLeave(Connection& conn, const wire::Leave& msg) {

@@ -167,6 +167,12 @@ class Node : private PeerEvents, private ReduceServices {
   template <typename M>
   void handle(Route route, void (Node::*method)(Connection&, const M&));
   void handleShardMoved(Connection& conn, const wire::ShardMoved& msg);
+  void handleShardReturned(Connection& conn, const wire::ShardReturned& msg);
+  // This process's share moved (it was taken for failed while stalled or cut
+  // off): it takes it back once it has run with its peers for a while
+  // (kShareReturnHeartbeats heartbeat timeouts), so that shares do not pile
+  // up on the ranks never taken for failed.
+  void scheduleShareReturn();
   // A peer's process leaves (shuts down): see wire::Leave.
   void handleLeave(Connection& conn, const wire::Leave& msg);
   // Shutdown's first step: the peers hear that this process leaves, and the
@@ -230,6 +236,7 @@ class Node : private PeerEvents, private ReduceServices {
 
   // Loop-thread state.
   bool shuttingDown_ = false;
+  bool shareReturnScheduled_ = false;
 
   std::function<bool(Completion&)> directCompletion_;
   std::mutex completionMutex_;

@@ -306,6 +306,8 @@ bool Peers::heartbeatOverdue(double t) const {
 
 bool Peers::justStalled(double t) const { return heartbeatOverdue(t) || t < stalledUntil_; }
 
+bool Peers::settled() const { return !cutOff_ && !justStalled(steadySeconds()); }
+
 void Peers::checkHeartbeats() {
   if (closing_) return;
   const double t = steadySeconds();

@@ -102,6 +102,8 @@ class Peers : public PeerLinks, public ConnectionObserver {
   // for it fails saying so, and a refused connect to it is final.
   void markLeaving(int rank);
   bool isReady(int rank) const;       // handshake done
+  // Neither cut off from most peers nor stalled within the last heartbeat timeout.
+  bool settled() const;
   bool hasConnection(int rank) const;  // dialed, or being dialed
   bool sameHostEnabled() const { return !hostIdentity_.empty(); }
   // The memory of a ready peer on this host that this node can read; null otherwise.

@@ -121,13 +121,37 @@ Auth Auth::decode(Reader& r) {
   return m;
 }
 
+namespace {
+void encodeShare(Writer& w, const ShareState& s) {
+  w.i32(s.rank);
+  w.u64(s.incarnation);
+  w.u64(s.epoch);
+}
+ShareState decodeShare(Reader& r) {
+  ShareState s;
+  s.rank = r.i32();
+  s.incarnation = r.u64();
+  s.epoch = r.u64();
+  return s;
+}
+constexpr size_t kShareStateBytes = 20;
+void encodeShares(Writer& w, const std::vector<ShareState>& shares) {
+  w.u32(static_cast<uint32_t>(shares.size()));
+  for (const ShareState& s : shares) encodeShare(w, s);
+}
+std::vector<ShareState> decodeShares(Reader& r, const char* what) {
+  const uint32_t n = r.u32();
+  if (n > r.remaining() / kShareStateBytes) throw DecodeError(std::string("hello ack lists more ") + what + " than it holds");
+  std::vector<ShareState> shares(n);
+  for (ShareState& s : shares) s = decodeShare(r);
+  return shares;
+}
+}  // namespace
+
 void HelloAck::encode(Writer& w) const {
   w.i32(rank);
-  w.u32(static_cast<uint32_t>(deadShards.size()));
-  for (const ShardDeath& d : deadShards) {
-    w.i32(d.rank);
-    w.u64(d.incarnation);
-  }
+  encodeShares(w, deadShards);
+  encodeShares(w, returnedShards);
   w.u64(incarnation);
   w.str(host);
   w.u32(pid);
@@ -144,13 +168,8 @@ void HelloAck::encode(Writer& w) const {
 HelloAck HelloAck::decode(Reader& r) {
   HelloAck m;
   m.rank = r.i32();
-  uint32_t dead = r.u32();
-  if (dead > r.remaining() / 12) throw DecodeError("hello ack lists more dead shards than it holds");
-  m.deadShards.resize(dead);
-  for (ShardDeath& d : m.deadShards) {
-    d.rank = r.i32();
-    d.incarnation = r.u64();
-  }
+  m.deadShards = decodeShares(r, "dead shards");
+  m.returnedShards = decodeShares(r, "returned shards");
   m.incarnation = r.u64();
   m.host = r.str(256, "host identity");
   m.pid = r.u32();
@@ -169,15 +188,17 @@ HelloAck HelloAck::decode(Reader& r) {
   return m;
 }
 
-void ShardMoved::encode(Writer& w) const {
-  w.i32(rank);
-  w.u64(incarnation);
-}
+void ShardMoved::encode(Writer& w) const { encodeShare(w, share); }
 ShardMoved ShardMoved::decode(Reader& r) {
-  ShardMoved m;
-  m.rank = r.i32();
-  m.incarnation = r.u64();
+  ShardMoved m{decodeShare(r)};
   r.expectEnd("shard moved");
+  return m;
+}
+
+void ShardReturned::encode(Writer& w) const { encodeShare(w, share); }
+ShardReturned ShardReturned::decode(Reader& r) {
+  ShardReturned m{decodeShare(r)};
+  r.expectEnd("shard returned");
   return m;
 }
 

@@ -63,10 +63,14 @@ struct Auth {
 // (net/same_host/): the server's host identity (empty: it offers no such
 // reads), its pid, and the address of `probe`, bytes the client reads there
 // to check that it can. Only an authenticated peer learns them.
-// A rank's process that died, and whose share of the directory moved on.
-struct ShardDeath {
+// A rank's share of the directory as a member knows it: moved away from, or
+// returned to, the rank's process `incarnation` (0: never heard from it).
+// `epoch` counts the times that process took its share back after it was
+// stalled or cut off: news of a move made before the latest return is stale.
+struct ShareState {
   int32_t rank = -1;
-  uint64_t incarnation = 0;  // of the process that died (0: never heard from it)
+  uint64_t incarnation = 0;
+  uint64_t epoch = 0;
 };
 
 // A live peer's process, as another member knows it.
@@ -80,7 +84,7 @@ struct MemberAddress {
 struct HelloAck {
   static constexpr MsgType kType = MsgType::kHelloAck;
   int32_t rank = -1;
-  std::vector<ShardDeath> deadShards;  // ranks whose directory shard moved on, as the server knows them
+  std::vector<ShareState> deadShards;  // ranks whose directory shard moved on, as the server knows them
   uint64_t incarnation = 0;            // of the server's process
   std::string host;
   uint32_t pid = 0;
@@ -89,19 +93,29 @@ struct HelloAck {
   // The peers the server has not given up on: a client that missed a rank's
   // rejoin (it was stalled then) learns the new process's address.
   std::vector<MemberAddress> members;
+  std::vector<ShareState> returnedShards;  // the latest return of each rank's share the server heard of
   void encode(Writer& w) const;
   static HelloAck decode(Reader& r);
 };
 
-// One-way, spread by whoever learns it: `rank`'s process `incarnation`
-// failed, and its share of the directory moved on to the next live rank until
-// a new process of that rank joins.
+// One-way, spread by whoever learns it: the share's process failed (or
+// left), and its share of the directory moved on to the next live rank until
+// a new process of that rank joins, or this one takes it back (ShardReturned).
 struct ShardMoved {
   static constexpr MsgType kType = MsgType::kShardMoved;
-  int32_t rank = -1;
-  uint64_t incarnation = 0;
+  ShareState share;
   void encode(Writer& w) const;
   static ShardMoved decode(Reader& r);
+};
+
+// One-way, from the share's process and spread by whoever learns it: that
+// process, taken for failed while it was stalled or cut off, takes its share
+// of the directory back (share.epoch is new).
+struct ShardReturned {
+  static constexpr MsgType kType = MsgType::kShardReturned;
+  ShareState share;
+  void encode(Writer& w) const;
+  static ShardReturned decode(Reader& r);
 };
 
 // What a shard remembers of an id that is gone: deleted, or lost with its

@@ -22,11 +22,11 @@ namespace {
 class NewsConnection : public Connection {
  public:
   NewsConnection() : Connection(1) {}
-  std::vector<int> movedRanks;
+  std::vector<int> movedRanks, returnedRanks;
   void sendControl(wire::MsgType type, std::string payload) override {
-    if (type != wire::MsgType::kShardMoved) return;
     wire::Reader r(reinterpret_cast<const uint8_t*>(payload.data()), payload.size());
-    movedRanks.push_back(wire::ShardMoved::decode(r).rank);
+    if (type == wire::MsgType::kShardMoved) movedRanks.push_back(wire::ShardMoved::decode(r).share.rank);
+    if (type == wire::MsgType::kShardReturned) returnedRanks.push_back(wire::ShardReturned::decode(r).share.rank);
   }
   void sendData(uint64_t, uint64_t, uint64_t, const uint8_t*, size_t, std::shared_ptr<const void>) override {}
   void close(const Status&) override {}
@@ -42,12 +42,14 @@ class FakePeers : public PeerLinks {
   std::map<int, uint64_t> incarnations;
   std::set<int> told;                      // ranks sent news of a move
   std::set<std::pair<int, int>> toldOf;    // (recipient, moved rank)
+  std::set<std::pair<int, int>> toldOfReturn;  // (recipient, rank whose share returned)
 
   void whenConnected(int rank, std::function<void(Connection&)> write) override {
     NewsConnection conn;
     write(conn);
     told.insert(rank);
     for (int moved : conn.movedRanks) toldOf.emplace(rank, moved);
+    for (int returned : conn.returnedRanks) toldOfReturn.emplace(rank, returned);
   }
   std::shared_ptr<Connection> sharedConnection(Connection&) override { return nullptr; }
   bool hasFailed(int rank) override { return failed.count(rank) > 0; }
@@ -129,11 +131,62 @@ void testTheRankSeenToGoIsToldOnceItsFailureIsThrough(EventLoop& loop) {
   CHECK(peers.toldOf.count({6, 7}) == 1 && peers.toldOf.count({5, 6}) == 1);
 }
 
+// A process back from a stall takes its share back (epoch + 1): news of a
+// move made before that return is stale, news of one after it is not, and
+// each return is passed on once.
+void testAReturnOutdatesTheMovesBeforeIt(EventLoop& loop) {
+  FakePeers peers;
+  for (int r = 0; r < 8; ++r) peers.incarnations[r] = 100 + r;
+  peers.talking = {1, 2, 3, 4, 5, 6, 7};
+  ObjectStore store(std::make_shared<BufferPool>(0), 1 << 20, [](const std::string&) {});
+  DirectoryClient client(loop, peers, store, DirectoryClientConfig{0, 8, 0, 100}, [] {});
+  client.moveShardFrom(3, 0);
+  CHECK(client.hasMoved(3) && client.shardHost(3) == 4);
+  peers.told.clear();
+  client.hearShardReturned({3, 103, 1});
+  CHECK(!client.hasMoved(3) && client.shardHost(3) == 3);
+  CHECK((peers.told == std::set<int>{1, 2, 4, 5, 6, 7}));  // passed on, not to rank 3 itself
+  peers.told.clear();
+  client.hearShardReturned({3, 103, 1});  // passed back by another member: nothing more
+  CHECK(peers.told.empty());
+  // The move before the return, passed on late: stale.
+  CHECK(!client.hearShardMoved({3, 103, 0}) && !client.hasMoved(3));
+  // A return of another process of that rank is not this one's.
+  client.moveShardFrom(5, 0);
+  client.hearShardReturned({5, 999, 1});
+  CHECK(client.hasMoved(5));
+  // A move after the return counts, and the return before it, late, does not undo it.
+  CHECK(client.hearShardMoved({3, 103, 1}) && client.hasMoved(3));
+  client.hearShardReturned({3, 103, 1});
+  CHECK(client.hasMoved(3));
+  // A move after a return this node missed (epoch 2), then that return late: still moved.
+  CHECK(client.hearShardMoved({3, 103, 2}) && client.hasMoved(3));
+  client.hearShardReturned({3, 103, 2});
+  CHECK(client.hasMoved(3));
+  client.hearShardReturned({3, 103, 3});
+  CHECK(!client.hasMoved(3));
+  // What hello acks tell: the latest return of each rank's current process.
+  auto returned = client.returnedShards();
+  CHECK(returned.size() == 1 && returned[0].rank == 3 && returned[0].incarnation == 103 && returned[0].epoch == 3);
+  // This node's own share: taken back only once moved, with the next epoch, told to every live member.
+  CHECK(!client.takeShareBack());
+  CHECK(client.hearShardMoved({0, 100, 0}) && client.hasMoved(0));
+  peers.toldOfReturn.clear();
+  CHECK(client.takeShareBack() && !client.hasMoved(0));
+  CHECK((peers.toldOfReturn == std::set<std::pair<int, int>>{{1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 0}, {6, 0}, {7, 0}}));
+  CHECK(!client.hearShardMoved({0, 100, 0}) && !client.hasMoved(0));  // the old move, late
+  // A process that leaves does not take its share back.
+  CHECK(client.hearShardMoved({0, 100, 1}) && client.hasMoved(0));
+  client.leave(100);
+  CHECK(!client.takeShareBack() && client.hasMoved(0));
+}
+
 }  // namespace
 
 int main() {
   EventLoop idle;  // not started: nothing here waits
   testMovesReachEveryLiveMember(idle);
+  testAReturnOutdatesTheMovesBeforeIt(idle);
   EventLoop loop;
   loop.start();
   testTheRankSeenToGoIsToldOnceItsFailureIsThrough(loop);

@@ -153,13 +153,18 @@ static void testMessages() {
   CHECK(throwsDecodeError(encode(HelloAck{2, {}, 0x99, "h", 1, 2, std::string(kNonceSize + 1, 'q')}),
                           [](Reader& r) { HelloAck::decode(r); }));
   {
-    std::string bytes = encode(HelloAck{2, {{1, 0x1234567890ull}, {5, 0}}, 0xfeedull});
+    HelloAck shares{2, {{1, 0x1234567890ull, 3}, {5, 0, 0}}, 0xfeedull};
+    shares.returnedShards = {{4, 0x77ull, 2}};
+    std::string bytes = encode(shares);
     Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
     HelloAck back = HelloAck::decode(r);
     CHECK(back.rank == 2 && back.incarnation == 0xfeedull && back.deadShards.size() == 2 && back.deadShards[0].rank == 1 &&
           back.deadShards[0].incarnation == 0x1234567890ull && back.deadShards[1].rank == 5 &&
-          back.deadShards[1].incarnation == 0);
-    checkTruncations(HelloAck{2, {{1, 7}}}, [](Reader& r) { HelloAck::decode(r); }, "hello ack naming a dead shard");
+          back.deadShards[0].epoch == 3 && back.deadShards[1].incarnation == 0);
+    CHECK(back.returnedShards.size() == 1 && back.returnedShards[0].rank == 4 &&
+          back.returnedShards[0].incarnation == 0x77ull && back.returnedShards[0].epoch == 2);
+    checkTruncations(HelloAck{2, {{1, 7, 1}}}, [](Reader& r) { HelloAck::decode(r); }, "hello ack naming a dead shard");
+    checkTruncations(shares, [](Reader& r) { HelloAck::decode(r); }, "hello ack naming a returned shard");
     HelloAck listing{2};
     listing.members = {{1, 0xabcull, "10.0.0.2", 4100}, {3, 7, "", 0}};
     std::string listed = encode(listing);
@@ -171,7 +176,8 @@ static void testMessages() {
     CHECK(throwsDecodeError(encode(Hello{kVersion, 2, "c", std::string(kNonceSize, 'n'), "h", 70000}),
                             [](Reader& r) { Hello::decode(r); }));
   }
-  checkTruncations(ShardMoved{3, 0xabcdefull}, [](Reader& r) { ShardMoved::decode(r); }, "shard moved");
+  checkTruncations(ShardMoved{{3, 0xabcdefull, 1}}, [](Reader& r) { ShardMoved::decode(r); }, "shard moved");
+  checkTruncations(ShardReturned{{3, 0xabcdefull, 2}}, [](Reader& r) { ShardReturned::decode(r); }, "shard returned");
   checkTruncations(Subscribe{7, "id", true}, [](Reader& r) { Subscribe::decode(r); }, "subscribe");
   {
     Locations loc{7, "id", LocationState::kPresent, {0, 3}, {2}, true, -1};
