@@ -247,3 +247,35 @@ def test_a_get_waiting_at_a_resumed_ranks_own_shard_follows_the_shard(cluster3_f
     resumed = time.monotonic()
     outcome = waiting.result(timeout=30)
     assert outcome == "exact" and time.monotonic() - resumed < 6, (outcome, time.monotonic() - resumed)
+
+
+def test_a_reduce_whose_inputs_cannot_be_located_fails_at_once_not_at_its_timeout():
+    """Found by the soak: when lookups of a reduce's inputs failed (there,
+    their shard's host left and no share could take over), the reduce took
+    those inputs for lost and waited out its timeout, although no lookup of
+    them was out any more. Here rank 3 is cut off (ranks 1 and 2 stop
+    answering) while its reduce waits at rank 1's shard for an input: once
+    too few inputs can still come, the reduce fails, saying why."""
+    c = Cluster(4, options={"heartbeat_interval": 0.2, "heartbeat_timeout": 1.5})
+    try:
+        (missing,) = ids_with_shard("unlocatable-in", 1, 4, lambda s: s == 1)  # never put
+        (present,) = ids_with_shard("unlocatable-have", 1, 4, lambda s: s == 3)
+        (result,) = ids_with_shard("unlocatable-out", 1, 4, lambda s: s == 3)
+        c.call(3, workers.put, torch.full((1 << 18,), 1.0), present)
+        for r in (0, 1, 2):  # rank 3 talks to every rank
+            c.call(r, workers.put, torch.full((10,), float(r)), f"unlocatable-warm-{r}")
+            c.call(3, workers.get, f"unlocatable-warm-{r}", 10)
+        reducing = c.submit(3, workers.reduce_and_get, [missing, present], 2, result, 30)
+        time.sleep(0.5)  # its lookup of `missing` waits at rank 1 for a put
+        c.freeze(1)
+        c.freeze(2)
+        try:
+            out, seconds = reducing.result(timeout=60)
+        finally:
+            for r in (1, 2):
+                os.kill(c.pids[r], signal.SIGCONT)
+        assert isinstance(out, str) and out.startswith("PeerFailedError") and "cut off" in out, out
+        assert f"cannot get 2 inputs: object '{missing}'" in out, out
+        assert seconds < 10, (out, seconds)
+    finally:
+        c.close()

@@ -61,6 +61,7 @@ Status ReduceCoordinator::reduce(const ReduceRequest& request, ReducePlan* plan)
     c->started = node_.now();
     c->arrived.assign(request.inputIds.size(), false);
     c->lost.assign(request.inputIds.size(), false);
+    c->gone.assign(request.inputIds.size(), false);
     c->partialPrefix = kPartialResultPrefix + std::to_string(config_.rank) + "." + std::to_string(config_.incarnation) + "." +
                        std::to_string(key) + "/";
     reduces_[key] = std::move(c);
@@ -176,14 +177,17 @@ void ReduceCoordinator::onInput(uint64_t key, int index, const Status& status, c
                                                        std::to_string(reply->sender) + ", which does not exist"));
   }
   if (status.code == Code::kDeleted || status.code == Code::kPeerFailed) {
-    // Deleted, or its directory shard died: this input will not come.
+    // Deleted, or its directory shard died and no other took over: this
+    // input will not come. Once too few can, the reduce fails now, not at its timeout.
     c.lost[index] = true;
+    c.gone[index] = true;
     int possible = 0;
-    for (bool lost : c.lost) possible += !lost;
-    if (status.code == Code::kDeleted && possible < c.request.count) {
-      endReduce(key, Status(Code::kDeleted, "reduce into " + printableId(c.request.resultId) + " cannot get " +
-                                                 std::to_string(c.request.count) + " inputs: object " +
-                                                 printableId(id) + " was deleted"));
+    for (bool gone : c.gone) possible += !gone;
+    if (possible < c.request.count) {
+      const std::string why = status.code == Code::kDeleted ? " was deleted" : ": " + status.message;
+      endReduce(key, Status(status.code, "reduce into " + printableId(c.request.resultId) + " cannot get " +
+                                              std::to_string(c.request.count) + " inputs: object " +
+                                              printableId(id) + why));
     }
     return;
   }

@@ -60,6 +60,7 @@ struct ReduceCoordination {
   std::optional<ReduceInput> reserved;  // this node's own input, kept for the root position
   std::vector<bool> arrived;  // by input index: located at least once
   std::vector<bool> lost;     // by input index: deleted, or its holder died
+  std::vector<bool> gone;     // by input index: deleted, or not locatable (no lookup for it is out any more)
   bool linkKnown = false;
   bool planned = false;
   ObjectMeta meta;
