@@ -313,7 +313,7 @@ bool DirectoryClient::isLiveMember(int rank) const {
   if (peers_.hasFailed(rank) || peers_.isLeaving(rank)) return false;
   // A moved share's rank is gone, unless this node hears from it: a process
   // taken for failed that came back (a stall, a cut link) keeps its share
-  // moved, and must still hear of every later move.
+  // moved until it takes it back, and must still hear of every later move.
   return !moved_.count(rank) || peers_.talksTo(rank);
 }
 

@@ -136,7 +136,7 @@ void Peers::adoptPeer(int rank, const Handshake& hello, uint64_t connectionId) {
   if (cameBack) {
     HLOG(kInfo, "%s is back (it was stalled or cut off)", peerName(rank).c_str());
     peer.lost = false;
-    events_.onPeerRejoined(rank);  // (its shard stays moved: it is the same process)
+    events_.onPeerRejoined(rank);  // (its shard stays moved until it takes it back: the same process)
     return;
   }
   HLOG(kInfo, "rank %d rejoined from %s:%d", rank, host.c_str(), port);
