@@ -129,7 +129,8 @@ def test_a_resumed_rank_takes_its_share_back_with_what_was_listed_and_deleted_me
     once it has run settled for two heartbeat timeouts; what was listed at
     the share's interim host, and what was deleted there, comes with it."""
     c = cluster3_fast_heartbeats
-    listed, deleted, fresh = ids_with_shard("share-back", 3, 3, lambda s: s == 1)
+    listed, deleted, fresh, own = ids_with_shard("share-back", 4, 3, lambda s: s == 1)
+    c.call(1, workers.put, torch.full((1 << 18,), 8.0), own)  # only rank 1 ever holds it
     for r in (0, 2):  # connections both ways between rank 1 and the others
         c.call(r, workers.put, torch.full((10,), float(r)), f"share-back-warm-{r}")
         c.call(1, workers.get, f"share-back-warm-{r}", 10)
@@ -155,6 +156,8 @@ def test_a_resumed_rank_takes_its_share_back_with_what_was_listed_and_deleted_me
     assert time.monotonic() - resumed < 8
     for r in (1, 2):
         assert torch.equal(c.call(r, workers.get, listed, 10), torch.full((1 << 18,), 5.0))
+    # Rank 1 listed its own copy at rank 2 when it resumed, and again at home when it took its share back.
+    assert torch.equal(hop.get(own, timeout=10).wait(), torch.full((1 << 18,), 8.0))
     start = time.monotonic()
     with pytest.raises(hop.ObjectDeletedError, match=deleted):
         hop.get(deleted, timeout=10).wait()

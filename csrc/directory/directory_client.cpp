@@ -160,6 +160,8 @@ bool DirectoryClient::takeShareBack() {
   onShardsChanged_();
   HLOG(kInfo, "this process takes its directory shard back (the others moved it while it was stalled or cut off)");
   tellMembers(news);
+  // Its own copies were listed at the interim host, which drops them now, as every member does.
+  reRegisterCopies([&](const std::string& id) { return shardOf(id) == config_.rank; });
   return true;
 }
 

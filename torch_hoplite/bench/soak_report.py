@@ -217,6 +217,19 @@ def resource_trend(samples: list[dict]) -> dict[str, Any]:
     return out
 
 
+def shares_moved(samples: list[dict], nodes: int) -> dict[str, Any]:
+    """How many shares of the directory the ranks took for moved, over all
+    samples: shares pile up on the ranks never taken for failed if processes
+    back from a stall or a cut-off do not take theirs back (logs before
+    2026-11-27 lack it: None)."""
+    moved = [s["shards_moved"] for s in samples if "shards_moved" in s]
+    if not moved:
+        return {"shares_moved_median": None, "shares_moved_max": None, "samples_with_half_moved": None}
+    return {"shares_moved_median": statistics.median(moved), "shares_moved_max": max(moved),
+            # Samples in which half of the shares or more had moved (their hosts carry two or more each).
+            "samples_with_half_moved": sum(1 for m in moved if 2 * m >= nodes), "samples": len(moved)}
+
+
 def summarize(workdir: str, faults: list[dict], began: float, settings: dict, machine: dict) -> dict[str, Any]:
     records = read_logs(workdir)
     ops = [r for r in records if r.get("event") == "op" and r["start"] >= began]
@@ -261,11 +274,12 @@ def summarize(workdir: str, faults: list[dict], began: float, settings: dict, ma
         "hangs": len(hangs) + len(late),
         "hang_records": hangs + late,
         "resources": resource_trend(samples),
+        "directory": shares_moved(samples, settings["nodes"]),
         "timeline": {
             # Per second since the start: operations completed, by type, and failed.
             "completed": per_second(ops, began, end),
             "samples": [[round(s["t"] - began, 2), s["rank"], s["inc"], s["rss"], s["fds"], s["store"], s["objects"],
-                         outside_pool(s)] for s in samples],
+                         outside_pool(s), s.get("shards_moved")] for s in samples],
         },
     }
 
@@ -293,7 +307,8 @@ def plot(report: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_ops, ax_rss, ax_fds) = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
+    fig, (ax_ops, ax_rss, ax_fds, ax_moved) = plt.subplots(4, 1, figsize=(11, 11), sharex=True,
+                                                           gridspec_kw={"height_ratios": [3, 3, 2, 2]})
     completed = report["timeline"]["completed"]
     kinds = [k for k in completed if k != "failed"]
     ok, failed = {k: completed[k] for k in kinds}, completed["failed"]
@@ -303,7 +318,7 @@ def plot(report: dict, path: str) -> None:
     colors = {"kill": "black", "leave": "green", "pause": "purple", "stranger": "orange", "partition": "red",
               "loss": "brown", "delay": "teal"}
     for f in report["faults"]:
-        for ax in (ax_ops, ax_rss, ax_fds):
+        for ax in (ax_ops, ax_rss, ax_fds, ax_moved):
             ax.axvline(f["t"], color=colors.get(f["kind"], "gray"), linewidth=0.8, alpha=0.6,
                        linestyle="-" if f["kind"] != "stranger" else ":")
     ax_ops.set_ylabel("operations completed / s")
@@ -314,8 +329,9 @@ def plot(report: dict, path: str) -> None:
                      f"wrong bytes {report['wrong_bytes']}, hangs {report['hangs']}\n"
                      f"faults (lines): " + ", ".join(f"{k} {colors[k]}" for k in seen), fontsize=9)
     series = collections.defaultdict(list)
-    for t, rank, inc, rss, fds, store, _objects, *outside in report["timeline"]["samples"]:
-        series[(rank, inc)].append((t, rss, fds, store, outside[0] if outside else None))
+    for t, rank, inc, rss, fds, store, _objects, *more in report["timeline"]["samples"]:
+        outside, moved = (more + [None, None])[:2]
+        series[(rank, inc)].append((t, rss, fds, store, outside, moved))
     for (rank, inc), points in sorted(series.items()):
         points.sort()
         ts = [p[0] for p in points]
@@ -325,6 +341,8 @@ def plot(report: dict, path: str) -> None:
         if all(p[4] is not None for p in points):
             ax_rss.plot(ts, [p[4] / 2**20 for p in points], linewidth=0.8, linestyle=":", color=line.get_color())
         ax_fds.plot(ts, [p[2] for p in points], linewidth=0.8)
+        if all(p[5] is not None for p in points):
+            ax_moved.step(ts, [p[5] for p in points], linewidth=0.8, where="post", color=line.get_color())
     capacity = s.get("options", {}).get("capacity_bytes")
     if capacity is not None:
         capacity_mb = parse_size(capacity) / 2**20
@@ -334,7 +352,9 @@ def plot(report: dict, path: str) -> None:
     ax_rss.set_ylabel("MiB: RSS (solid), store (dashed),\nanonymous outside the pool (dotted)", fontsize=8)
     ax_rss.legend(loc="upper right", fontsize=8, ncol=4)
     ax_fds.set_ylabel("open fds")
-    ax_fds.set_xlabel("seconds since the ranks started")
+    ax_moved.set_ylabel("directory shares\nmoved, as each\nrank sees it", fontsize=8)
+    ax_moved.set_ylim(bottom=0, top=s["nodes"])
+    ax_moved.set_xlabel("seconds since the ranks started")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -366,4 +386,8 @@ def print_summary(report: dict) -> None:
             print(f"    outside the pool {mb('anon_outside_pool_first_third_mb')} -> {mb('anon_outside_pool_last_third_mb')}"
                   f" MiB; malloc in use {mb('malloc_used_first_third_mb')} -> {mb('malloc_used_last_third_mb')}, freed but"
                   f" kept {mb('malloc_free_first_third_mb')} -> {mb('malloc_free_last_third_mb')} MiB")
+    d = report.get("directory", {})
+    if d.get("shares_moved_max") is not None:
+        print(f"  directory shares taken for moved: median {d['shares_moved_median']:g}, max {d['shares_moved_max']}, "
+              f"half or more in {d['samples_with_half_moved']} of {d['samples']} samples")
     print(f"  wrong bytes {report['wrong_bytes']}, hangs {report['hangs']}")

@@ -134,7 +134,8 @@ def malloc_totals() -> tuple[int, int]:
 
 
 def sample_resources(log: Log, period: float, breakdown_every: int = 10) -> None:
-    """RSS, open fds, what the store holds and has evicted, every `period`
+    """RSS, open fds, what the store holds and has evicted, and how many
+    shares of the directory this rank takes for moved, every `period`
     seconds; every `breakdown_every` samples also malloc's totals (glibc's;
     left out where it fails) and Python's allocated blocks. RSS less `shared`
     (file-backed pages) less `pool` (what the store's pool holds now) is the
@@ -157,7 +158,7 @@ def sample_resources(log: Log, period: float, breakdown_every: int = 10) -> None
             log.write(event="sample", rss=pages[1], shared=pages[2], fds=len(os.listdir("/proc/self/fd")),
                       store=stats["store_used_bytes"], objects=stats["store_objects"],
                       mapped=stats["pool_mapped_bytes"], pool=stats["pool_held_bytes"], evictions=stats["evictions"],
-                      **extra)
+                      shards_moved=stats["shards_moved"], **extra)
             count += 1
             time.sleep(period)
 
