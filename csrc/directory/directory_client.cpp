@@ -64,7 +64,8 @@ uint64_t DirectoryClient::epochOf(int rank) const {
   auto it = returned_.find(rank);
   if (it == returned_.end()) return 0;
   const uint64_t process = rank == config_.rank ? config_.incarnation : peers_.incarnationOf(rank);
-  return it->second.incarnation == process ? it->second.epoch : 0;
+  // (A process this node never heard from: the one the news named.)
+  return process == 0 || it->second.incarnation == process ? it->second.epoch : 0;
 }
 
 template <typename News>
@@ -124,19 +125,23 @@ bool DirectoryClient::hearShardMoved(const wire::ShareState& news) {
   auto moved = moved_.find(news.rank);
   if (moved != moved_.end()) {
     moved->second.epoch = std::max(moved->second.epoch, news.epoch);
-    return true;
+  } else {
+    moveShardFrom(news.rank, news.incarnation);
   }
-  moveShardFrom(news.rank, news.incarnation);
-  return moved_.count(news.rank) > 0;
+  return true;
 }
 
 void DirectoryClient::hearShardReturned(const wire::ShareState& news) {
   HOPLITE_ASSERT_ON_LOOP(loop_);
   if (closing_ || news.rank < 0 || news.rank >= config_.worldSize || news.rank == config_.rank) return;
-  const uint64_t known = peers_.incarnationOf(news.rank);
-  if (known == 0 || news.incarnation != known || news.epoch <= epochOf(news.rank)) return;
-  returned_[news.rank] = ShareRecord{news.incarnation, news.epoch};
   auto moved = moved_.find(news.rank);
+  // A process this node never heard from: the one whose share it moved.
+  const uint64_t known = peers_.incarnationOf(news.rank);
+  const uint64_t process = known != 0 ? known : moved != moved_.end() ? moved->second.incarnation : 0;
+  if (news.incarnation == 0 || (process != 0 && news.incarnation != process) || news.epoch <= epochOf(news.rank)) {
+    return;
+  }
+  returned_[news.rank] = ShareRecord{news.incarnation, news.epoch};
   if (moved != moved_.end() && moved->second.epoch < news.epoch) {
     moved_.erase(moved);
     movedCount_ = moved_.size();
@@ -144,9 +149,15 @@ void DirectoryClient::hearShardReturned(const wire::ShareState& news) {
     HLOG(kInfo, "%s is back and takes its directory shard back", peers_.peerName(news.rank).c_str());
   }
   tellMembers(wire::ShardReturned{news});
+  if (peers_.hasFailed(news.rank) || peers_.isLeaving(news.rank)) {
+    // This node gave up on it since (or it leaves): its share moves on again, as of this return.
+    moveShardFrom(news.rank, news.incarnation, /*sawItGo=*/!peers_.isLeaving(news.rank));
+    return;
+  }
   // Its process handed its share over when it heard that it moved (moved
-  // here or not): what this node holds is listed there again.
-  reRegisterCopies([&](const std::string& id) { return shardOf(id) == news.rank; });
+  // here or not): what this node holds is listed there again (unless this
+  // process leaves: its copies go with it).
+  if (!left_) reRegisterCopies([&](const std::string& id) { return shardOf(id) == news.rank; });
 }
 
 bool DirectoryClient::takeShareBack() {

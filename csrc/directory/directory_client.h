@@ -66,13 +66,16 @@ class DirectoryClient : public DirectoryAccess {
   // connect is refused).
   void moveShardFrom(int rank, uint64_t incarnation, bool sawItGo = false);
   // A member's news that a share moved (ShardMoved, or a hello ack's list):
-  // moveShardFrom, unless the share returned since. Returns whether it moved.
+  // moveShardFrom, unless the share returned since or the news is of another
+  // process of that rank. Returns false for such stale news.
   bool hearShardMoved(const wire::ShareState& news);
   // A member's news that a process back from a stall or a cut-off took its
   // share back (ShardReturned, or a hello ack's list), newer than any this
   // node heard: the share returns to it, the other members hear of it, and
   // this node registers there its copies of the objects whose entries live
   // there (that process handed its share over when it heard that it moved).
+  // A rank this node has given up on since, or that leaves, has its share
+  // moved on again at once.
   void hearShardReturned(const wire::ShareState& news);
   // This process, taken for failed while it was stalled or cut off, takes its
   // share back and tells the members. False: its share has not moved, or it leaves.

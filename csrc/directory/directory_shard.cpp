@@ -270,6 +270,23 @@ void DirectoryShard::keepStandby(const wire::GoneId& gone) {
   }
 }
 
+std::vector<wire::GoneId> DirectoryShard::standbyRecords() const {
+  std::vector<wire::GoneId> records;
+  for (const auto& [id, entry] : entries_) {
+    if (entry.standbyHolder >= 0) records.push_back(wire::GoneId{id, false, entry.standbyHolder, false, 0});
+  }
+  for (const auto& [id, holder] : expected_) records.push_back(wire::GoneId{id, false, holder, false, 0});
+  for (const auto& [id, gone] : gone_) {
+    if (gone.code == Code::kDeleted) records.push_back(wire::GoneId{id, true, -1, false, gone.deletedBy});
+  }
+  return records;
+}
+
+void DirectoryShard::dropStandby() {
+  standby_.clear();
+  standbyOrder_.clear();
+}
+
 std::vector<wire::GoneId> DirectoryShard::adoptStandby(const std::function<bool(const std::string& id)>& hosted,
                                                        const std::function<Fate(int rank)>& fateOf,
                                                        double graceSeconds) {

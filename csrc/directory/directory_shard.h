@@ -117,6 +117,11 @@ class DirectoryShard {
   // `gone.lastHolder` >= 0, it was put and that rank holds the put's copy;
   // else forget it (retracted). Bounded: the oldest are forgotten first.
   void keepStandby(const wire::GoneId& gone);
+  // What a standby must know of this shard's ids (keepStandby's records):
+  // where each put's copy is, and which ids were deleted.
+  std::vector<wire::GoneId> standbyRecords() const;
+  // Forgets what was kept as a standby.
+  void dropStandby();
   enum class Fate { kAlive, kFailed, kLeft };
   // The standby ids this node hosts now (`hosted`, after their host died):
   // deleted ones are remembered as deleted here, unless a holder lists a copy

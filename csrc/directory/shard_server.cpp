@@ -20,7 +20,8 @@ ShardServer::ShardServer(EventLoop& loop, PeerLinks& peers, DirectoryClient& dir
       directory_(directory),
       worldSize_(worldSize),
       graceSeconds_(graceSeconds),
-      shard_(loop, [this](int rank, const wire::Locations& msg) { peers_.send(rank, msg); }) {}
+      shard_(loop, [this](int rank, const wire::Locations& msg) { peers_.send(rank, msg); }),
+      standbyTold_(directory.standbyHost()) {}
 
 void ShardServer::registerHandlers(MessageRouter& router) {
   router.on<wire::Register>(Route::kOnEither, [this](Connection& c, const wire::Register& m) { handleRegister(c, m); });
@@ -125,6 +126,14 @@ void ShardServer::adoptStandby() {
       graceSeconds_);
   // This node's own standby learns what it took over.
   for (const auto& gone : adopted) tellStandby(gone.id, gone.deleted, gone.lastHolder, gone.deletedBy);
+}
+
+void ShardServer::syncStandby(bool ownShareMoved) {
+  if (ownShareMoved) shard_.dropStandby();
+  const int standby = directory_.standbyHost();
+  if (standby == standbyTold_) return;
+  standbyTold_ = standby;
+  if (standby >= 0) sendHandOver(standby, /*standby=*/true, shard_.standbyRecords());
 }
 
 void ShardServer::tellStandby(const std::string& id, bool deleted, int holder, uint64_t deletedBy) {

@@ -33,6 +33,11 @@ class ShardServer {
   // Shares moved to this node: what its standby kept for them (deletes, and
   // where puts' copies were) counts here now.
   void adoptStandby();
+  // After shares moved or returned: a new standby host hears all that this
+  // shard knows for it (it missed what went to the one before); and while
+  // this node's own share is moved, it is nobody's standby, so what it kept
+  // as one goes (else, back home, it would adopt records gone stale).
+  void syncStandby(bool ownShareMoved);
 
  private:
   // kMoved: an id this node's directory share does not hold (any more, or yet).
@@ -61,6 +66,7 @@ class ShardServer {
   const int worldSize_;
   const double graceSeconds_;
   DirectoryShard shard_;
+  int standbyTold_;                      // the standby host that knows all this shard does (syncStandby)
   std::vector<wire::GoneId> toStandby_;  // not sent yet (tellStandby)
 };
 

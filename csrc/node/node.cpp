@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "common/logging.h"
+#include "common/timeouts.h"
 #include "net/transport_registry.h"
 
 namespace hoplite {
@@ -29,10 +30,14 @@ constexpr double kResumeDelaySeconds = 0.2;
 // leaves (at most the connect and heartbeat timeouts: a peer silent that long
 // counts as failed anyway): one round trip, or a dial and one.
 constexpr double kLeaveSeconds = 2;
-// How long a process whose share moved runs settled (Peers::settled) before
-// it takes the share back, in heartbeat timeouts: long enough that a flapping
-// link or repeated stalls do not move the share back and forth.
+// How long after a process heard that its share moved it takes the share
+// back (if settled then: Peers::settled), in heartbeat timeouts. Moved again
+// within kShareReturnCalm such waits of a return (a flapping link, repeated
+// stalls), it waits twice as long the next time, up to kShareReturnMaxWait
+// times the first wait, so that the share does not keep moving back and forth.
 constexpr double kShareReturnHeartbeats = 2;
+constexpr double kShareReturnCalm = 4;
+constexpr double kShareReturnMaxWait = 16;
 
 // Control frames carry inline objects (up to the threshold) and their
 // metadata; data frames at most the largest chunk.
@@ -94,6 +99,7 @@ Node::Node(NodeConfig config)
         if (!stopped_) shardServer_->handOver();
         shardServer_->adoptStandby();
         subscriptions_->rehome();
+        shardServer_->syncStandby(/*ownShareMoved=*/directory_->hasMoved(config_.rank));
         if (directory_->hasMoved(config_.rank)) scheduleShareReturn();
       });
   workers_ = std::make_unique<WorkerPool>("hoplite-copy", config_.copyThreads);
@@ -182,7 +188,13 @@ void Node::fillHelloAck(wire::HelloAck* ack) {
 }
 
 void Node::onPeerReady(int, const wire::HelloAck& ack) {
-  for (const wire::ShareState& share : ack.returnedShards) directory_->hearShardReturned(share);
+  for (const wire::ShareState& share : ack.returnedShards) {
+    // (A return the same ack lists a later move of counts through that move.)
+    const bool movedSince = std::any_of(ack.deadShards.begin(), ack.deadShards.end(), [&](const wire::ShareState& d) {
+      return d.rank == share.rank && d.epoch >= share.epoch;
+    });
+    if (!movedSince) directory_->hearShardReturned(share);
+  }
   for (const wire::ShareState& share : ack.deadShards) directory_->hearShardMoved(share);
 }
 
@@ -245,12 +257,19 @@ void Node::handleShardReturned(Connection&, const wire::ShardReturned& msg) { di
 
 void Node::scheduleShareReturn() {
   if (shareReturnScheduled_) return;
+  const double first = kShareReturnHeartbeats * config_.heartbeatTimeoutSeconds;
+  const bool soonAfterReturn = steadySeconds() - shareReturnedAt_ < kShareReturnCalm * shareReturnWait_;
+  shareReturnWait_ = soonAfterReturn ? std::min(2 * shareReturnWait_, kShareReturnMaxWait * first) : first;
+  armShareReturn();
+}
+
+void Node::armShareReturn() {
   shareReturnScheduled_ = true;
-  loop_.addTimer(kShareReturnHeartbeats * config_.heartbeatTimeoutSeconds, [this] {
+  loop_.addTimer(shareReturnWait_, [this] {
     shareReturnScheduled_ = false;
-    if (shuttingDown_ || !directory_->hasMoved(config_.rank)) return;
-    if (!peers_->settled()) return scheduleShareReturn();
-    directory_->takeShareBack();
+    if (shuttingDown_ || stopped_ || !directory_->hasMoved(config_.rank)) return;
+    if (!peers_->settled()) return armShareReturn();
+    if (directory_->takeShareBack()) shareReturnedAt_ = steadySeconds();
   });
 }
 

@@ -169,10 +169,12 @@ class Node : private PeerEvents, private ReduceServices {
   void handleShardMoved(Connection& conn, const wire::ShardMoved& msg);
   void handleShardReturned(Connection& conn, const wire::ShardReturned& msg);
   // This process's share moved (it was taken for failed while stalled or cut
-  // off): it takes it back once it has run with its peers for a while
-  // (kShareReturnHeartbeats heartbeat timeouts), so that shares do not pile
-  // up on the ranks never taken for failed.
+  // off): it takes it back after a wait (kShareReturnHeartbeats heartbeat
+  // timeouts, longer if it moved again soon after its last return), once
+  // settled, so that shares do not pile up on the ranks never taken for failed.
   void scheduleShareReturn();
+  // Waits shareReturnWait_, then takes the share back if settled, else waits again.
+  void armShareReturn();
   // A peer's process leaves (shuts down): see wire::Leave.
   void handleLeave(Connection& conn, const wire::Leave& msg);
   // Shutdown's first step: the peers hear that this process leaves, and the
@@ -237,6 +239,8 @@ class Node : private PeerEvents, private ReduceServices {
   // Loop-thread state.
   bool shuttingDown_ = false;
   bool shareReturnScheduled_ = false;
+  double shareReturnWait_ = 0;                    // the last wait before taking the share back
+  double shareReturnedAt_ = -1e300;               // when this process last took its share back
 
   std::function<bool(Completion&)> directCompletion_;
   std::mutex completionMutex_;

@@ -154,7 +154,8 @@ void ReduceCoordinator::armInputTimer(uint64_t key) {
     int shown = 0;
     for (size_t i = 0; i < c.arrived.size() && shown < 8; ++i) {
       if (c.arrived[i] && !c.lost[i]) continue;
-      missing += (shown++ ? ", " : "") + printableId(c.request.inputIds[i]) + (c.lost[i] ? " (its holder failed)" : "");
+      missing += (shown++ ? ", " : "") + printableId(c.request.inputIds[i]) +
+                 (c.gone[i] ? " (deleted, or not locatable)" : c.lost[i] ? " (its holder failed)" : "");
     }
     endReduce(key, Status(Code::kTimeout, "reduce into " + printableId(c.request.resultId) + " timed out after " +
                                                printableSeconds(c.request.timeoutSeconds) + ": needed " +

@@ -175,6 +175,20 @@ void testAReturnOutdatesTheMovesBeforeIt(EventLoop& loop) {
   CHECK(client.takeShareBack() && !client.hasMoved(0));
   CHECK((peers.toldOfReturn == std::set<std::pair<int, int>>{{1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 0}, {6, 0}, {7, 0}}));
   CHECK(!client.hearShardMoved({0, 100, 0}) && !client.hasMoved(0));  // the old move, late
+  // A member that never heard from rank 6 itself: news names its process.
+  peers.incarnations.erase(6);
+  CHECK(client.hearShardMoved({6, 106, 0}) && client.hasMoved(6));
+  client.hearShardReturned({6, 999, 1});  // not the process whose share moved
+  CHECK(client.hasMoved(6));
+  client.hearShardReturned({6, 106, 1});
+  CHECK(!client.hasMoved(6));
+  CHECK(!client.hearShardMoved({6, 106, 0}) && !client.hasMoved(6));  // the move before the return, late
+  // A return of a rank this node has given up on since: its share moves on again, as of that return.
+  client.moveShardFrom(4, 0);
+  peers.failed.insert(4);
+  client.hearShardReturned({4, 104, 1});
+  CHECK(client.hasMoved(4));
+  CHECK(!client.hearShardMoved({4, 104, 0}) && client.hearShardMoved({4, 104, 1}));
   // A process that leaves does not take its share back.
   CHECK(client.hearShardMoved({0, 100, 1}) && client.hasMoved(0));
   client.leave(100);

@@ -5,7 +5,8 @@
 // and a holder listing a copy again overrides a standby's delete; a standby
 // knows where puts' copies are, so objects lost with their holder fail gets;
 // a delete asked again at the next host after its answer was lost succeeds;
-// what a standby adopted survives a second failover.
+// what a standby adopted survives a second failover; a new standby host
+// gets all that a shard knows for it, and a standby's stale records go.
 #include <memory>
 #include <string>
 #include <vector>
@@ -272,6 +273,33 @@ void testSecondFailover(EventLoop& loop) {
   CHECK(first.adoptGone(wire::GoneId{"handed", true, -1, false, kOther}));
 }
 
+void testStandbyRecords(EventLoop& loop) {
+  constexpr uint64_t kDelete = 0x61;
+  auto everything = [](const std::string&) { return true; };
+  auto alive = [](int) { return DirectoryShard::Fate::kAlive; };
+  DirectoryShard host(loop, [](int, const wire::Locations&) {});
+  CHECK(host.registerObject(registration("put", 3, 0)).ok());
+  CHECK(host.takeStandbyHolder("put", 3, /*primary=*/true));
+  CHECK(host.registerObject(registration("deleted", 2, 0)).ok());
+  std::vector<int> holders;
+  CHECK(host.remove("deleted", false, &holders, 0, kDelete).ok());
+  const auto records = host.standbyRecords();
+  CHECK(records.size() == 2);
+  // A standby that was told only of an older put (at rank 5) of the deleted id.
+  DirectoryShard standby(loop, [](int, const wire::Locations&) {});
+  standby.keepStandby(wire::GoneId{"deleted", false, 5, false});
+  for (const auto& r : records) standby.keepStandby(r);
+  standby.adoptStandby(everything, alive, 0);
+  CHECK(standby.isDeleted("deleted"));
+  CHECK(standby.remove("deleted", false, &holders, 0, kDelete).ok());  // the same delete, asked again
+  CHECK(!lookUp(standby, "put")->answered);  // expected from rank 3 (alive)
+  // Records dropped (this node's own share moved): nothing is adopted.
+  DirectoryShard away(loop, [](int, const wire::Locations&) {});
+  away.keepStandby(wire::GoneId{"stale", false, 5, false});
+  away.dropStandby();
+  CHECK(away.adoptStandby(everything, alive, 0).empty());
+}
+
 }  // namespace
 
 int main() {
@@ -282,5 +310,6 @@ int main() {
   testStandbyHolders(loop);
   testDeleteAskedAgain(loop);
   testSecondFailover(loop);
+  testStandbyRecords(loop);
   return finish("test_directory_shard");
 }
