@@ -282,6 +282,12 @@ std::vector<wire::GoneId> DirectoryShard::standbyRecords() const {
   return records;
 }
 
+DirectoryShard::Sizes DirectoryShard::sizes() const {
+  Sizes sizes{entries_.size(), 0, gone_.size(), standby_.size(), watches_.size()};
+  for (const auto& [id, entry] : entries_) sizes.inlineBytes += entry.inlineData.size();
+  return sizes;
+}
+
 void DirectoryShard::dropStandby() {
   standby_.clear();
   standbyOrder_.clear();

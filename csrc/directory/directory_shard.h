@@ -136,6 +136,15 @@ class DirectoryShard {
                                          const std::function<Fate(int rank)>& fateOf, double graceSeconds);
   // Lookups parked here until their object is registered (any thread, for stats).
   uint64_t waitingLookups() const { return waiting_.load(); }
+  // What this shard holds now, for stats (loop thread).
+  struct Sizes {
+    uint64_t entries = 0;
+    uint64_t inlineBytes = 0;  // objects' bytes kept in their entries
+    uint64_t gone = 0;         // ids remembered as deleted or lost
+    uint64_t standby = 0;      // records kept as a standby
+    uint64_t watches = 0;      // ids with subscribers
+  };
+  Sizes sizes() const;
 
  private:
   struct Waiter {

@@ -25,6 +25,7 @@ class ShardServer {
   // the standby hears where the copies it knew of there are still held).
   void forgetHolder(int rank, bool left = false);
   uint64_t waitingLookups() const { return shard_.waitingLookups(); }
+  DirectoryShard::Sizes sizes() const { return shard_.sizes(); }  // loop thread
   // Some ids are hosted elsewhere now (their home rank rejoined, or this
   // process leaves: `leaving` is its rank): what this shard held for them
   // goes, and what it remembers of those gone is sent to their new hosts

@@ -368,8 +368,21 @@ Status Node::announce(double timeoutSeconds) {
   return awaitStatus(done, timeoutSeconds + 5, "introducing this node to its peers");
 }
 
+DirectoryShard::Sizes Node::shardSizes() {
+  if (loop_.onLoopThread()) return shardServer_->sizes();
+  auto sizes = std::make_shared<DirectoryShard::Sizes>();
+  auto read = startOnLoop(loop_, [this, sizes](std::function<void(Status)> done) {
+    *sizes = shardServer_->sizes();
+    done(Status());
+  });
+  // (Stopped, or a loop too busy to answer within the wait: zeros.)
+  if (read.wait_for(std::chrono::seconds(1)) != std::future_status::ready || !read.get().ok()) return {};
+  return *sizes;
+}
+
 std::map<std::string, uint64_t> Node::stats() {
   const Mailbox::Counters& messages = mailbox_->counters();
+  const DirectoryShard::Sizes shard = shardSizes();
   return {
       {"bytes_sent", server_->counters().bytesSent.load() + messages.bytesSent.load()},
       {"bytes_received", client_->counters().bytesReceived.load() + messages.bytesReceived.load()},
@@ -405,6 +418,11 @@ std::map<std::string, uint64_t> Node::stats() {
       {"store_capacity_bytes", store_->capacityBytes()},
       {"store_objects", store_->count()},
       {"lookups_waiting", shardServer_->waitingLookups()},
+      {"directory_entries", shard.entries},
+      {"directory_inline_bytes", shard.inlineBytes},
+      {"directory_gone", shard.gone},
+      {"directory_standby", shard.standby},
+      {"directory_watches", shard.watches},
       {"shards_moved", directory_->shardsMoved()},
       {"pool_cached_bytes", pool_->cachedBytes()},
       {"pool_mapped_bytes", pool_->mappedBytes()},

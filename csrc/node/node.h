@@ -141,6 +141,8 @@ class Node : private PeerEvents, private ReduceServices {
   // before the first operation.
   void setDirectCompletion(std::function<bool(Completion&)> handler) { directCompletion_ = std::move(handler); }
   std::map<std::string, uint64_t> stats();
+  // What this node's share of the directory holds (from the loop thread).
+  DirectoryShard::Sizes shardSizes();
   void shutdown();
 
 
