@@ -5,8 +5,11 @@
 
 namespace hoplite {
 namespace {
-constexpr size_t kMaxRememberedGone = 1u << 20;
-constexpr size_t kMaxStandby = 1u << 18;
+// What a shard remembers of gone ids, and keeps as a standby, costs about
+// 400 bytes an id (the 2026-11-27 soak): bounded so that a long run's memory
+// levels off (at about 13 MiB each), not at what a shard sees in hours.
+constexpr size_t kMaxRememberedGone = 1u << 15;
+constexpr size_t kMaxStandby = 1u << 15;
 }
 
 DirectoryShard::~DirectoryShard() {
