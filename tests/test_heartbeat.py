@@ -82,6 +82,16 @@ def test_shutdown_waits_for_a_stopped_peer_no_longer_than_its_bound(cluster3_fas
         cluster3_fast_heartbeats.kill(1)
 
 
+def connect_rank_1_both_ways(c: Cluster, prefix: str) -> None:
+    """Connections both ways between rank 1 and ranks 0 and 2 (each pulls from the other)."""
+    for r in (0, 2):
+        c.call(r, workers.put, torch.full((10,), float(r)), f"{prefix}-warm-{r}")
+        c.call(1, workers.get, f"{prefix}-warm-{r}", 10)
+    c.call(1, workers.put, torch.full((10,), 1.0), f"{prefix}-warm-1")
+    for r in (0, 2):
+        c.call(r, workers.get, f"{prefix}-warm-1", 10)
+
+
 def wait_for_stat(c: Cluster, rank: int, key: str, value: int, timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     while c.call(rank, workers.stats)[key] < value:
@@ -131,12 +141,7 @@ def test_a_resumed_rank_takes_its_share_back_with_what_was_listed_and_deleted_me
     c = cluster3_fast_heartbeats
     listed, deleted, fresh, own = ids_with_shard("share-back", 4, 3, lambda s: s == 1)
     c.call(1, workers.put, torch.full((1 << 18,), 8.0), own)  # only rank 1 ever holds it
-    for r in (0, 2):  # connections both ways between rank 1 and the others
-        c.call(r, workers.put, torch.full((10,), float(r)), f"share-back-warm-{r}")
-        c.call(1, workers.get, f"share-back-warm-{r}", 10)
-    c.call(1, workers.put, torch.full((10,), 1.0), "share-back-warm-1")
-    for r in (0, 2):
-        c.call(r, workers.get, "share-back-warm-1", 10)
+    connect_rank_1_both_ways(c, "share-back")
     c.freeze(1)
     try:
         wait_for_stat(c, 0, "shards_moved", 1)
@@ -232,12 +237,7 @@ def test_a_get_waiting_at_a_resumed_ranks_own_shard_follows_the_shard(cluster3_f
     out its timeout at the old place)."""
     c = cluster3_fast_heartbeats
     (obj,) = ids_with_shard("resumed-wait", 1, 3, lambda s: s == 1)
-    for r in (0, 2):  # connections both ways between rank 1 and the others
-        c.call(r, workers.put, torch.full((10,), float(r)), f"resumed-wait-warm-{r}")
-        c.call(1, workers.get, f"resumed-wait-warm-{r}", 10)
-    c.call(1, workers.put, torch.full((10,), 1.0), "resumed-wait-warm-1")
-    for r in (0, 2):
-        c.call(r, workers.get, "resumed-wait-warm-1", 10)
+    connect_rank_1_both_ways(c, "resumed-wait")
     waiting = c.submit(1, workers.get_outcome, obj, 1 << 16, 3, 20)
     time.sleep(0.5)  # rank 1's lookup waits at its own shard
     c.freeze(1)
