@@ -750,9 +750,8 @@ def run_late_messages(rank: int, world: int, port: int, conn) -> None:
 def run_recv_pending_at_destroy(rank: int, world: int, port: int, conn) -> None:
     """Rank 0 waits to receive from rank 1, which sends nothing, and destroys
     the group: the receive fails then, not at the group's 60 s timeout."""
-    dist.init_process_group(
-        "hoplite", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TIMEOUT
-    )
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=TIMEOUT)
+    dist.init_process_group("hoplite", store=store, rank=rank, world_size=world, timeout=TIMEOUT)
     dist.barrier()
     report: dict = {}
     work = dist.irecv(torch.zeros(10), src=1, tag=5) if rank == 0 else None
@@ -766,5 +765,12 @@ def run_recv_pending_at_destroy(rank: int, world: int, port: int, conn) -> None:
         except Exception as e:  # noqa: BLE001  (reported to the test)
             report["outcome"] = f"{type(e).__name__}: {e}"
         report["seconds"] = time.monotonic() - start
+        store.set("recv_pending/done", "1")
+        store.wait(["recv_pending/seen"])  # this rank hosts the store
+    else:
+        # Shutting down closes its connections, which would fail rank 0's
+        # receive for that reason if it came before rank 0's destroy.
+        store.wait(["recv_pending/done"])
+        store.set("recv_pending/seen", "1")
     conn.send(report)
     torch_hoplite.shutdown()
