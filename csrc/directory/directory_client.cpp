@@ -108,6 +108,11 @@ void DirectoryClient::moveShardFrom(int rank, uint64_t incarnation, bool sawItGo
       }
       peers_.send(news.share.rank, news);
     });
+  } else if (rank != config_.rank && !peers_.hasFailed(rank) && !peers_.isLeaving(rank) && peers_.talksTo(rank)) {
+    // News from another member, of a rank this node still hears from: it may
+    // live on, cut off from the one that saw it go (loss), and must learn of
+    // its move to take the share back. Told only over a link that is up.
+    peers_.send(rank, news);
   }
   reRegisterCopies([&](const std::string& id) { return listedThere.count(id) > 0; });
 }

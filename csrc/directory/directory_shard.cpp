@@ -214,6 +214,7 @@ std::vector<wire::GoneId> DirectoryShard::handOver(const std::function<bool(cons
                                                    int leaving) {
   std::vector<wire::GoneId> handed;
   std::erase_if(expected_, [&](const auto& x) { return leaves(x.first); });  // their holders list them there
+  std::erase_if(watches_, [&](const auto& w) { return leaves(w.first); });   // their subscribers rehome
   for (auto e = entries_.begin(); e != entries_.end();) {
     if (!leaves(e->first)) {
       ++e;

@@ -1,8 +1,8 @@
 // Who hears that a directory shard moved: every member this node believes
 // alive, a rank whose own share moved included as long as this node still
 // hears from it (a process taken for failed that came back keeps its share
-// moved); not ranks that failed or leave; the gone rank itself only when this
-// node saw it go (it may live on, taken for failed).
+// moved); not ranks that failed or leave; the gone rank itself when this
+// node saw it go, or still hears from it (it may live on, taken for failed).
 #include <functional>
 #include <future>
 #include <map>
@@ -78,7 +78,7 @@ void testMovesReachEveryLiveMember(EventLoop& loop) {
   peers.told.clear();
   client.moveShardFrom(3, 0);
   CHECK(client.hasMoved(3));
-  CHECK((peers.told == std::set<int>{1, 2, 4}));
+  CHECK((peers.told == std::set<int>{1, 2, 3, 4}));  // rank 3 too: this node still hears from it
   CHECK(client.isLiveMember(2) && !client.isLiveMember(5) && !client.isLiveMember(6) && !client.isLiveMember(7));
   CHECK(client.isLiveMember(4));
 }
@@ -111,13 +111,19 @@ void testTheRankSeenToGoIsToldOnceItsFailureIsThrough(EventLoop& loop) {
   });
   CHECK((peers.told == std::set<int>{1, 2, 3, 4, 5, 6, 7}));
   CHECK(peers.toldOf.count({1, 1}) == 1);
-  // News from another member: the rank is not dialed.
+  // News from another member: the rank is not dialed...
   peers.told.clear();
+  peers.talking.erase(2);
   onLoop(loop, [&] {
     client.moveShardFrom(2, 0);
     peers.failed.insert(2);
   });
   CHECK((peers.told == std::set<int>{3, 4, 5, 6, 7}));
+  // ...but told over a link that is up: it may live on, cut off from the one that saw it go.
+  peers.told.clear();
+  peers.toldOf.clear();
+  onLoop(loop, [&] { client.moveShardFrom(3, 0); });
+  CHECK(peers.toldOf.count({3, 3}) == 1 && (peers.told == std::set<int>{3, 4, 5, 6, 7}));
   // Nor one that leaves, nor one back (taken back, or rejoined) before the news went out.
   peers.told.clear();
   peers.leaving.insert(7);

@@ -6,7 +6,8 @@
 // knows where puts' copies are, so objects lost with their holder fail gets;
 // a delete asked again at the next host after its answer was lost succeeds;
 // what a standby adopted survives a second failover; a new standby host
-// gets all that a shard knows for it, and a standby's stale records go.
+// gets all that a shard knows for it, and a standby's stale records go;
+// watches leave with their ids.
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,7 +71,10 @@ void testHandOver(EventLoop& loop) {
   CHECK(old.remove("gone", /*retract=*/false, &holders).ok());
   CHECK(old.registerObject(registration("kept", 1, 0)).ok());
   CHECK(old.registerObject(registration("stays", 1, 0)).ok());
+  old.subscribe("kept", 3, 1);
+  old.subscribe("stays", 3, 2);
   std::vector<wire::GoneId> handed = old.handOver([](const std::string& id) { return id != "stays"; });
+  CHECK(old.sizes().watches == 1);  // "kept"'s subscriber subscribes at its new host
   CHECK(handed.size() == 1 && handed[0].id == "gone" && handed[0].deleted);
   CHECK(!old.isDeleted("gone"));  // not this shard's any more
   for (const auto& g : handed) successor.adoptGone(g);
