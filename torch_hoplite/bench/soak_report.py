@@ -207,7 +207,7 @@ def resource_trend(samples: list[dict]) -> dict[str, Any]:
             # Where RSS outside the store's pool goes (logs before 2026-11-27 lack these: None).
             **{f"{name}_{part}_third_mb": median_mb(samples_of, key)
                for name, key in (("anon_outside_pool", outside_pool), ("malloc_used", "malloc_used"),
-                                 ("malloc_free", "malloc_free"))
+                                 ("malloc_free", "malloc_free"), ("malloc_free_large", "malloc_free_large"))
                for part, samples_of in (("first", head), ("last", tail))},
             "py_blocks_first_third": median_of(head, "py_blocks"),
             "py_blocks_last_third": median_of(tail, "py_blocks"),
@@ -385,7 +385,9 @@ def print_summary(report: dict) -> None:
 
             print(f"    outside the pool {mb('anon_outside_pool_first_third_mb')} -> {mb('anon_outside_pool_last_third_mb')}"
                   f" MiB; malloc in use {mb('malloc_used_first_third_mb')} -> {mb('malloc_used_last_third_mb')}, freed but"
-                  f" kept {mb('malloc_free_first_third_mb')} -> {mb('malloc_free_last_third_mb')} MiB")
+                  f" kept {mb('malloc_free_first_third_mb')} -> {mb('malloc_free_last_third_mb')} MiB"
+                  f" (in chunks of 256 KiB or more and heap tops {mb('malloc_free_large_first_third_mb')} ->"
+                  f" {mb('malloc_free_large_last_third_mb')})")
     d = report.get("directory", {})
     if d.get("shares_moved_max") is not None:
         print(f"  directory shares taken for moved: median {d['shares_moved_median']:g}, max {d['shares_moved_max']}, "

@@ -113,9 +113,17 @@ _libc.fclose.argtypes = [ctypes.c_void_p]
 _libc.free.argtypes = [ctypes.c_void_p]
 
 
-def malloc_totals() -> tuple[int, int]:
-    """(bytes in use, bytes freed but kept) over all of glibc malloc's arenas,
-    from malloc_info: what separates a leak from fragmentation."""
+# Freed chunks at least this large are buffers the size of tensors and messages,
+# kept in malloc's heaps rather than given back to the kernel.
+LARGE_CHUNK = 256 << 10
+
+
+def malloc_totals() -> tuple[int, int, int]:
+    """(bytes in use, bytes freed but kept, of those the bytes in chunks of
+    LARGE_CHUNK or more, heaps' tops included) over all of glibc malloc's
+    arenas, from malloc_info:
+    what separates a leak from fragmentation, and large buffers kept from
+    small holes."""
     buf, size = ctypes.c_void_p(), ctypes.c_size_t()
     stream = _libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
     if not stream:
@@ -130,7 +138,10 @@ def malloc_totals() -> tuple[int, int]:
 
     free = total(r'<total type="fast" count="\d+" size="(\d+)"') + total(r'<total type="rest" count="\d+" size="(\d+)"')
     held = total(r'<system type="current" size="(\d+)"') + total(r'<total type="mmap" count="\d+" size="(\d+)"')
-    return held - free, free
+    # Each heap's top chunk counts as free but is not listed by size: it is in the large part.
+    small = sum(int(t) for start, t in re.findall(r'<(?:size|unsorted) from="(\d+)" to="\d+" total="(\d+)"', xml)
+                if int(start) < LARGE_CHUNK)
+    return held - free, free, free - small
 
 
 def sample_resources(log: Log, period: float, breakdown_every: int = 10) -> None:
@@ -150,7 +161,7 @@ def sample_resources(log: Log, period: float, breakdown_every: int = 10) -> None
             extra = {}
             if breakdown and count % breakdown_every == 0:
                 try:
-                    extra["malloc_used"], extra["malloc_free"] = malloc_totals()
+                    extra["malloc_used"], extra["malloc_free"], extra["malloc_free_large"] = malloc_totals()
                 except (OSError, IndexError, ValueError) as e:
                     breakdown = False
                     log.write(event="note", text=f"no malloc totals: {e!r}")
