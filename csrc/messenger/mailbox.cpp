@@ -27,7 +27,7 @@ struct Mailbox::Inbound {
   // Where bytes go: the receive's memory when it was matched before the first
   // data frame, else a mailbox buffer (allocated at that frame) that is copied
   // to the receive at the end.
-  std::shared_ptr<uint8_t[]> parked;
+  std::shared_ptr<Buffer> parked;
   std::optional<PostedReceive> receive;
   bool complete = false;
 };
@@ -149,8 +149,8 @@ void sendFrames(Connection& c, uint64_t request, const uint8_t* data, uint64_t s
 
 }  // namespace
 
-Mailbox::Mailbox(EventLoop& loop, PeerLinks& links, MailboxConfig config)
-    : loop_(loop), links_(links), config_(config) {}
+Mailbox::Mailbox(EventLoop& loop, PeerLinks& links, BufferPool& pool, MailboxConfig config)
+    : loop_(loop), links_(links), pool_(pool), config_(config) {}
 
 void Mailbox::registerHandlers(MessageRouter& router) {
   router.on<wire::Message>(Route::kOnAccepted, [this](Connection& c, const wire::Message& m) { onMessage(c, m); });
@@ -497,15 +497,16 @@ uint8_t* Mailbox::dataDestination(Connection& conn, uint64_t request, uint64_t o
     return nullptr;
   }
   if (first && !inbound.receive) {
-    inbound.parked = std::shared_ptr<uint8_t[]>(new (std::nothrow) uint8_t[inbound.size]);
-    if (!inbound.parked) {
+    try {
+      inbound.parked = pool_.allocate(inbound.size);
+    } catch (const std::bad_alloc&) {
       conn.close(Status(Code::kCapacity, "no memory for a message of " + std::to_string(inbound.size) + " bytes"));
       return nullptr;
     }
   }
   if (inbound.parked) {
     *keepalive = inbound.parked;
-    return inbound.parked.get() + offset;
+    return inbound.parked->data() + offset;
   }
   *keepalive = inbound.receive->keepalive;
   return inbound.receive->dest + offset;
@@ -526,7 +527,7 @@ void Mailbox::completeInbound(const std::shared_ptr<Inbound>& inbound) {
   if (!inbound->receive) return;  // waits in the mailbox
   PostedReceive receive = std::move(*inbound->receive);
   inbound->receive.reset();
-  if (inbound->parked && inbound->size > 0) std::memcpy(receive.dest, inbound->parked.get(), inbound->size);
+  if (inbound->parked && inbound->size > 0) std::memcpy(receive.dest, inbound->parked->data(), inbound->size);
   inbound->parked.reset();
   receive.done(Status(), inbound->source);
 }

@@ -1,6 +1,8 @@
 // The node's TaggedMessenger: an announce (control frame) followed by the
 // bytes as data frames, read straight into the posted receive's memory, or
-// into a mailbox buffer when the message arrives before its receive. Only
+// into a mailbox buffer (from the node's BufferPool: mapped memory, reused,
+// not malloc's heaps, which keep what is freed) when the message arrives
+// before its receive. Only
 // eager messages can wait in a mailbox: up to 4 MiB each, and at most
 // `windowBytes` of them per sender not yet credited back (the receiver credits
 // what receives took, in batches). The rest are deferred: announced at once,
@@ -28,6 +30,7 @@
 #include "net/event_loop.h"
 #include "net/message_router.h"
 #include "net/transport.h"
+#include "store/buffer_pool.h"
 #include "wire/messages.h"
 
 namespace hoplite {
@@ -42,7 +45,7 @@ struct MailboxConfig {
 
 class Mailbox final : public TaggedMessenger {
  public:
-  Mailbox(EventLoop& loop, PeerLinks& links, MailboxConfig config);
+  Mailbox(EventLoop& loop, PeerLinks& links, BufferPool& pool, MailboxConfig config);
 
   uint64_t send(int rank, uint64_t context, uint64_t tag, const std::string& kind, const uint8_t* data, uint64_t size,
                 std::shared_ptr<const void> keepalive, Callback done, double timeoutSeconds = 0) override;
@@ -144,6 +147,7 @@ class Mailbox final : public TaggedMessenger {
 
   EventLoop& loop_;
   PeerLinks& links_;
+  BufferPool& pool_;
   const MailboxConfig config_;
   std::atomic<uint64_t> next_{1};  // message requests and receive handles
   bool shutDown_ = false;

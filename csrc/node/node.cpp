@@ -114,7 +114,7 @@ Node::Node(NodeConfig config)
       loop_, config_.rank, [this](const std::string& id) { return directory_->shardOf(id); },
       [this](int rank, const wire::Subscribe& msg) { peers_->send(rank, msg); });
   mailbox_ = std::make_unique<Mailbox>(
-      loop_, *peers_,
+      loop_, *peers_, *pool_,
       MailboxConfig{config_.rank, config_.worldSize, config_.mailboxBytes, config_.capacityBytes, config_.chunkBytes});
   shardServer_ = std::make_unique<ShardServer>(loop_, *peers_, *directory_, config_.worldSize,
                                                config_.heartbeatTimeoutSeconds);
