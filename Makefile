@@ -44,7 +44,7 @@ demo: setup
 
 # The harness's tests (tests/test_bench_cli.py) run it, so its peers are installed too.
 test: setup .stamp-bench-deps .stamp-fuzz-deps
-	$(PYTHON) -m pytest tests -q -p no:cacheprovider
+	$(PYTHON) -m pytest tests -q -p no:cacheprovider --durations=15
 
 # Every example at a quick size; plots and JSON go to examples/results/.
 examples: setup .stamp-bench-deps
