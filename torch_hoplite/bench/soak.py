@@ -323,6 +323,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     settings = {"nodes": args.nodes, "minutes": args.minutes, "seed": args.seed,
                 "cluster": f"emulated {args.rate}" if emulated else "loopback",
                 "mean_fault_interval_s": args.fault_interval, "kept_rank": soak.kept,
+                # The allocator's settings, or another allocator preloaded, where the run set them.
+                "allocator_env": {k: v for k, v in os.environ.items()
+                                  if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES", "LD_PRELOAD")},
                 "options": dict(OPTIONS, capacity_bytes=args.capacity),
                 "grace_s": GRACE, "round_seconds": soak_workload.ROUND_SECONDS,
                 "sizes_bytes": [n * 4 for n in soak_workload.SIZES], "weights": soak_workload.WEIGHTS}

@@ -153,7 +153,9 @@ def sample_resources(log: Log, period: float, breakdown_every: int = 10) -> None
     anonymous memory outside the pool; `malloc_used` includes the pool's
     buffers below 256 KiB."""
     def run():
-        count, breakdown = 0, True
+        count = 0
+        # With another allocator preloaded (jemalloc, tcmalloc), glibc's arenas hold nothing worth reporting.
+        breakdown = "malloc" not in os.environ.get("LD_PRELOAD", "")
         while hop.is_initialized():
             with open("/proc/self/statm") as f:
                 pages = [int(x) * os.sysconf("SC_PAGE_SIZE") for x in f.read().split()]
