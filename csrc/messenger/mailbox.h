@@ -2,10 +2,9 @@
 // bytes as data frames, read straight into the posted receive's memory, or
 // into a mailbox buffer (from the node's BufferPool: mapped memory, reused,
 // not malloc's heaps, which keep what is freed) when the message arrives
-// before its receive. Only
-// eager messages can wait in a mailbox: up to 4 MiB each, and at most
-// `windowBytes` of them per sender not yet credited back (the receiver credits
-// what receives took, in batches). The rest are deferred: announced at once,
+// before its receive. Only eager messages can wait in a mailbox: up to 4 MiB
+// each, and at most `windowBytes` of them per sender not yet credited back
+// (the receiver credits what receives took, in batches). The rest are deferred: announced at once,
 // their bytes sent when the receiver answers that a receive took them, so
 // nothing large waits in memory twice.
 //

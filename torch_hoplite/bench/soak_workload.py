@@ -121,9 +121,8 @@ LARGE_CHUNK = 256 << 10
 def malloc_totals() -> tuple[int, int, int]:
     """(bytes in use, bytes freed but kept, of those the bytes in chunks of
     LARGE_CHUNK or more, heaps' tops included) over all of glibc malloc's
-    arenas, from malloc_info:
-    what separates a leak from fragmentation, and large buffers kept from
-    small holes."""
+    arenas, from malloc_info: what separates a leak from fragmentation, and
+    large buffers kept from small holes."""
     buf, size = ctypes.c_void_p(), ctypes.c_size_t()
     stream = _libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
     if not stream:
@@ -155,18 +154,19 @@ def sample_resources(log: Log, period: float, breakdown_every: int = 10) -> None
     def run():
         count = 0
         # With another allocator preloaded (jemalloc, tcmalloc), glibc's arenas hold nothing worth reporting.
-        breakdown = "malloc" not in os.environ.get("LD_PRELOAD", "")
+        glibc_totals = "malloc" not in os.environ.get("LD_PRELOAD", "")
         while hop.is_initialized():
             with open("/proc/self/statm") as f:
                 pages = [int(x) * os.sysconf("SC_PAGE_SIZE") for x in f.read().split()]
             stats = hop.stats()
             extra = {}
-            if breakdown and count % breakdown_every == 0:
-                try:
-                    extra["malloc_used"], extra["malloc_free"], extra["malloc_free_large"] = malloc_totals()
-                except (OSError, IndexError, ValueError) as e:
-                    breakdown = False
-                    log.write(event="note", text=f"no malloc totals: {e!r}")
+            if count % breakdown_every == 0:
+                if glibc_totals:
+                    try:
+                        extra["malloc_used"], extra["malloc_free"], extra["malloc_free_large"] = malloc_totals()
+                    except (OSError, IndexError, ValueError) as e:
+                        glibc_totals = False
+                        log.write(event="note", text=f"no malloc totals: {e!r}")
                 extra["py_blocks"] = sys.getallocatedblocks()
             log.write(event="sample", rss=pages[1], shared=pages[2], fds=len(os.listdir("/proc/self/fd")),
                       store=stats["store_used_bytes"], objects=stats["store_objects"],
