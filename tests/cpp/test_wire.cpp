@@ -1,7 +1,7 @@
 // Unit tests of the wire decoder: every truncation, oversized lengths and bad
 // fields must give a DecodeError or an error Status, never a crash, an
 // out-of-bounds read or a huge allocation. Built with ASan + UBSan by
-// tests/test_wire_decoder.py.
+// tests/test_cpp_units.py.
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
