@@ -172,6 +172,37 @@ def test_an_object_lost_with_its_shard_host_fails_a_get_at_once():
         c.close()
 
 
+def test_a_new_standby_is_sent_what_the_shard_already_knows():
+    """When a shard's standby dies, the shard sends the next one all it knows
+    (the ids it deleted, where each put's copy is), not only what changes from
+    then on: when the shard's host dies next, a get of an id deleted before the
+    standby died fails at once, as does a get of an object whose only copy died
+    with the host."""
+    deleted, own = ids_on("snapshot", 2)
+    standby = DEAD + 1  # then rank 0, this process, once rank 3 is gone
+    c = Cluster(WORLD, options={"heartbeat_interval": 0.2, "heartbeat_timeout": 1.5})
+    try:
+        c.call(1, workers.put, torch.ones(1 << 18), deleted)
+        c.call(1, workers.delete, deleted, 10)
+        c.call(DEAD, workers.put, torch.full((1 << 18,), 3.0), own)
+        time.sleep(0.2)  # rank 3 hears of both, as the standby then
+        c.kill(standby)
+        deadline = time.monotonic() + 10
+        while c.call(DEAD, workers.stats)["shards_moved"] < 1:  # rank 2 noticed rank 3's death
+            assert time.monotonic() < deadline, "rank 3's death was never noticed"
+            time.sleep(0.05)
+        time.sleep(0.3)  # and sent what its shard knows to rank 0
+        c.kill(DEAD)
+        start = time.monotonic()
+        with pytest.raises(hop.ObjectDeletedError, match=deleted):
+            hop.get(deleted, timeout=20).wait()
+        with pytest.raises(hop.PeerFailedError, match=rf"'{own}' was lost: its last holder, rank {DEAD}, failed"):
+            hop.get(own, timeout=20).wait()
+        assert time.monotonic() - start < 10  # the failures' detection, not the gets' 20 s
+    finally:
+        c.close()
+
+
 @pytest.mark.parametrize("holder_fate", ["killed", "hung"])
 def test_an_object_lost_with_its_holder_and_its_shard_host_fails_a_get(holder_fate):
     """The put's holder dies with the id's shard host ("killed"), or hangs
