@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FLAGS = ["-std=c++20", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+# -O0: compiling takes most of the time (a third less than at -O1); the checks run for seconds.
+FLAGS = ["-std=c++20", "-O0", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 
 
 def compile_objects(out_dir: Path, sources: set[str]) -> dict[str, Path]:

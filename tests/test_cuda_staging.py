@@ -8,6 +8,7 @@ transfers themselves run where a GPU is present (``pytest -m gpu``).
 import os
 import subprocess
 import sysconfig
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -32,24 +33,35 @@ def cluster3():
     c.close()
 
 
-@pytest.mark.parametrize("source", CUDA_ONLY_HOST_SOURCES)
-def test_the_cuda_build_of_the_host_code_compiles(tmp_path, source):
+@pytest.fixture(scope="module")
+def cuda_host_checks(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """Each CUDA-only host source checked by g++ as the CUDA build compiles it,
+    as many at once as there are cores."""
     if not os.path.exists(os.path.join(CUDA_INCLUDE, "cuda_runtime_api.h")):
         pytest.skip(f"no CUDA headers under {CUDA_INCLUDE}")
     include = [TORCH_INCLUDE, os.path.join(TORCH_INCLUDE, "torch", "csrc", "api", "include"),
                sysconfig.get_paths()["include"], CUDA_INCLUDE, os.path.join(ROOT, "csrc"), os.path.join(ROOT, "cuda")]
-    macros = os.path.join(TORCH_INCLUDE, "c10", "cuda", "impl", "cuda_cmake_macros.h")
-    if not os.path.exists(macros):
+    if not os.path.exists(os.path.join(TORCH_INCLUDE, "c10", "cuda", "impl", "cuda_cmake_macros.h")):
         # A CPU wheel ships c10/cuda's headers but not this generated one (it only
         # sets export macros): stand in for it to check our code against the rest.
-        stub = tmp_path / "c10" / "cuda" / "impl"
-        stub.mkdir(parents=True)
-        (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
-        include.append(str(tmp_path))
+        stubs = tmp_path_factory.mktemp("cuda_macros")
+        (stubs / "c10" / "cuda" / "impl").mkdir(parents=True)
+        (stubs / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h").write_text("#pragma once\n")
+        include.append(str(stubs))
     cmd = ["g++", "-std=c++20", "-fsyntax-only", "-Wall", "-Werror", "-Wno-sign-compare", "-Wno-attributes",
            "-DHOPLITE_WITH_CUDA=1", "-DTORCH_API_INCLUDE_EXTENSION_H", "-DTORCH_EXTENSION_NAME=_C"]
-    cmd += [f"-I{d}" for d in include] + [os.path.join(ROOT, source)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    cmd += [f"-I{d}" for d in include]
+
+    def check(source: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*cmd, os.path.join(ROOT, source)], capture_output=True, text=True, timeout=300)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return dict(zip(CUDA_ONLY_HOST_SOURCES, pool.map(check, CUDA_ONLY_HOST_SOURCES)))
+
+
+@pytest.mark.parametrize("source", CUDA_ONLY_HOST_SOURCES)
+def test_the_cuda_build_of_the_host_code_compiles(cuda_host_checks, source):
+    done = cuda_host_checks[source]
     assert done.returncode == 0, done.stderr[-4000:]
 
 

@@ -1,5 +1,5 @@
 """A small cluster of real local processes, for tests and benchmarks: the
-calling process is rank 0 and ranks 1.. are spawned workers that run the
+calling process is rank 0 and ranks 1.. are worker processes that run the
 (importable) functions sent to them. Ranks can be killed and restarted."""
 
 from __future__ import annotations
