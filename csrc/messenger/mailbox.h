@@ -4,9 +4,9 @@
 // not malloc's heaps, which keep what is freed) when the message arrives
 // before its receive. Only eager messages can wait in a mailbox: up to 4 MiB
 // each, and at most `windowBytes` of them per sender not yet credited back
-// (the receiver credits what receives took, in batches). The rest are deferred: announced at once,
-// their bytes sent when the receiver answers that a receive took them, so
-// nothing large waits in memory twice.
+// (the receiver credits what receives took, in batches). The rest are
+// deferred: announced at once, their bytes sent when the receiver answers that
+// a receive took them, so nothing large waits in memory twice.
 //
 // The public TaggedMessenger calls may come from any thread; everything else
 // runs on the node's loop thread, called by the node for the frames and

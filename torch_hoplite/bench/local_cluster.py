@@ -97,22 +97,25 @@ class Cluster:
         options = options or {}
         self._options, self._env = options, env or {}
         self.store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
-        ctx = worker_context()
         self._conns = {}
         self.procs = {}
         for rank in range(1, world_size):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(
-                target=_worker_main,
-                args=(rank, world_size, self.store.port, child, options, {**os.environ, **self._env}),
-                daemon=True,
-            )
-            proc.start()
-            self._conns[rank] = parent
-            self.procs[rank] = proc
+            self._start_worker(rank, options)
         hop.init(self.store, rank=0, world_size=world_size, **options)
         self.pids = {rank: self._receive(rank, CALL_TIMEOUT, expect="ready") for rank in self._conns}
         self.pids[0] = os.getpid()
+
+    def _start_worker(self, rank: int, options: dict) -> None:
+        ctx = worker_context()
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(
+            target=_worker_main,
+            args=(rank, self.world_size, self.store.port, child, options, {**os.environ, **self._env}),
+            daemon=True,
+        )
+        proc.start()
+        self._conns[rank] = parent
+        self.procs[rank] = proc
 
     def submit(self, rank: int, fn: Callable, *args) -> Pending:
         self._conns[rank].send((fn, args))
@@ -136,17 +139,7 @@ class Cluster:
 
     def restart(self, rank: int, **options) -> None:
         """Starts a new process for `rank`, killed before, which rejoins the cluster."""
-        ctx = worker_context()
-        parent, child = ctx.Pipe()
-        options = {**self._options, **options, "rejoin": True}
-        proc = ctx.Process(
-            target=_worker_main,
-            args=(rank, self.world_size, self.store.port, child, options, {**os.environ, **self._env}),
-            daemon=True,
-        )
-        proc.start()
-        self._conns[rank] = parent
-        self.procs[rank] = proc
+        self._start_worker(rank, {**self._options, **options, "rejoin": True})
         self.pids[rank] = self._receive(rank, CALL_TIMEOUT, expect="ready")
 
     def freeze(self, rank: int, timeout: float = 5.0) -> None:
