@@ -182,3 +182,22 @@ def test_p2p_benchmark_runs_every_system(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = json.loads((tmp_path / "p2p.json").read_text())["records"]
     assert {r["system"] for r in records} == set(systems.split(","))
+
+
+def test_pool_benchmark_maps_nothing_once_the_new_size_settled(tmp_path):
+    """benchmarks/pool.py with an 8 MiB cache filled by 1 MiB buffers, then
+    4 MiB gets: the pool makes room for the new size (the buffers freed longest
+    ago go), so once settled a get maps no fresh memory; with the old policy
+    every get mapped 4 MiB."""
+    out = tmp_path / "pool"
+    cmd = [sys.executable, "benchmarks/pool.py", "--cache", "8MiB", "--small", "1MiB", "--large", "4MiB",
+           "--trials", "10", "--warmup", "1", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tmp_path / "pool.json").read_text())
+    assert result["settings"]["cached_small_bytes_before_change"] == 8 << 20
+    records = {(r["system"], r["phase"]): r for r in result["records"]}
+    assert records[("hoplite get", "after the change, settled")]["mapped_per_op_bytes"] == 0
+    first = records[("hoplite get", "first 10 after the change")]
+    assert first["mapped_per_op_bytes"] * 10 == 4 << 20  # the first of its 10 gets mapped one buffer
+    assert (tmp_path / "pool.png").stat().st_size > 0

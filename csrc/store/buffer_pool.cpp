@@ -38,9 +38,7 @@ void unmapMemory(uint8_t* data, size_t capacity) {
 }  // namespace
 
 BufferPool::~BufferPool() {
-  for (auto& [capacity, list] : free_) {
-    for (uint8_t* p : list) unmap(p, capacity);
-  }
+  for (const Cached& c : cached_) unmap(c.data, c.capacity);
 }
 
 void BufferPool::setLocker(std::shared_ptr<HostMemoryLocker> locker) {
@@ -86,8 +84,10 @@ std::shared_ptr<Buffer> BufferPool::allocate(size_t size) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = free_.find(capacity);
     if (it != free_.end() && !it->second.empty()) {
-      data = it->second.back();
+      CachedList::iterator newest = it->second.back();
       it->second.pop_back();
+      data = newest->data;
+      cached_.erase(newest);
       cachedBytes_ -= capacity;
     }
   }
@@ -102,15 +102,22 @@ std::shared_ptr<Buffer> BufferPool::allocate(size_t size) {
 }
 
 void BufferPool::release(uint8_t* data, size_t capacity) {
+  if (capacity > maxCachedBytes_) return unmap(data, capacity);
+  std::vector<Cached> evicted;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (cachedBytes_ + capacity <= maxCachedBytes_) {
-      free_[capacity].push_back(data);
-      cachedBytes_ += capacity;
-      return;
+    free_[capacity].push_back(cached_.insert(cached_.end(), Cached{data, capacity}));
+    cachedBytes_ += capacity;
+    while (cachedBytes_ > maxCachedBytes_) {
+      const Cached oldest = cached_.front();
+      auto& sameSize = free_[oldest.capacity];
+      sameSize.pop_front();  // its class's oldest: the one at cached_'s front
+      cached_.pop_front();
+      cachedBytes_ -= oldest.capacity;
+      evicted.push_back(oldest);
     }
   }
-  unmap(data, capacity);
+  for (const Cached& c : evicted) unmap(c.data, c.capacity);  // outside the lock: munmap takes time
 }
 
 size_t BufferPool::mappedBytes() const {

@@ -1,11 +1,15 @@
 // Reusable, page-aligned buffers. Fresh anonymous memory costs a page fault per
 // page on first touch (measured here to cost more than the transfer itself), so
-// freed buffers are kept by size class and handed out again.
+// freed buffers are kept by size class and handed out again. When the cache is
+// full, the buffers freed longest ago make room, so a workload whose sizes
+// change is served from the cache again once its new sizes were freed once.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -76,12 +80,21 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   static size_t sizeClass(size_t size);
 
  private:
+  struct Cached {
+    uint8_t* data;
+    size_t capacity;
+  };
+  using CachedList = std::list<Cached>;
+
   void release(uint8_t* data, size_t capacity);
   void unmap(uint8_t* data, size_t capacity);
 
   const size_t maxCachedBytes_;
   mutable std::mutex mutex_;
-  std::map<size_t, std::vector<uint8_t*>> free_;
+  CachedList cached_;  // freed longest ago first
+  // By size class, freed last at the back: handed out from there (warmest),
+  // evicted from the front (which is where cached_ begins for that class).
+  std::map<size_t, std::deque<CachedList::iterator>> free_;
   size_t cachedBytes_ = 0;
   size_t mappedBytes_ = 0;
   size_t heldBytes_ = 0;
