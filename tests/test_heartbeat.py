@@ -282,3 +282,23 @@ def test_a_reduce_whose_inputs_cannot_be_located_fails_at_once_not_at_its_timeou
         assert seconds < 10, (out, seconds)
     finally:
         c.close()
+
+
+def test_a_source_known_to_be_dead_is_not_assigned():
+    """The shard knows the asked-for source failed: it chooses the sender
+    itself, so the pull does not go to the dead rank first and resume."""
+    c = Cluster(4, options={"heartbeat_interval": 0.2, "heartbeat_timeout": 1.5})
+    try:
+        n = (1 << 20) // 4
+        (obj,) = ids_with_shard("dead-source", 1, 4, lambda s: s in (0, 1))
+        c.call(0, workers.put, workers.pattern(n, 10), obj)
+        for r in (0, 1, 3):  # rank 2 is known to everyone before it dies
+            c.call(r, workers.put, torch.zeros(1), f"dead-source-warm-{r}")
+            c.call(2, workers.get, f"dead-source-warm-{r}", 10)
+        c.kill(2)
+        time.sleep(3)  # past the heartbeat timeout: the others took it for failed
+        before = c.call(3, workers.stats)["pull_resumes"]
+        assert torch.equal(c.call(3, workers.get_from, obj, 2, 30), workers.pattern(n, 10))
+        assert c.call(3, workers.stats)["pull_resumes"] == before
+    finally:
+        c.close()

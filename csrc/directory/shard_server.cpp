@@ -169,7 +169,10 @@ void ShardServer::handleLookup(Connection& conn, const wire::Lookup& msg) {
   uint64_t request = msg.request;
   // The asker's timeout, within bounds: a peer must not park requests forever.
   double timeout = std::min(static_cast<double>(msg.timeoutMs) / 1000.0, kMaxTimeoutSeconds);
-  const int preferred = msg.preferred < worldSize_ ? msg.preferred : -1;
+  // A source this node knows to be gone would only fail the pull and send the asker back.
+  const bool usable = msg.preferred >= 0 && msg.preferred < worldSize_ && !peers_.hasFailed(msg.preferred) &&
+                      !peers_.isLeaving(msg.preferred);
+  const int preferred = usable ? msg.preferred : -1;
   shard_.lookup(
       msg.id, conn.peerRank(), msg.locate, timeout,
       [weak, request, id = msg.id](const Status& s, const DirectoryEntry* entry, int sender) {
