@@ -12,7 +12,9 @@ phase: the median get time, GB/s, and the fresh memory the pool mapped per
 get (stats' pool_mapped_bytes; fresh pages cost a fault each on first touch).
 Beside them, in the same process and on the same bytes, what a program
 without the store does: torch.empty and copy_ into it each time ("torch
-fresh"), and copy_ into one tensor it keeps ("torch reused"). Results:
+empty+copy_"; glibc's malloc hands the freed memory back, so its pages are
+not fresh after the first), and copy_ into one tensor it keeps ("torch
+reused"). Results:
 benchmarks/results/pool.json and pool.png.
 """
 
@@ -55,8 +57,8 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(common.RESULTS, "pool"))
     args = parser.parse_args()
     cache, small, large = (common.parse_sizes(s)[0] for s in (args.cache, args.small, args.large))
-    if not 0 < small <= cache:
-        parser.error("--small must be positive and at most --cache")
+    if not 0 < small <= cache or not 0 < large <= cache:
+        parser.error("--small and --large must be positive and at most --cache")
     os.environ["HOPLITE_POOL_CACHE"] = str(cache)
     import torch_hoplite as hop
 
@@ -93,13 +95,14 @@ def main() -> None:
         del fresh_target["t"]
 
     reused = torch.empty(large, dtype=torch.uint8)
-    records.append({"system": "torch fresh", "phase": "empty + copy_ each time",
+    records.append({"system": "torch empty+copy_", "phase": "a new tensor each time",
                     **timed(torch_fresh, args.trials, args.warmup)})
     records.append({"system": "torch reused", "phase": "copy_ into one tensor",
                     **timed(lambda: reused.copy_(large_src), args.trials, args.warmup)})
     for r in records:
         r["size_bytes"] = large
         r["median_ms"] = r["median_s"] * 1e3
+        r["max_ms"] = r["max_s"] * 1e3
         r["gbps"] = large / r["median_s"] / 1e9
     hop.delete(small_ref)
     hop.delete(large_ref)
@@ -107,7 +110,8 @@ def main() -> None:
                 "warmup": args.warmup, "label": args.label, "cached_small_bytes_before_change": cached_small}
     common.write_json(args.out + ".json", "pool", records, settings)
     common.print_table(records, [("system", "system", ""), ("phase", "phase", ""), ("median ms", "median_ms", ".3f"),
-                                 ("GB/s", "gbps", ".2f"), ("mapped/op", "mapped_per_op_bytes", ".0f")])
+                                 ("max ms", "max_ms", ".3f"), ("GB/s", "gbps", ".2f"),
+                                 ("mapped/op", "mapped_per_op_bytes", ".0f")])
     _plot(records, args.out + ".png", f"{common.human_size(large)} gets after {common.human_size(small)} ones "
                                       f"filled a {common.human_size(cache)} cache {args.label}".strip())
     print(f"wrote {args.out}.json and {args.out}.png")

@@ -117,7 +117,9 @@ void BufferPool::release(uint8_t* data, size_t capacity) {
       evicted.push_back(oldest);
     }
   }
-  for (const Cached& c : evicted) unmap(c.data, c.capacity);  // outside the lock: munmap takes time
+  // Outside the lock: munmap takes time. One large buffer may evict many small
+  // ones here, on the thread that freed it (the loop's, when the store drops a copy).
+  for (const Cached& c : evicted) unmap(c.data, c.capacity);
 }
 
 size_t BufferPool::mappedBytes() const {

@@ -80,12 +80,39 @@ void testTheOldestAreEvictedFirst() {
   auto x = pool->allocate(kMiB);
   auto y = pool->allocate(kMiB);
   auto z = pool->allocate(kMiB);
+  CHECK(pool->mappedBytes() == 4 * kMiB);  // no fresh mapping that could reuse an address
   CHECK(x->data() == dData);
   CHECK(y->data() == cData);
   CHECK(z->data() == bData);
-  const size_t mapped = pool->mappedBytes();
   auto w = pool->allocate(kMiB);
-  CHECK(pool->mappedBytes() == mapped + kMiB);
+  CHECK(pool->mappedBytes() == 5 * kMiB);
+}
+
+// Records what it locks and unlocks (no device needed).
+struct FakeLocker : HostMemoryLocker {
+  std::vector<void*> locked;
+  std::vector<void*> unlocked;
+  bool lock(void* data, size_t) override {
+    locked.push_back(data);
+    return true;
+  }
+  void unlock(void* data) override { unlocked.push_back(data); }
+};
+
+void testAnEvictedLockedBufferIsUnlocked() {
+  auto pool = std::make_shared<BufferPool>(2 * kMiB);
+  auto locker = std::make_shared<FakeLocker>();
+  pool->setLocker(locker);
+  auto a = pool->allocate(kMiB);
+  uint8_t* aData = a->data();
+  CHECK(pool->pageLock(*a));
+  CHECK(pool->pageLock(*a));  // once per mapping
+  CHECK(locker->locked.size() == 1);
+  a.reset();
+  CHECK(locker->unlocked.empty());  // cached, still locked
+  { auto big = pool->allocate(2 * kMiB); }  // freed: evicts a
+  CHECK(locker->unlocked.size() == 1 && locker->unlocked[0] == aData);
+  CHECK(pool->cachedBytes() == 2 * kMiB);
 }
 
 }  // namespace
@@ -95,5 +122,6 @@ int main() {
   testTheCacheStaysWithinItsBound();
   testNewSizesTakeTheRoomOfTheOldest();
   testTheOldestAreEvictedFirst();
+  testAnEvictedLockedBufferIsUnlocked();
   return finish("test_buffer_pool");
 }
