@@ -87,12 +87,8 @@ def main() -> None:
     records.append({"system": "hoplite get", "phase": f"first {n_first} after the change", **first})
     settled = timed(get_large, args.trials, args.warmup, mapped)
     records.append({"system": "hoplite get", "phase": "after the change, settled", **settled})
-    fresh_target = {}
-
     def torch_fresh() -> None:
-        fresh_target["t"] = torch.empty(large, dtype=torch.uint8)
-        fresh_target["t"].copy_(large_src)
-        del fresh_target["t"]
+        torch.empty(large, dtype=torch.uint8).copy_(large_src)  # freed at once
 
     reused = torch.empty(large, dtype=torch.uint8)
     records.append({"system": "torch empty+copy_", "phase": "a new tensor each time",

@@ -296,7 +296,10 @@ def test_a_source_known_to_be_dead_is_not_assigned():
             c.call(r, workers.put, torch.zeros(1), f"dead-source-warm-{r}")
             c.call(2, workers.get, f"dead-source-warm-{r}", 10)
         c.kill(2)
-        time.sleep(3)  # past the heartbeat timeout: the others took it for failed
+        deadline = time.monotonic() + 10
+        while any(c.call(r, workers.stats)["shards_moved"] < 1 for r in (0, 1, 3)):  # all took it for failed
+            assert time.monotonic() < deadline, "rank 2's death was never noticed"
+            time.sleep(0.05)
         before = c.call(3, workers.stats)["pull_resumes"]
         assert torch.equal(c.call(3, workers.get_from, obj, 2, 30), workers.pattern(n, 10))
         assert c.call(3, workers.stats)["pull_resumes"] == before

@@ -170,8 +170,7 @@ void ShardServer::handleLookup(Connection& conn, const wire::Lookup& msg) {
   // The asker's timeout, within bounds: a peer must not park requests forever.
   double timeout = std::min(static_cast<double>(msg.timeoutMs) / 1000.0, kMaxTimeoutSeconds);
   // A source this node knows to be gone would only fail the pull and send the asker back.
-  const bool usable = msg.preferred >= 0 && msg.preferred < worldSize_ && !peers_.hasFailed(msg.preferred) &&
-                      !peers_.isLeaving(msg.preferred);
+  const bool usable = msg.preferred >= 0 && msg.preferred < worldSize_ && directory_.isLiveMember(msg.preferred);
   const int preferred = usable ? msg.preferred : -1;
   shard_.lookup(
       msg.id, conn.peerRank(), msg.locate, timeout,
