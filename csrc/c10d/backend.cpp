@@ -233,10 +233,11 @@ void HopliteWork::complete(std::exception_ptr error, int sourceRank) {
 
 // ---------------------------------------------------------------- HopliteBackend
 
-HopliteBackend::HopliteBackend(std::shared_ptr<TaggedMessenger> messenger, const std::string& groupName, int rank,
-                               std::vector<int> globalRanks, std::chrono::milliseconds timeout)
+HopliteBackend::HopliteBackend(std::shared_ptr<TaggedMessenger> messenger, Channel::Allocator allocate,
+                               const std::string& groupName, int rank, std::vector<int> globalRanks,
+                               std::chrono::milliseconds timeout)
     : Backend(rank, static_cast<int>(globalRanks.size())),
-      channel_(std::move(messenger), fnv1a("c10d:" + groupName), rank, std::move(globalRanks)),
+      channel_(std::move(messenger), std::move(allocate), fnv1a("c10d:" + groupName), rank, std::move(globalRanks)),
       timeout_(timeout) {}
 
 HopliteBackend::~HopliteBackend() { shutdown(); }

@@ -42,8 +42,8 @@ class HopliteBackend : public ::c10d::Backend {
  public:
   // `globalRanks[i]` is the node rank of group rank i; `groupName` must be the
   // same on every member and differ between groups.
-  HopliteBackend(std::shared_ptr<TaggedMessenger> messenger, const std::string& groupName, int rank, std::vector<int> globalRanks,
-                 std::chrono::milliseconds timeout);
+  HopliteBackend(std::shared_ptr<TaggedMessenger> messenger, Channel::Allocator allocate, const std::string& groupName,
+                 int rank, std::vector<int> globalRanks, std::chrono::milliseconds timeout);
   ~HopliteBackend() override;
 
   const std::string getBackendName() const override { return "hoplite"; }

@@ -5,57 +5,21 @@
 namespace hoplite::c10d {
 
 namespace {
-using Block = std::pair<std::unique_ptr<uint8_t[]>, size_t>;  // memory, size
-constexpr size_t kPoolBlocks = 4;
-constexpr size_t kPoolBytes = 2ull << 30;
 constexpr std::chrono::seconds kCancelGrace{5};
 }  // namespace
 
-// Blocks come back when the last message of their collective lets go of them,
-// which may be on the messenger's loop thread: hence the lock.
-class Channel::ScratchPool {
- public:
-  Block take(size_t bytes) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto best = blocks_.end();
-    for (auto it = blocks_.begin(); it != blocks_.end(); ++it) {
-      if (it->second >= bytes && (best == blocks_.end() || it->second < best->second)) best = it;
-    }
-    if (best == blocks_.end()) return {std::unique_ptr<uint8_t[]>(new uint8_t[std::max<size_t>(bytes, 1)]), bytes};
-    Block b = std::move(*best);
-    cached_ -= b.second;
-    blocks_.erase(best);
-    return b;
-  }
-  void give(Block b) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (blocks_.size() == kPoolBlocks || cached_ + b.second > kPoolBytes) return;  // freed
-    cached_ += b.second;
-    blocks_.push_back(std::move(b));
-  }
-
- private:
-  std::mutex mutex_;
-  std::vector<Block> blocks_;
-  size_t cached_ = 0;
-};
-
 struct Channel::Memory {
   std::shared_ptr<const void> owner;
-  std::vector<std::shared_ptr<const void>> held;
-  std::shared_ptr<ScratchPool> pool;
-  std::vector<Block> scratch;
-  ~Memory() {
-    for (auto& b : scratch) pool->give(std::move(b));
-  }
+  std::vector<std::shared_ptr<const void>> held;  // scratch buffers too: back to their pool when freed
 };
 
-Channel::Channel(std::shared_ptr<TaggedMessenger> messenger, uint64_t context, int rank, std::vector<int> globalRanks)
+Channel::Channel(std::shared_ptr<TaggedMessenger> messenger, Allocator allocate, uint64_t context, int rank,
+                 std::vector<int> globalRanks)
     : messenger_(std::move(messenger)),
+      allocate_(std::move(allocate)),
       context_(context),
       rank_(rank),
-      globalRanks_(std::make_shared<const std::vector<int>>(std::move(globalRanks))),
-      pool_(std::make_shared<ScratchPool>()) {}
+      globalRanks_(std::make_shared<const std::vector<int>>(std::move(globalRanks))) {}
 
 int groupRankOf(const std::vector<int>& globalRanks, int global) {
   for (size_t i = 0; i < globalRanks.size(); ++i) {
@@ -74,13 +38,14 @@ void Channel::begin(const std::string& name, const std::string& kind, uint64_t t
               std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeoutSeconds));
   memory_ = std::make_shared<Memory>();
   memory_->owner = std::move(owner);
-  memory_->pool = pool_;
   outcome_ = std::make_shared<Outcome>();
 }
 
 uint8_t* Channel::scratch(size_t bytes) {
-  memory_->scratch.push_back(pool_->take(bytes));
-  return memory_->scratch.back().first.get();
+  std::shared_ptr<Buffer> buffer = allocate_(bytes);
+  uint8_t* data = buffer->data();
+  memory_->held.push_back(std::move(buffer));
+  return data;
 }
 
 void Channel::hold(std::shared_ptr<const void> memory) { memory_->held.push_back(std::move(memory)); }

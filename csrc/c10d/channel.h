@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -15,6 +16,7 @@
 
 #include "common/status.h"
 #include "messenger/tagged_messenger.h"
+#include "store/buffer_pool.h"
 
 namespace hoplite::c10d {
 
@@ -36,9 +38,12 @@ class Channel {
   struct Op;  // one send or receive in flight
   struct Outcome;  // of one collective: its first failure
   using Pending = std::shared_ptr<Op>;
+  // Memory for scratch: the node's BufferPool, whose freed buffers are reused.
+  using Allocator = std::function<std::shared_ptr<Buffer>(size_t bytes)>;
 
   // `globalRanks[i]` is the node rank of group rank i.
-  Channel(std::shared_ptr<TaggedMessenger> messenger, uint64_t context, int rank, std::vector<int> globalRanks);
+  Channel(std::shared_ptr<TaggedMessenger> messenger, Allocator allocate, uint64_t context, int rank,
+          std::vector<int> globalRanks);
 
   int rank() const { return rank_; }
   int size() const { return static_cast<int>(globalRanks_->size()); }
@@ -55,8 +60,9 @@ class Channel {
   void begin(const std::string& name, const std::string& kind, uint64_t tagBase, double timeoutSeconds,
              std::shared_ptr<const void> owner);
   // Uninitialised scratch memory that lives as long as the collective's
-  // messages. Reused across collectives: fresh pages cost a fault each, which
-  // on a chain reduce of 256 MB was a large share of the CPU time.
+  // messages. From the allocator's pool, so reused across collectives: fresh
+  // pages cost a fault each, which on a chain reduce of 256 MB was a large
+  // share of the CPU time.
   uint8_t* scratch(size_t bytes);
   // Keeps `memory` (e.g. a tensor the collective made) alive as long as the
   // collective's messages: a failure can end the collective while they still
@@ -77,7 +83,6 @@ class Channel {
 
  private:
   struct Memory;
-  class ScratchPool;
   Pending start(int peer, uint64_t subTag, bool isSend);
   // Asks the messenger to cancel a receive that has not completed; awaitCancel
   // returns once its memory is no longer written (or at `until`).
@@ -86,6 +91,7 @@ class Channel {
   double secondsLeft() const;
 
   std::shared_ptr<TaggedMessenger> messenger_;
+  Allocator allocate_;
   uint64_t context_;
   int rank_;
   std::shared_ptr<const std::vector<int>> globalRanks_;
@@ -98,7 +104,6 @@ class Channel {
   double timeoutSeconds_ = 0;
   std::shared_ptr<Memory> memory_;
   std::shared_ptr<Outcome> outcome_;
-  std::shared_ptr<ScratchPool> pool_;
   std::vector<Pending> receives_;  // of this collective, to cancel what a failure leaves
   std::vector<Pending> sends_;
 };

@@ -39,10 +39,11 @@ void bindBackend(py::module& m) {
         }
         auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000));
         std::shared_ptr<Node> node = handle.sharedNode();
-        // Holds the node as long as the backend uses its messenger.
+        // Holds the node as long as the backend uses its messenger and pool.
         std::shared_ptr<TaggedMessenger> messenger(node, &node->messenger());
-        return c10::make_intrusive<PythonOwnedBackend>(std::move(messenger), groupName, rank, std::move(globalRanks),
-                                                         timeout);
+        auto allocate = [node](size_t bytes) { return node->allocate(bytes); };
+        return c10::make_intrusive<PythonOwnedBackend>(std::move(messenger), std::move(allocate), groupName, rank,
+                                                         std::move(globalRanks), timeout);
       },
       py::arg("node"), py::arg("group_name"), py::arg("rank"), py::arg("global_ranks"), py::arg("timeout"));
 }
