@@ -12,7 +12,7 @@ import torch
 
 import torch_hoplite as hop
 import workers
-from cluster import Cluster, ids_with_shard
+from cluster import Cluster, ids_with_shard, in_thread
 
 
 def test_a_stopped_peer_is_declared_failed_within_the_heartbeat_timeout(cluster3_fast_heartbeats):
@@ -52,6 +52,38 @@ def test_a_peer_stopped_before_it_was_ever_dialled_fails_within_the_connect_time
         assert time.monotonic() - start < 10  # connect timeout 1.5 s, not the get's 60 s
     finally:
         os.kill(c.pids[1], signal.SIGCONT)
+        c.close()
+
+
+def test_a_reduce_task_that_could_not_reach_a_live_peer_is_redone():
+    """A reduce task fails because its rank could not shake hands with a
+    participant in time, although no one died (the participant stopped for
+    less than the heartbeat timeout, longer than the connect timeout). The
+    coordinator's roll call finds everyone alive: it redoes the failed task
+    instead of failing the reduce."""
+    c = Cluster(3, options={"connect_timeout": 0.5})
+    try:
+        n = 1 << 18
+        # Directory entries on rank 0 (the coordinator): ranks 1 and 2 have not talked.
+        a, b, out = ids_with_shard("blameless", 3, 3, lambda s: s == 0)
+        c.call(1, workers.put_filled, a, n, 1.0)
+        reducing = in_thread(hop.reduce, [a, b], id=out, degree=1, timeout=60)
+        deadline = time.monotonic() + 10
+        while c.call(1, workers.stats)["reduce_tasks"] < 1:  # rank 1 holds the chain's first partial
+            assert time.monotonic() < deadline, "rank 1 got no reduce task"
+            time.sleep(0.02)
+        c.freeze(1)
+        try:
+            c.call(2, workers.put_filled, b, n, 2.0)  # the root's task goes to rank 2, which dials rank 1
+            time.sleep(1.5)  # its handshake times out; rank 1 stays under its own stall detection (3 s)
+        finally:
+            os.kill(c.pids[1], signal.SIGCONT)
+        result, unused = reducing(30)
+        assert unused == []
+        plan = hop.wait_reduce(result, timeout=30)
+        assert plan.recoveries == 1 and plan.lost == ()
+        assert torch.equal(hop.get(result, timeout=30).wait(), torch.full((n,), 3.0))
+    finally:
         c.close()
 
 

@@ -3,11 +3,19 @@
 // participant whether it is alive (a roll call), then redoes only what
 // depended on the dead: their positions (with the next ready inputs, since
 // theirs died with them) and those positions' ancestors, up to the root. The
-// result's readers are sent back to wait for the recomputed result.
+// result's readers are sent back to wait for the recomputed result. A task
+// that failed although every participant answered the roll call (a handshake
+// or a link that failed for a moment) is redone too, a few times.
+#include <algorithm>
+
 #include "common/logging.h"
 #include "reduce/coordinator.h"
 
 namespace hoplite {
+
+namespace {
+constexpr int kMaxBlamelessRedos = 2;
+}  // namespace
 
 void ReduceCoordinator::startRollCall(uint64_t key, const Status& why) {
   ReduceCoordination& c = *reduces_.at(key);
@@ -33,16 +41,31 @@ void ReduceCoordinator::startRollCall(uint64_t key, const Status& why) {
 void ReduceCoordinator::recover(uint64_t key, const std::set<int>& dead) {
   ReduceCoordination& c = *reduces_.at(key);
   c.recovery = ReduceCoordination::Recovery::kNone;
-  if (dead.empty() || node_.shuttingDown()) return endReduce(key, c.failure);
   using State = ReducePosition::State;
+  if (node_.shuttingDown()) return endReduce(key, c.failure);
+  if (dead.empty()) {
+    const bool failed = std::any_of(c.positions.begin(), c.positions.end(),
+                                    [](const ReducePosition& p) { return p.state == State::kFailed; });
+    if (!failed) return endReduce(key, c.failure);
+    if (c.blamelessRedos == kMaxBlamelessRedos || node_.now() - c.started >= c.request.timeoutSeconds) {
+      return endReduce(key, Status(c.failure.code, c.failure.message + " (redone " + std::to_string(c.blamelessRedos) +
+                                                       " times; every participant answered each time)"));
+    }
+    c.blamelessRedos++;
+  }
   const ReduceTree& tree = c.plan->tree;
   const int k = c.request.count;
   c.plan->recoveries++;
   counters_.recoveries++;
   std::string names;
   for (int r : dead) names += (names.empty() ? "" : ", ") + node_.peers().peerName(r);
-  HLOG(kInfo, "reduce into %s: %s failed; redoing what depended on it", printableId(c.request.resultId).c_str(),
-       names.c_str());
+  if (dead.empty()) {
+    HLOG(kInfo, "reduce into %s: every participant answered after a task failed (%s); redoing it",
+         printableId(c.request.resultId).c_str(), c.failure.message.c_str());
+  } else {
+    HLOG(kInfo, "reduce into %s: %s failed; redoing what depended on it", printableId(c.request.resultId).c_str(),
+         names.c_str());
+  }
 
   // Which positions to redo: those whose output is lost while still needed
   // (computed by the dead, or failed), and their ancestors, which consumed it.

@@ -79,6 +79,7 @@ struct ReduceCoordination {
   Recovery recovery = Recovery::kNone;
   uint64_t retractRound = 0;  // the latest recovery's, so an older one's answer is ignored
   Status failure;           // what started the recovery
+  int blamelessRedos = 0;   // recoveries after which every participant answered
 };
 
 struct ReduceTaskState {
