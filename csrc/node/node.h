@@ -90,13 +90,15 @@ class Node : private PeerEvents, private ReduceServices {
   // answers: a restarted rank rejoining the cluster. They learn its new address
   // from the handshake, it learns from them where directory shards moved.
   Status announce(double timeoutSeconds);
-  // Registers the object and returns; the bytes are copied in the background
-  // (a kPutCopied completion with `token` says when `src` may be released).
-  // With `borrowed` memory (holding the bytes), nothing is copied: the store
-  // keeps the caller's memory until the object is deleted. With a `device`
-  // source, `src` is unused and the bytes are read from it.
+  // Registers the object and returns. Small and mid-sized objects are copied
+  // in the call (`*copied` is set: `src` may be released at once); larger
+  // ones in the background (a kPutCopied completion with `token` says when
+  // `src` may be released). With `borrowed` memory (holding the bytes),
+  // nothing is copied: the store keeps the caller's memory until the object
+  // is deleted. With a `device` source, `src` is unused and the bytes are
+  // read from it.
   Status put(const std::string& id, const ObjectMeta& meta, const uint8_t* src, uint64_t token,
-             double timeoutSeconds, std::shared_ptr<Buffer> borrowed = nullptr,
+             double timeoutSeconds, bool* copied, std::shared_ptr<Buffer> borrowed = nullptr,
              std::shared_ptr<DeviceSource> device = nullptr);
   // Memory from the node's pool (reused where it can be),
   // e.g. for a result that gets write into. Throws std::bad_alloc.

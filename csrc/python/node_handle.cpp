@@ -194,6 +194,7 @@ py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const p
     py::gil_scoped_release release;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
     uint64_t token;
+    bool copied = false;
     {
       std::lock_guard<std::mutex> lock(state_->mutex);
       token = state_->nextToken++;
@@ -203,13 +204,13 @@ py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const p
       auto* data = source ? nullptr : static_cast<uint8_t*>(tensor.data_ptr());
       std::shared_ptr<Buffer> borrowed;
       if (!copy) borrowed = borrow(tensor);
-      s = node_->put(key, meta, data, token, timeout, std::move(borrowed), std::move(source));
+      s = node_->put(key, meta, data, token, timeout, &copied, std::move(borrowed), std::move(source));
     } catch (const std::exception& e) {
       s = Status(Code::kInternal, e.what());
     }
     std::unique_lock<std::mutex> lock(state_->mutex);
-    if (!s.ok()) {
-      state_->puts.erase(token);  // no copy was started
+    if (!s.ok() || copied) {
+      state_->puts.erase(token);  // no copy was started, or it is done
     } else if (blocking) {
       // A waiter's entry stays until it is read here (or shutdown fails it).
       auto done = [&] {
