@@ -87,6 +87,40 @@ def test_a_reduce_task_that_could_not_reach_a_live_peer_is_redone():
         c.close()
 
 
+def test_copies_forgotten_by_a_rank_that_gave_up_on_their_holder_alone_are_listed_again():
+    """Rank 2 alone gives up on rank 1 (its handshake with rank 1, stopped
+    for less than the heartbeat timeout, timed out) and its shard forgets
+    rank 1's copies. Once rank 2 takes rank 1 back, those copies are listed
+    there again: a get of one finds it instead of failing as lost."""
+    c = Cluster(3, options={"connect_timeout": 0.5})
+    try:
+        n = 1 << 18
+        (kept,) = ids_with_shard("forgotten-kept", 1, 3, lambda s: s == 2)
+        (bait,) = ids_with_shard("forgotten-bait", 1, 3, lambda s: s == 0)
+        c.call(1, workers.put_filled, kept, n, 5.0)  # listed at rank 2's shard
+        c.call(1, workers.put_pattern, bait, n, 6)
+        c.freeze(1)
+        try:
+            pulling = c.submit(2, workers.get_outcome, bait, n, 6, 10)  # rank 2 dials rank 1 for it
+            time.sleep(1.5)  # the handshake times out: rank 2 gives up on rank 1
+        finally:
+            os.kill(c.pids[1], signal.SIGCONT)
+        pulling.result(timeout=30)
+        # Lost while rank 1 is away and until rank 2 took it back (it dials
+        # rank 1 to tell it of its share's move); listed again from then on.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                got = hop.get(kept, timeout=5).wait()
+                break
+            except hop.PeerFailedError:
+                assert time.monotonic() < deadline, "rank 1's copy was never listed again"
+                time.sleep(0.05)
+        assert torch.equal(got, torch.full((n,), 5.0))
+    finally:
+        c.close()
+
+
 def test_heartbeat_settings_are_checked():
     from torch_hoplite.config import Config
 

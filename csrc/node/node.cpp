@@ -201,6 +201,9 @@ void Node::onPeerReady(int, const wire::HelloAck& ack) {
 void Node::onPeerRejoined(int rank) {
   directory_->shardReturned(rank);
   shardServer_->handOver();  // what this node hosted for the rejoined rank's ids goes back
+  // Its copies left this node's shards when it was taken for failed (a new
+  // process lists only what it has, which is no harm).
+  peers_->send(rank, wire::RelistCopies{peers_->incarnationOf(rank)});
 }
 
 uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
@@ -229,6 +232,7 @@ void Node::registerHandlers() {
   // Peers and the directory.
   handle(Route::kOnEither, &Node::handleShardMoved);
   handle(Route::kOnEither, &Node::handleShardReturned);
+  handle(Route::kOnEither, &Node::handleRelistCopies);
   handle(Route::kOnEither, &Node::handleLeave);
   shardServer_->registerHandlers(router_);
   router_.on<wire::Locations>(Route::kOnEither, [this](Connection& c, const wire::Locations& m) {
@@ -254,6 +258,12 @@ void Node::handleShardMoved(Connection&, const wire::ShardMoved& msg) {
 }
 
 void Node::handleShardReturned(Connection&, const wire::ShardReturned& msg) { directory_->hearShardReturned(msg.share); }
+
+void Node::handleRelistCopies(Connection& conn, const wire::RelistCopies& msg) {
+  const int rank = conn.peerRank();
+  if (rank < 0 || rank == config_.rank || msg.incarnation != incarnation_ || shuttingDown_) return;
+  directory_->reRegisterCopies([&](const std::string& id) { return directory_->shardHost(directory_->shardOf(id)) == rank; });
+}
 
 void Node::scheduleShareReturn() {
   if (shareReturnScheduled_) return;

@@ -172,6 +172,7 @@ class Node : private PeerEvents, private ReduceServices {
   void handle(Route route, void (Node::*method)(Connection&, const M&));
   void handleShardMoved(Connection& conn, const wire::ShardMoved& msg);
   void handleShardReturned(Connection& conn, const wire::ShardReturned& msg);
+  void handleRelistCopies(Connection& conn, const wire::RelistCopies& msg);
   // This process's share moved (it was taken for failed while stalled or cut
   // off): it takes it back after a wait (kShareReturnHeartbeats heartbeat
   // timeouts, longer if it moved again soon after its last return), once

@@ -288,7 +288,24 @@ void Peers::onDialedClosed(Connection& conn, const Status& why) {
 
 void Peers::heardFrom(Connection& conn) {
   auto it = peers_.find(conn.peerRank());
-  if (it != peers_.end() && it->second.conn.get() == &conn) it->second.lastHeard = steadySeconds();
+  if (it == peers_.end()) return;
+  Peer& peer = it->second;
+  if (peer.conn.get() == &conn) {
+    peer.lastHeard = steadySeconds();
+    return;
+  }
+  // A peer this node gave up on by itself (its handshake timed out while it
+  // was stopped for a moment) still talks over the connection it opened:
+  // dialing it takes it back if it is the same process (handleHelloAck).
+  if (peer.lost && !peer.conn && !peer.leaving && !peer.awaitingAddress && conn.id() == peer.incoming && !closing_) {
+    const int rank = it->first;
+    loop_.runSoon([this, rank] {
+      auto again = peers_.find(rank);
+      if (closing_ || again == peers_.end() || !again->second.lost || again->second.conn || again->second.leaving) return;
+      HLOG(kInfo, "%s, given up on, still talks to this process: dialing it", peerName(rank).c_str());
+      connectPeer(rank);
+    });
+  }
 }
 
 void Peers::redialAll() {

@@ -13,7 +13,7 @@ namespace hoplite {
 namespace wire {
 
 constexpr uint32_t kMagic = 0x544c5048;  // "HPLT" little-endian
-constexpr uint8_t kVersion = 16;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
+constexpr uint8_t kVersion = 17;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
                                   // 5: message kinds; 6: message withdrawal; 7: same-host reads;
                                   // 8: status kMoved (a copy handed to a get); 9: a lookup's preferred sender;
                                   // 10: the proofs cover the hello's listen address;
@@ -23,6 +23,7 @@ constexpr uint8_t kVersion = 16;  // 2: authenticated handshake; 3: recovery and
                                   // 14: hello acks list the members the server reaches
                                   // 15: remembered deletes name the delete that made them
                                   // 16: a process back from a stall takes its share back (share epochs)
+                                  // 17: a rank taken back lists its copies again where they were forgotten
 constexpr size_t kHeaderSize = 16;
 constexpr size_t kDataSubheaderSize = 16;
 
@@ -55,8 +56,9 @@ enum class MsgType : uint8_t {
   kShardHandOver = 26,
   kLeave = 27,
   kShardReturned = 28,
+  kRelistCopies = 29,
 };
-constexpr uint8_t kMaxMsgType = 28;
+constexpr uint8_t kMaxMsgType = 29;
 
 struct FrameHeader {
   uint8_t type = 0;

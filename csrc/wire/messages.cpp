@@ -202,6 +202,14 @@ ShardReturned ShardReturned::decode(Reader& r) {
   return m;
 }
 
+void RelistCopies::encode(Writer& w) const { w.u64(incarnation); }
+RelistCopies RelistCopies::decode(Reader& r) {
+  RelistCopies m;
+  m.incarnation = r.u64();
+  r.expectEnd("relist copies");
+  return m;
+}
+
 void ShardHandOver::encode(Writer& w) const {
   w.u8(standby);
   w.u32(static_cast<uint32_t>(gone.size()));

@@ -118,6 +118,17 @@ struct ShardReturned {
   static ShardReturned decode(Reader& r);
 };
 
+// A node that had taken the receiver for failed, and so dropped the copies
+// the receiver listed at the shards it hosts, has taken it back: the receiver
+// lists them there again. `incarnation`: the receiver's process as the sender
+// knows it (one meant for an earlier process is ignored).
+struct RelistCopies {
+  static constexpr MsgType kType = MsgType::kRelistCopies;
+  uint64_t incarnation = 0;
+  void encode(Writer& w) const;
+  static RelistCopies decode(Reader& r);
+};
+
 // What a shard remembers of an id that is gone: deleted, or lost with its
 // last holder (`lastHolder`, -1 if unknown), which failed or left.
 struct GoneId {

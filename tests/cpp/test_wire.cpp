@@ -269,6 +269,12 @@ static void testMessages() {
   }
   checkTruncations(Leave{4, 9}, [](Reader& r) { Leave::decode(r); }, "leave");
   {
+    std::string bytes = encode(RelistCopies{0x1122334455667788ull});
+    Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    CHECK(RelistCopies::decode(r).incarnation == 0x1122334455667788ull);
+  }
+  checkTruncations(RelistCopies{7}, [](Reader& r) { RelistCopies::decode(r); }, "relist copies");
+  {
     ShardHandOver handOver;
     handOver.standby = true;
     handOver.gone = {GoneId{"deleted-one", true, -1, false, 0x8877665544332211ull}, GoneId{"lost-one", false, 3, true}};
