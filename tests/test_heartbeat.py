@@ -55,13 +55,19 @@ def test_a_peer_stopped_before_it_was_ever_dialled_fails_within_the_connect_time
         c.close()
 
 
+# A handshake times out long before the heartbeat timeout (10 s), and a rank
+# stopped for a second or two does not take itself for stalled (that takes
+# 2 heartbeat intervals + 1 s without a heartbeat check: 5 s).
+GIVE_UP_ALONE = {"connect_timeout": 0.5, "heartbeat_interval": 2.0}
+
+
 def test_a_reduce_task_that_could_not_reach_a_live_peer_is_redone():
     """A reduce task fails because its rank could not shake hands with a
     participant in time, although no one died (the participant stopped for
     less than the heartbeat timeout, longer than the connect timeout). The
     coordinator's roll call finds everyone alive: it redoes the failed task
     instead of failing the reduce."""
-    c = Cluster(3, options={"connect_timeout": 0.5})
+    c = Cluster(3, options=GIVE_UP_ALONE)
     try:
         n = 1 << 18
         # Directory entries on rank 0 (the coordinator): ranks 1 and 2 have not talked.
@@ -75,7 +81,11 @@ def test_a_reduce_task_that_could_not_reach_a_live_peer_is_redone():
         c.freeze(1)
         try:
             c.call(2, workers.put_filled, b, n, 2.0)  # the root's task goes to rank 2, which dials rank 1
-            time.sleep(1.5)  # its handshake times out; rank 1 stays under its own stall detection (3 s)
+            deadline = time.monotonic() + 10
+            while c.call(2, workers.stats)["reduce_tasks"] < 1:
+                assert time.monotonic() < deadline, "rank 2 got no reduce task"
+                time.sleep(0.02)
+            time.sleep(1.0)  # its handshake with rank 1 times out (0.5 s)
         finally:
             os.kill(c.pids[1], signal.SIGCONT)
         result, unused = reducing(30)
@@ -92,7 +102,7 @@ def test_copies_forgotten_by_a_rank_that_gave_up_on_their_holder_alone_are_liste
     for less than the heartbeat timeout, timed out) and its shard forgets
     rank 1's copies. Once rank 2 takes rank 1 back, those copies are listed
     there again: a get of one finds it instead of failing as lost."""
-    c = Cluster(3, options={"connect_timeout": 0.5})
+    c = Cluster(3, options=GIVE_UP_ALONE)
     try:
         n = 1 << 18
         (kept,) = ids_with_shard("forgotten-kept", 1, 3, lambda s: s == 2)
@@ -101,14 +111,13 @@ def test_copies_forgotten_by_a_rank_that_gave_up_on_their_holder_alone_are_liste
         c.call(1, workers.put_pattern, bait, n, 6)
         c.freeze(1)
         try:
-            pulling = c.submit(2, workers.get_outcome, bait, n, 6, 10)  # rank 2 dials rank 1 for it
-            time.sleep(1.5)  # the handshake times out: rank 2 gives up on rank 1
+            # Rank 2 dials rank 1 for it; the handshake times out and rank 2 gives up on rank 1.
+            assert c.call(2, workers.get_outcome, bait, n, 6, 10) == "PeerFailedError"
         finally:
             os.kill(c.pids[1], signal.SIGCONT)
-        pulling.result(timeout=30)
-        # Lost while rank 1 is away and until rank 2 took it back (it dials
-        # rank 1 to tell it of its share's move); listed again from then on.
-        deadline = time.monotonic() + 10
+        # Lost until rank 2 takes rank 1 back: rank 1 pings it over its own
+        # connection (every heartbeat interval, 2 s), rank 2 dials it.
+        deadline = time.monotonic() + 15
         while True:
             try:
                 got = hop.get(kept, timeout=5).wait()

@@ -3,7 +3,6 @@
 import pickle
 import threading
 import time
-import weakref
 
 import pytest
 import torch
@@ -263,16 +262,20 @@ def test_zero_copy_put_shares_the_tensor_memory(cluster4):
 
 @pytest.mark.parametrize("numel", [256, 64 << 10, 1 << 20], ids=["inline", "copied-in-the-call", "copied-after"])
 def test_a_put_lets_go_of_its_source_once_copied(cluster4, numel):
-    """Small and mid-sized puts copy in the call and let go of the tensor when
-    they return; large ones when their background copy ends."""
+    """Small and mid-sized puts copy in the call and let go of the tensor's
+    memory when they return; large ones when their background copy ends."""
     source = torch.full((numel,), 7.0)
-    released = weakref.ref(source)
+
+    def uses() -> int:
+        return torch._C._storage_Use_Count(source.untyped_storage()._cdata)
+
+    before = uses()
     ref = hop.put(source, f"let-go-{numel}")
-    del source
-    deadline = time.monotonic() + 5
-    while released() is not None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert released() is None
+    if numel * 4 > 1 << 20:  # copied in the background
+        deadline = time.monotonic() + 5
+        while uses() > before and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert uses() == before
     assert torch.equal(cluster4.call(1, workers.get, ref, 10), torch.full((numel,), 7.0))
 
 

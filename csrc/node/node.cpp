@@ -261,7 +261,8 @@ void Node::handleShardReturned(Connection&, const wire::ShardReturned& msg) { di
 
 void Node::handleRelistCopies(Connection& conn, const wire::RelistCopies& msg) {
   const int rank = conn.peerRank();
-  if (rank < 0 || rank == config_.rank || msg.incarnation != incarnation_ || shuttingDown_) return;
+  // (Not once this node leaves: its copies go with it.)
+  if (rank < 0 || rank == config_.rank || msg.incarnation != incarnation_ || stopped() || shuttingDown_) return;
   directory_->reRegisterCopies([&](const std::string& id) { return directory_->shardHost(directory_->shardOf(id)) == rank; });
 }
 

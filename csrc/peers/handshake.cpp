@@ -201,6 +201,7 @@ void Peers::handleHelloAck(Connection& conn, const wire::HelloAck& ack) {
   }
   Peer& peer = it->second;
   peer.ready = true;
+  peer.probing = false;
   peer.lastHeard = steadySeconds();
   // Whom we reached: a process we knew under another incarnation (at the
   // same address) was restarted meanwhile.

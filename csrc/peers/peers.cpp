@@ -149,7 +149,9 @@ void Peers::connectPeer(int rank) {
   try {
     peer.conn = transport_->connect(peer.host, peer.port, this);
   } catch (const std::exception& e) {
-    failPeer(rank, Status(Code::kPeerFailed, e.what()));
+    const bool gone = !peer.probing;
+    peer.probing = false;
+    failPeer(rank, Status(Code::kPeerFailed, e.what()), gone);
     return;
   }
   peer.conn->setPeerRank(rank);
@@ -281,7 +283,9 @@ void Peers::onDialedClosed(Connection& conn, const Status& why) {
     connectPeer(rank);
     return;
   }
-  failPeer(rank, why, /*gone=*/peer.ready || !conn.wasEstablished());
+  const bool gone = !peer.probing && (peer.ready || !conn.wasEstablished());
+  peer.probing = false;
+  failPeer(rank, why, gone);
 }
 
 // ---------------------------------------------------------------- heartbeats
@@ -295,14 +299,19 @@ void Peers::heardFrom(Connection& conn) {
     return;
   }
   // A peer this node gave up on by itself (its handshake timed out while it
-  // was stopped for a moment) still talks over the connection it opened:
-  // dialing it takes it back if it is the same process (handleHelloAck).
-  if (peer.lost && !peer.conn && !peer.leaving && !peer.awaitingAddress && conn.id() == peer.incoming && !closing_) {
+  // was stopped for a moment) still talks over a connection it opened:
+  // dialing it takes it back if it is the same process (handleHelloAck). At
+  // most once a heartbeat interval.
+  const double now = steadySeconds();
+  if (peer.lost && !peer.conn && !peer.leaving && !peer.awaitingAddress && incoming_.count(conn.id()) && !closing_ &&
+      now - peer.probedAt >= config_.heartbeatIntervalSeconds) {
+    peer.probedAt = now;
     const int rank = it->first;
     loop_.runSoon([this, rank] {
       auto again = peers_.find(rank);
       if (closing_ || again == peers_.end() || !again->second.lost || again->second.conn || again->second.leaving) return;
       HLOG(kInfo, "%s, given up on, still talks to this process: dialing it", peerName(rank).c_str());
+      again->second.probing = true;
       connectPeer(rank);
     });
   }

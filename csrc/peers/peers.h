@@ -150,6 +150,10 @@ class Peers : public PeerLinks, public ConnectionObserver {
     double backoff = 0.05;
     bool lost = false;      // was reachable once and failed since: no retrying
     bool redialed = false;  // after it closed mid-handshake: dead or refusing us? (onDialedClosed)
+    // Dialed because it still talks to us after we gave up on it (heardFrom):
+    // a dial that fails then proves nothing about it.
+    bool probing = false;
+    double probedAt = -1e9;
     bool leaving = false;   // it said it shuts down (markLeaving)
     bool awaitingAddress = false;  // writes are queued for it, its address is not known yet (awaitAddress)
     double lastHeard = 0;   // any frame on the connection, for heartbeats
