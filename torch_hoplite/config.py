@@ -47,6 +47,10 @@ HOPLITE_SECRET       secret    cluster secret: peers prove they know it    gener
                                (HMAC challenge-response) before anything
                                else is accepted; unset: rank 0 generates
                                one at rendezvous and keeps it in the store
+HOPLITE_HEAP_TRIM_INTERVAL     give glibc malloc's freed pages back to    30
+                     heap_trim_interval  the kernel (malloc_trim) every this
+                               many s, so that a process that frees
+                               many large tensors stays flat; 0: never
 HOPLITE_REJOIN       rejoin    this process restarts a rank that failed:   0
                                join the running cluster (its round in
                                the store) instead of starting a new one
@@ -119,6 +123,7 @@ class Config:
     tcp_congestion: str = ""
     mailbox_bytes: int = 64 << 20
     same_host: bool = True
+    heap_trim_interval: float = 30.0
     secret: Optional[str] = dataclasses.field(default=None, repr=False)
     rejoin: bool = False
 
@@ -140,6 +145,7 @@ class Config:
         "tcp_congestion": ("HOPLITE_TCP_CONGESTION", str),
         "mailbox_bytes": ("HOPLITE_MAILBOX_BYTES", parse_size),
         "same_host": ("HOPLITE_SAME_HOST", parse_bool),
+        "heap_trim_interval": ("HOPLITE_HEAP_TRIM_INTERVAL", float),
         "secret": ("HOPLITE_SECRET", str),
         "rejoin": ("HOPLITE_REJOIN", parse_bool),
     }
@@ -185,6 +191,11 @@ class Config:
             raise ValueError(
                 f"heartbeat_timeout ({self.heartbeat_timeout} s) must exceed heartbeat_interval "
                 f"({self.heartbeat_interval} s)"
+            )
+        if not 0 <= self.heap_trim_interval <= MAX_TIMEOUT:
+            raise ValueError(
+                f"heap_trim_interval must be 0 (never) or positive and at most {MAX_TIMEOUT:g} s, "
+                f"got {self.heap_trim_interval}"
             )
         if self.copy_threads < 1:
             raise ValueError(f"copy_threads must be at least 1, got {self.copy_threads}")

@@ -62,6 +62,7 @@ class Runtime:
                 "tcp_congestion": config.tcp_congestion,
                 "mailbox_bytes": config.mailbox_bytes,
                 "same_host": config.same_host,
+                "heap_trim_interval": config.heap_trim_interval,
             }
         )
         self._get_waiter = self.node.get_waiter()  # what get futures wait with, without holding the node

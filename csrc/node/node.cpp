@@ -126,6 +126,7 @@ Node::Node(NodeConfig config)
                         config_.heartbeatTimeoutSeconds},
       *linkEstimator_);
   reduceTasks_ = std::make_unique<ReduceTaskRunner>(loop_, services, config_.rank, *store_, *pool_, *workers_);
+  heapTrimmer_ = std::make_unique<HeapTrimmer>(config_.heapTrimIntervalSeconds);
   registerHandlers();
   peers_->start();
   loop_.start();
@@ -438,6 +439,8 @@ std::map<std::string, uint64_t> Node::stats() {
       {"pool_cached_bytes", pool_->cachedBytes()},
       {"pool_mapped_bytes", pool_->mappedBytes()},
       {"pool_held_bytes", pool_->heldBytes()},
+      {"heap_trims", heapTrimmer_->trims()},
+      {"heap_trim_us", heapTrimmer_->trimMicros()},
   };
 }
 

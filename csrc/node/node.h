@@ -37,6 +37,7 @@
 #include "peers/peers.h"
 #include "store/buffer_pool.h"
 #include "store/device_memory.h"
+#include "store/heap_trimmer.h"
 #include "store/object_store.h"
 #include "transfer/client.h"
 #include "transfer/server.h"
@@ -71,6 +72,8 @@ struct NodeConfig {
   // Pull objects from peers on this host by reading their memory
   // (net/same_host/) where the kernel allows it; false: always over TCP.
   bool sameHost = true;
+  // malloc_trim(0) every this many seconds (store/heap_trimmer.h); 0: never.
+  double heapTrimIntervalSeconds = 30;
 };
 
 // Composes the parts (peers, the directory client and this node's shard,
@@ -240,6 +243,7 @@ class Node : private PeerEvents, private ReduceServices {
   std::unique_ptr<LinkEstimator> linkEstimator_;
   std::unique_ptr<ReduceCoordinator> coordinator_;
   std::unique_ptr<ReduceTaskRunner> reduceTasks_;
+  std::unique_ptr<HeapTrimmer> heapTrimmer_;
 
   // Loop-thread state.
   bool shuttingDown_ = false;

@@ -42,6 +42,7 @@ NodeConfig configFromDict(const py::dict& d) {
   c.tcpCongestion = option<std::string>(d, "tcp_congestion", c.tcpCongestion);
   c.mailboxBytes = option<uint64_t>(d, "mailbox_bytes", c.mailboxBytes);
   c.sameHost = option<bool>(d, "same_host", c.sameHost);
+  c.heapTrimIntervalSeconds = option<double>(d, "heap_trim_interval", c.heapTrimIntervalSeconds);
   return c;
 }
 

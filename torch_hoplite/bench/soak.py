@@ -325,7 +325,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                 "mean_fault_interval_s": args.fault_interval, "kept_rank": soak.kept,
                 # The allocator's settings, or another allocator preloaded, where the run set them.
                 "allocator_env": {k: v for k, v in os.environ.items()
-                                  if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES", "LD_PRELOAD")},
+                                  if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES", "LD_PRELOAD", "HOPLITE_HEAP_TRIM_INTERVAL")},
                 "options": dict(OPTIONS, capacity_bytes=args.capacity),
                 "grace_s": GRACE, "round_seconds": soak_workload.ROUND_SECONDS,
                 "sizes_bytes": [n * 4 for n in soak_workload.SIZES], "weights": soak_workload.WEIGHTS}

@@ -213,6 +213,10 @@ def resource_trend(samples: list[dict]) -> dict[str, Any]:
             "py_blocks_last_third": median_of(tail, "py_blocks"),
             # Copies the store evicted to make room, over the process's life (logs before 2026-11-27 lack it).
             "evictions": series[-1].get("evictions"),
+            # malloc_trim calls of the node's HeapTrimmer, and their mean duration (logs before 2026-11-28 lack them).
+            "heap_trims": series[-1].get("heap_trims"),
+            "heap_trim_mean_ms": (series[-1]["heap_trim_us"] / series[-1]["heap_trims"] / 1e3
+                                  if series[-1].get("heap_trims") else None),
         })
     return out
 
@@ -388,6 +392,8 @@ def print_summary(report: dict) -> None:
                   f" kept {mb('malloc_free_first_third_mb')} -> {mb('malloc_free_last_third_mb')} MiB"
                   f" (in chunks of 256 KiB or more and heap tops {mb('malloc_free_large_first_third_mb')} ->"
                   f" {mb('malloc_free_large_last_third_mb')})")
+        if r.get("heap_trims"):
+            print(f"    heap trims: {r['heap_trims']}, {r['heap_trim_mean_ms']:.1f} ms each on average")
     d = report.get("directory", {})
     if d.get("shares_moved_max") is not None:
         print(f"  directory shares taken for moved: median {d['shares_moved_median']:g}, max {d['shares_moved_max']}, "

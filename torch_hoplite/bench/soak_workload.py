@@ -171,6 +171,7 @@ def sample_resources(log: Log, period: float, breakdown_every: int = 10) -> None
             log.write(event="sample", rss=pages[1], shared=pages[2], fds=len(os.listdir("/proc/self/fd")),
                       store=stats["store_used_bytes"], objects=stats["store_objects"],
                       mapped=stats["pool_mapped_bytes"], pool=stats["pool_held_bytes"], evictions=stats["evictions"],
+                      heap_trims=stats["heap_trims"], heap_trim_us=stats["heap_trim_us"],
                       shards_moved=stats["shards_moved"],
                       directory=[stats[k] for k in ("directory_entries", "directory_inline_bytes", "directory_gone",
                                                     "directory_standby", "directory_watches")], **extra)

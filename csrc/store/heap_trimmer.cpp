@@ -1,0 +1,48 @@
+#include "store/heap_trimmer.h"
+
+#include <chrono>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#include <pthread.h>
+#endif
+
+namespace hoplite {
+
+HeapTrimmer::HeapTrimmer(double intervalSeconds) {
+#if defined(__GLIBC__)
+  if (intervalSeconds > 0) thread_ = std::thread([this, intervalSeconds] { run(intervalSeconds); });
+#else
+  (void)intervalSeconds;
+#endif
+}
+
+HeapTrimmer::~HeapTrimmer() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void HeapTrimmer::run(double intervalSeconds) {
+#if defined(__GLIBC__)
+  pthread_setname_np(pthread_self(), "hoplite-trim");
+  const auto interval = std::chrono::duration<double>(intervalSeconds);
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!wake_.wait_for(lock, interval, [this] { return stopping_; })) {
+    lock.unlock();
+    const auto start = std::chrono::steady_clock::now();
+    malloc_trim(0);
+    const auto spent = std::chrono::steady_clock::now() - start;
+    trimMicros_ += std::chrono::duration_cast<std::chrono::microseconds>(spent).count();
+    trims_++;
+    lock.lock();
+  }
+#else
+  (void)intervalSeconds;
+#endif
+}
+
+}  // namespace hoplite

@@ -1,0 +1,40 @@
+// Gives the kernel back the pages that glibc's malloc keeps in its heaps after
+// they were freed. A process that frees tensors of a few MiB at a high rate
+// (the program's own, which torch_hoplite does not allocate) otherwise grows
+// for hours under glibc's defaults: large freed chunks stay in the heaps,
+// pinned between small live ones. A thread of its own calls malloc_trim(0)
+// every interval; without glibc it does nothing.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+
+namespace hoplite {
+
+class HeapTrimmer {
+ public:
+  // intervalSeconds <= 0: never trims (no thread).
+  explicit HeapTrimmer(double intervalSeconds);
+  ~HeapTrimmer();
+  HeapTrimmer(const HeapTrimmer&) = delete;
+  HeapTrimmer& operator=(const HeapTrimmer&) = delete;
+
+  uint64_t trims() const { return trims_.load(); }
+  // Time spent in malloc_trim so far (it holds each arena's lock in turn), µs.
+  uint64_t trimMicros() const { return trimMicros_.load(); }
+
+ private:
+  void run(double intervalSeconds);
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::atomic<uint64_t> trims_{0};
+  std::atomic<uint64_t> trimMicros_{0};
+  std::thread thread_;
+};
+
+}  // namespace hoplite

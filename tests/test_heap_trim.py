@@ -1,0 +1,79 @@
+"""The node gives back the pages glibc's malloc keeps after frees
+(store/heap_trimmer.h): a process that frees many large blocks stays flat."""
+
+import ctypes
+import os
+import time
+
+import pytest
+import torch.distributed as dist
+
+import torch_hoplite as hop
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+
+BLOCK = 100 << 10  # below glibc's mmap threshold: served from the heap
+BLOCKS = 2000
+
+
+def resident_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def strand_freed_memory() -> list[int]:
+    """Touches 2 * BLOCKS heap blocks and frees every other one: ~200 MiB that
+    malloc keeps (each freed block lies between two in use, so it neither
+    merges with the heap's top nor is trimmed by free()). Returns the blocks
+    still in use, for the caller to free."""
+    kept = []
+    freed = []
+    for _ in range(BLOCKS):
+        for blocks in (freed, kept):
+            block = libc.malloc(BLOCK)
+            libc.memset(block, 1, BLOCK)
+            blocks.append(block)
+    for block in freed:
+        libc.free(block)
+    return kept
+
+
+def trimmed_within(before: float, seconds: float) -> float:
+    """How far RSS fell below `before` within `seconds` (polled)."""
+    deadline = time.monotonic() + seconds
+    fell = 0.0
+    while time.monotonic() < deadline and fell < 150:
+        time.sleep(0.1)
+        fell = before - resident_mib()
+    return fell
+
+
+@pytest.mark.parametrize("interval", [0.2, 0])
+def test_memory_freed_by_the_program_is_given_back(interval):
+    hop.init(dist.HashStore(), rank=0, world_size=1, timeout=60, heap_trim_interval=interval)
+    kept = []
+    try:
+        kept = strand_freed_memory()
+        stranded = resident_mib()
+        fell = trimmed_within(stranded, 3.0)
+        trims = hop.stats()["heap_trims"]
+        if interval:
+            assert fell >= 150, f"RSS fell {fell:.0f} MiB from {stranded:.0f} MiB"
+            assert trims >= 1
+        else:
+            assert fell < 50, f"RSS fell {fell:.0f} MiB from {stranded:.0f} MiB without trimming"
+            assert trims == 0
+    finally:
+        for block in kept:
+            libc.free(block)
+        hop.shutdown()
+
+
+def test_a_bad_interval_is_refused():
+    with pytest.raises(ValueError, match="heap_trim_interval"):
+        hop.init(dist.HashStore(), rank=0, world_size=1, heap_trim_interval=-1)
+    assert not hop.is_initialized()
