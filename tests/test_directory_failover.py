@@ -252,3 +252,35 @@ def test_a_copy_that_outlives_the_puts_holder_outlives_the_shard_host_too():
         assert torch.equal(hop.get(obj, timeout=20).wait(), torch.full((1 << 18,), 5.0))
     finally:
         c.close()
+
+
+def test_a_delete_applied_by_a_shard_host_that_died_before_answering_succeeds():
+    """The shard's host drops every copy, then dies before it answers; its
+    standby never heard of the delete. Asked again at the successor, which
+    does not know the id, the delete still succeeds: it took effect."""
+    world, host, standby = 5, 1, 2  # rank 2 is rank 1's standby and holds a copy
+    (obj,) = ids_with_shard("applied-delete", 1, world, lambda s: s == host)
+    c = Cluster(world, options={"heartbeat_interval": 0.2, "heartbeat_timeout": 1.5, "same_host": False})
+    try:
+        hop.put(torch.arange(100_000, dtype=torch.float32), obj)
+        assert c.call(standby, workers.get_keeping_copy, obj, 30).shape == (100_000,)
+        # Rank 0 pulls from the standby too, so it hears the standby fall silent.
+        c.call(standby, workers.put, torch.ones(100_000), "from-the-standby")
+        assert hop.get("from-the-standby", timeout=30).wait().shape == (100_000,)
+        objects = hop.stats()["store_objects"]
+        # Frozen, the standby hears nothing of the delete, and the host waits
+        # for its copy to be dropped before answering.
+        c.freeze(standby)
+        delete = in_thread(hop.delete, obj)
+        deadline = time.monotonic() + 10
+        while hop.stats()["store_objects"] == objects:
+            assert time.monotonic() < deadline, "the shard's host never dropped rank 0's copy"
+            time.sleep(0.01)
+        c.kill(host)
+        delete(30)
+        with pytest.raises(hop.HopliteError):
+            hop.get(obj, timeout=2).wait()
+    finally:
+        if standby in c.procs and c.procs[standby].is_alive():
+            c.kill(standby)
+        c.close()

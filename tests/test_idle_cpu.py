@@ -1,4 +1,5 @@
-"""An idle node blocks in epoll_wait: no spinning, no periodic wake-ups."""
+"""An idle node blocks in epoll_wait: no spinning, no wake-ups but the heap
+trimmer's (every 30 s)."""
 
 import time
 

@@ -43,14 +43,15 @@ HOPLITE_SAME_HOST    same      processes of one host (same kernel, pid     1
                      _host     and network namespace) read each other's
                                objects from memory (process_vm_readv)
                                instead of over loopback TCP; 0: always TCP
+HOPLITE_HEAP_TRIM_INTERVAL     give glibc malloc's freed pages back to     30
+                     heap_trim the kernel (malloc_trim) every this many
+                     _interval s, so that a process that frees many
+                               large tensors stays flat; 0: never, else
+                               at least 0.1
 HOPLITE_SECRET       secret    cluster secret: peers prove they know it    generated
                                (HMAC challenge-response) before anything
                                else is accepted; unset: rank 0 generates
                                one at rendezvous and keeps it in the store
-HOPLITE_HEAP_TRIM_INTERVAL     give glibc malloc's freed pages back to    30
-                     heap_trim_interval  the kernel (malloc_trim) every this
-                               many s, so that a process that frees
-                               many large tensors stays flat; 0: never
 HOPLITE_REJOIN       rejoin    this process restarts a rank that failed:   0
                                join the running cluster (its round in
                                the store) instead of starting a new one
@@ -70,6 +71,8 @@ import re
 from typing import Any, Optional
 
 MAX_TIMEOUT = 86400.0  # a day; the core clamps longer waits too
+# malloc_trim takes ~30 ms and holds each arena's lock in turn: not back to back.
+MIN_HEAP_TRIM_INTERVAL = 0.1
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*$")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -192,9 +195,9 @@ class Config:
                 f"heartbeat_timeout ({self.heartbeat_timeout} s) must exceed heartbeat_interval "
                 f"({self.heartbeat_interval} s)"
             )
-        if not 0 <= self.heap_trim_interval <= MAX_TIMEOUT:
+        if self.heap_trim_interval != 0 and not MIN_HEAP_TRIM_INTERVAL <= self.heap_trim_interval <= MAX_TIMEOUT:
             raise ValueError(
-                f"heap_trim_interval must be 0 (never) or positive and at most {MAX_TIMEOUT:g} s, "
+                f"heap_trim_interval must be 0 (never) or between {MIN_HEAP_TRIM_INTERVAL:g} and {MAX_TIMEOUT:g} s, "
                 f"got {self.heap_trim_interval}"
             )
         if self.copy_threads < 1:

@@ -476,6 +476,7 @@ void Node::shutdown() {
   loop_.stop();
   workers_->stop();
   putCopies_->stop();
+  heapTrimmer_->stop();  // the Node may outlive its shutdown (a c10d backend holds it)
   {
     std::lock_guard<std::mutex> lock(completionMutex_);
     closed_ = true;

@@ -243,6 +243,8 @@ class Node : private PeerEvents, private ReduceServices {
   std::unique_ptr<LinkEstimator> linkEstimator_;
   std::unique_ptr<ReduceCoordinator> coordinator_;
   std::unique_ptr<ReduceTaskRunner> reduceTasks_;
+
+  // Gives malloc's freed pages back every interval; depends on nothing above.
   std::unique_ptr<HeapTrimmer> heapTrimmer_;
 
   // Loop-thread state.

@@ -181,7 +181,14 @@ Status Node::remove(const std::vector<std::string>& ids, double timeoutSeconds) 
 }
 
 void Node::deleteOne(const std::string& id, std::function<void(const Status&)> done) {
-  directory_->requestDelete(id, /*retract=*/false, [this, id, done = std::move(done)](const Status& s) {
+  std::shared_ptr<LocalObject> held = store_->find(id);
+  directory_->requestDelete(id, /*retract=*/false, [this, id, held, done = std::move(done)](const Status& s) {
+    if (s.code == Code::kNotFound && held && held->failed() && held->error().code == Code::kDeleted) {
+      // A delete dropped this node's copy meanwhile: most likely this one,
+      // applied by a shard host that failed before it answered, and asked
+      // again at a successor that never heard of the id.
+      return done(Status());
+    }
     // The directory forgot this node's copy (its peers took this process
     // for failed while it was stalled, before it listed its copies again):
     // dropping the copy is the delete.

@@ -17,7 +17,9 @@ HeapTrimmer::HeapTrimmer(double intervalSeconds) {
 #endif
 }
 
-HeapTrimmer::~HeapTrimmer() {
+HeapTrimmer::~HeapTrimmer() { stop(); }
+
+void HeapTrimmer::stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
@@ -26,7 +28,7 @@ HeapTrimmer::~HeapTrimmer() {
   if (thread_.joinable()) thread_.join();
 }
 
-void HeapTrimmer::run(double intervalSeconds) {
+void HeapTrimmer::run([[maybe_unused]] double intervalSeconds) {
 #if defined(__GLIBC__)
   pthread_setname_np(pthread_self(), "hoplite-trim");
   const auto interval = std::chrono::duration<double>(intervalSeconds);
@@ -40,8 +42,6 @@ void HeapTrimmer::run(double intervalSeconds) {
     trims_++;
     lock.lock();
   }
-#else
-  (void)intervalSeconds;
 #endif
 }
 

@@ -1,7 +1,7 @@
 // Gives the kernel back the pages that glibc's malloc keeps in its heaps after
 // they were freed. A process that frees tensors of a few MiB at a high rate
 // (the program's own, which torch_hoplite does not allocate) otherwise grows
-// for hours under glibc's defaults: large freed chunks stay in the heaps,
+// for as long as it runs under glibc's defaults: large freed chunks stay in the heaps,
 // pinned between small live ones. A thread of its own calls malloc_trim(0)
 // every interval; without glibc it does nothing.
 #pragma once
@@ -21,6 +21,8 @@ class HeapTrimmer {
   ~HeapTrimmer();
   HeapTrimmer(const HeapTrimmer&) = delete;
   HeapTrimmer& operator=(const HeapTrimmer&) = delete;
+  // Ends the thread (at once, between calls); later calls do nothing.
+  void stop();
 
   uint64_t trims() const { return trims_.load(); }
   // Time spent in malloc_trim so far (it holds each arena's lock in turn), µs.

@@ -51,6 +51,7 @@ from torch_hoplite import _C
 from torch_hoplite.bench import soak_report, soak_workload
 from torch_hoplite.bench.common import RESULTS, machine
 from torch_hoplite.bench.emulated_cluster import MANAGEMENT_HOST, EmulatedCluster, enter_namespace, links_can_be_delayed
+from torch_hoplite.config import Config
 
 OPTIONS = {"timeout": 10.0, "connect_timeout": 3.0, "heartbeat_interval": 0.25, "heartbeat_timeout": 2.0,
            "same_host": False}
@@ -325,7 +326,9 @@ def main(argv: Optional[list[str]] = None) -> None:
                 "mean_fault_interval_s": args.fault_interval, "kept_rank": soak.kept,
                 # The allocator's settings, or another allocator preloaded, where the run set them.
                 "allocator_env": {k: v for k, v in os.environ.items()
-                                  if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES", "LD_PRELOAD", "HOPLITE_HEAP_TRIM_INTERVAL")},
+                                  if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES", "LD_PRELOAD")},
+                # Every rank's (HOPLITE_HEAP_TRIM_INTERVAL or the default; runs before 791f72a never trimmed).
+                "heap_trim_interval_s": Config.resolve({}).heap_trim_interval,
                 "options": dict(OPTIONS, capacity_bytes=args.capacity),
                 "grace_s": GRACE, "round_seconds": soak_workload.ROUND_SECONDS,
                 "sizes_bytes": [n * 4 for n in soak_workload.SIZES], "weights": soak_workload.WEIGHTS}
