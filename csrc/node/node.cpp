@@ -264,7 +264,7 @@ void Node::handleRelistCopies(Connection& conn, const wire::RelistCopies& msg) {
   const int rank = conn.peerRank();
   // (Not once this node leaves: its copies go with it.)
   if (rank < 0 || rank == config_.rank || msg.incarnation != incarnation_ || stopped() || shuttingDown_) return;
-  directory_->reRegisterCopies([&](const std::string& id) { return directory_->shardHost(directory_->shardOf(id)) == rank; });
+  directory_->reRegisterCopies([&](const std::string& id) { return directory_->shardOf(id) == rank; });
 }
 
 void Node::scheduleShareReturn() {

@@ -149,9 +149,7 @@ void Peers::connectPeer(int rank) {
   try {
     peer.conn = transport_->connect(peer.host, peer.port, this);
   } catch (const std::exception& e) {
-    const bool gone = !peer.probing;
-    peer.probing = false;
-    failPeer(rank, Status(Code::kPeerFailed, e.what()), gone);
+    failPeer(rank, Status(Code::kPeerFailed, e.what()));
     return;
   }
   peer.conn->setPeerRank(rank);
@@ -195,8 +193,11 @@ void Peers::dialIfAwaited(int rank) {
 void Peers::failPeer(int rank, const Status& why, bool gone) {
   HOPLITE_ASSERT_ON_LOOP(loop_);
   if (rank < 0 || rank >= config_.worldSize) return;
-  if (gone) events_.onPeerGone(rank);
   Peer& peer = peers_[rank];
+  // A dial made because it still talked to us (heardFrom): failing, it proves nothing.
+  if (peer.probing) gone = false;
+  peer.probing = false;
+  if (gone) events_.onPeerGone(rank);
   peer.lost = true;
   peer.awaitingAddress = false;
   peer.conn.reset();
@@ -283,9 +284,7 @@ void Peers::onDialedClosed(Connection& conn, const Status& why) {
     connectPeer(rank);
     return;
   }
-  const bool gone = !peer.probing && (peer.ready || !conn.wasEstablished());
-  peer.probing = false;
-  failPeer(rank, why, gone);
+  failPeer(rank, why, /*gone=*/peer.ready || !conn.wasEstablished());
 }
 
 // ---------------------------------------------------------------- heartbeats
