@@ -55,6 +55,32 @@ def test_a_peer_stopped_before_it_was_ever_dialled_fails_within_the_connect_time
         c.close()
 
 
+def test_a_stopped_peer_first_dialled_after_it_stopped_fails_within_the_heartbeat_timeout(cluster3_fast_heartbeats):
+    """A connect timeout (30 s here) longer than the heartbeat timeout does not
+    hold what waits: a peer that accepts the connection and answers nothing for
+    the heartbeat timeout has failed, as one silent on a connection in use."""
+    c = cluster3_fast_heartbeats
+    # Only rank 1 holds it, its directory entry is on rank 2: rank 1 dials
+    # rank 2, and rank 0 has dialed neither of them.
+    (held,) = ids_with_shard("hs-held", 1, 3, lambda s: s == 2)
+    c.call(1, workers.put, torch.ones(1 << 20), held)  # (not inline in its entry)
+    c.freeze(1)
+    try:
+        start = time.monotonic()
+        with pytest.raises(hop.PeerFailedError, match="rank 1.*answered nothing.*HOPLITE_HEARTBEAT_TIMEOUT"):
+            hop.get(held, timeout=60).wait()
+        assert time.monotonic() - start < 6  # heartbeat timeout 1.5 s, not the connect timeout's 30 s
+        # Declared failed, not merely given up on: its share of the directory
+        # moved on, so what is listed there now is found.
+        (moved,) = ids_with_shard("hs-moved", 1, 3, lambda s: s == 1)
+        ref = c.call(2, workers.put, torch.full((16,), 2.0), moved)
+        assert torch.equal(hop.get(ref, timeout=10).wait(), torch.full((16,), 2.0))
+        assert time.monotonic() - start < 12
+    finally:
+        os.kill(c.pids[1], signal.SIGCONT)
+        c.kill(1)
+
+
 # A handshake times out long before the heartbeat timeout (10 s), and a rank
 # stopped for a second or two does not take itself for stalled (that takes
 # 2 heartbeat intervals + 1 s without a heartbeat check: 5 s).

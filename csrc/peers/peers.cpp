@@ -146,6 +146,7 @@ void Peers::connectPeer(int rank) {
     return;
   }
   peer.ready = false;
+  peer.acceptedAt = 0;
   try {
     peer.conn = transport_->connect(peer.host, peer.port, this);
   } catch (const std::exception& e) {
@@ -350,8 +351,15 @@ void Peers::checkHeartbeats() {
     events_.onResumed();
   }
   checkCutOff(t);
-  std::vector<int> silent, quiet;
-  for (const auto& [rank, peer] : peers_) {
+  std::vector<int> silent, quiet, mute;
+  for (auto& [rank, peer] : peers_) {
+    if (!peer.ready && peer.conn && peer.conn->isOpen() && peer.conn->wasEstablished()) {
+      // Accepted and silent since (a stopped process's kernel still accepts):
+      // as dead as a peer silent on a connection in use, whatever the connect timeout.
+      if (late || peer.acceptedAt == 0) peer.acceptedAt = t;
+      if (t - std::max(peer.acceptedAt, peer.lastHeard) > config_.heartbeatTimeoutSeconds) mute.push_back(rank);
+      continue;
+    }
     if (!peer.ready || !peer.conn || !peer.conn->isOpen()) {
       // Cut off: the silent peers are redialed, to find out when the link is back.
       if (cutOff_ && !peer.conn && !peer.awaitingAddress && !peer.leaving) quiet.push_back(rank);
@@ -371,6 +379,19 @@ void Peers::checkHeartbeats() {
     Status why(Code::kPeerFailed, "it answered nothing for " + printableSeconds(config_.heartbeatTimeoutSeconds) +
                                       " (HOPLITE_HEARTBEAT_TIMEOUT)");
     conn->close(why);  // fails everything waiting on it
+  }
+  for (int rank : mute) {
+    auto it = peers_.find(rank);
+    if (it == peers_.end() || !it->second.conn || it->second.ready) continue;
+    auto conn = it->second.conn;
+    Status why(Code::kPeerFailed, "it accepted the connection but answered nothing for " +
+                                      printableSeconds(config_.heartbeatTimeoutSeconds) + " (HOPLITE_HEARTBEAT_TIMEOUT)");
+    if (cutOff_) {  // blamed on no one (onDialedClosed)
+      conn->close(why);
+      continue;
+    }
+    failPeer(rank, why);
+    conn->close(why);  // (no longer this peer's connection: onDialedClosed ignores it)
   }
   for (int rank : quiet) events_.ping(rank);
   loop_.addTimer(config_.heartbeatIntervalSeconds, [this] { checkHeartbeats(); });

@@ -157,6 +157,7 @@ class Peers : public PeerLinks, public ConnectionObserver {
     bool leaving = false;   // it said it shuts down (markLeaving)
     bool awaitingAddress = false;  // writes are queued for it, its address is not known yet (awaitAddress)
     double lastHeard = 0;   // any frame on the connection, for heartbeats
+    double acceptedAt = 0;  // when a dial's connect completed, until its handshake does (checkHeartbeats)
     std::string helloNonce;   // ours, until the peer's challenge is verified
     std::string helloListen;  // the listen address our hello claimed, as the proofs cover it
     bool verified = false;   // the peer proved it knows the secret
