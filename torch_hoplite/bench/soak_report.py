@@ -64,6 +64,13 @@ def named_ranks(error: str) -> set[int]:
     return {int(m) for m in re.findall(r"\brank (\d+)\b", error)}
 
 
+def lost_owners(error: str) -> set[int]:
+    """The owners of the soak's objects an error says were lost ("object
+    'soak.4.4.614' was lost"): whatever rank it names besides (where a reduce
+    step failed, say), those objects went with their owners' faults."""
+    return {int(m) for m in re.findall(r"object 'soak\.(\d+)\.\d+\.\d+' was lost", error)}
+
+
 def is_collective(op: dict) -> bool:
     """A c10d collective of the rounds every rank takes part in (soak_workload.CollectiveRounds)."""
     return op["op"].startswith("c10d ")
@@ -74,7 +81,8 @@ def explains(fault: dict, op: dict, until: float, settle: float) -> bool:
     ended after the fault and before the next fault on that rank, and its
     error names that rank (or, naming none, it touched that rank's objects).
     A fault the rank lives through also explains its own operations begun
-    before the fault ended or within `settle` seconds after. Every rank is in
+    before the fault ended or within `settle` seconds after. An object lost
+    is explained by its owner's faults alone. Every rank is in
     every c10d round: a fault anywhere explains the collectives that began
     before its rank was back (`back`) and `settle` seconds more."""
     end = op["start"] + op["dur"]
@@ -85,7 +93,7 @@ def explains(fault: dict, op: dict, until: float, settle: float) -> bool:
     if op["rank"] == fault["rank"]:
         ended = fault.get("restarted", until)
         return fault["kind"] in KEEPS_PROCESS and op["start"] < ended + settle
-    named = named_ranks(op["error"])
+    named = lost_owners(op["error"]) or named_ranks(op["error"])
     return fault["rank"] in named if named else fault["rank"] in owners(op)
 
 
