@@ -9,6 +9,7 @@ import json
 import os
 import re
 import statistics
+import time
 from typing import Any, Callable, Optional, Union
 
 from torch_hoplite.config import parse_size
@@ -82,7 +83,8 @@ def explains(fault: dict, op: dict, until: float, settle: float) -> bool:
     error names that rank (or, naming none, it touched that rank's objects).
     A fault the rank lives through also explains its own operations begun
     before the fault ended or within `settle` seconds after. An object lost
-    is explained by its owner's faults alone. Every rank is in
+    is explained by its owner's faults alone; any failure also by a fault
+    under way, as it began, at an owner of what it touched. Every rank is in
     every c10d round: a fault anywhere explains the collectives that began
     before its rank was back (`back`) and `settle` seconds more."""
     end = op["start"] + op["dur"]
@@ -94,7 +96,12 @@ def explains(fault: dict, op: dict, until: float, settle: float) -> bool:
         ended = fault.get("restarted", until)
         return fault["kind"] in KEEPS_PROCESS and op["start"] < ended + settle
     named = lost_owners(op["error"]) or named_ranks(op["error"])
-    return fault["rank"] in named if named else fault["rank"] in owners(op)
+    if not named:
+        return fault["rank"] in owners(op)
+    # A fault under way at one of its objects' owners as it began explains it
+    # too, wherever the error surfaced (a reduce redone around a cut input's
+    # owner may fail on another rank).
+    return fault["rank"] in named or (fault["rank"] in owners(op) and op["start"] < fault["back"] + settle)
 
 
 def deleted_by_owner(op: dict, deleted_at: dict[str, float]) -> bool:
@@ -407,3 +414,37 @@ def print_summary(report: dict) -> None:
         print(f"  directory shares taken for moved: median {d['shares_moved_median']:g}, max {d['shares_moved_max']}, "
               f"half or more in {d['samples_with_half_moved']} of {d['samples']} samples")
     print(f"  wrong bytes {report['wrong_bytes']}, hangs {report['hangs']}")
+
+
+def reanalyse(path: str, workdir: Optional[str] = None) -> dict[str, Any]:
+    """Writes a soak's report again from its logs (kept next to it as
+    ``<name>_logs``, or `workdir`) with this version of the analysis: its
+    faults, settings and machine are the run's, its `analysed` the commit
+    that analysed it now."""
+    from torch_hoplite.bench.common import machine
+
+    with open(path) as f:
+        old = json.load(f)
+    workdir = workdir or os.path.splitext(path)[0] + "_logs"
+    records = read_logs(workdir)
+    ends = [r["start"] + r["dur"] for r in records if r.get("event") == "op"]
+    if not ends:
+        raise ValueError(f"no operations logged in {workdir}")
+    # The report's times count from `began`, and its `seconds` end at the last operation.
+    began = max(ends) - old["seconds"]
+    faults = [{**f, **{k: f[k] + began for k in ("t", "restart_at", "restarted", "back") if k in f}}
+              for f in old["faults"]]
+    report = summarize(workdir, faults, began, old["settings"], old["machine"])
+    report["analysed"] = {"commit": machine()["commit"], "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    write(report, path)
+    return report
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write a soak's report again from its logs.")
+    parser.add_argument("result", help="the soak's JSON; its logs are read from <name>_logs")
+    parser.add_argument("--workdir", default=None, help="where the logs are, if elsewhere")
+    args = parser.parse_args()
+    print_summary(reanalyse(args.result, args.workdir))
