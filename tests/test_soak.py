@@ -55,18 +55,3 @@ def test_an_object_lost_is_blamed_on_its_owners_fault_not_on_the_rank_the_error_
     assert explains(leave, op, until=100.0, settle=2.0)
     assert not explains(cut, op, until=100.0, settle=2.0)
 
-
-def test_a_failure_is_blamed_on_a_fault_under_way_at_an_owner_of_what_it_touched():
-    from torch_hoplite.bench.soak_report import explains
-
-    # From the 9d72a7d run: rank 7 left and was back long before; a reduce
-    # with an input of rank 0 began as rank 0 was cut off, and failed on rank 7.
-    leave = {"kind": "leave", "rank": 7, "t": 0.0, "back": 17.8}
-    cut = {"kind": "partition", "rank": 0, "t": 21.1, "restarted": 24.5, "back": 24.5}
-    op = {"op": "reduce", "rank": 6, "start": 21.2, "dur": 2.0, "objects": ["soak.0.0.9524", "soak.2.5.720"],
-          "error": "ObjectExistsError: reduce into 'r' failed on rank 7: object 'r' already exists"}
-    assert explains(cut, op, until=100.0, settle=2.0)
-    assert explains(leave, op, until=100.0, settle=2.0)  # it names rank 7; attribute() prefers the one under way
-    # Not once the owner's fault is over.
-    op["start"] = 30.0
-    assert not explains(cut, op, until=100.0, settle=2.0)

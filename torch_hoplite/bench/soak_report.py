@@ -83,8 +83,7 @@ def explains(fault: dict, op: dict, until: float, settle: float) -> bool:
     error names that rank (or, naming none, it touched that rank's objects).
     A fault the rank lives through also explains its own operations begun
     before the fault ended or within `settle` seconds after. An object lost
-    is explained by its owner's faults alone; any failure also by a fault
-    under way, as it began, at an owner of what it touched. Every rank is in
+    is explained by its owner's faults alone. Every rank is in
     every c10d round: a fault anywhere explains the collectives that began
     before its rank was back (`back`) and `settle` seconds more."""
     end = op["start"] + op["dur"]
@@ -96,12 +95,7 @@ def explains(fault: dict, op: dict, until: float, settle: float) -> bool:
         ended = fault.get("restarted", until)
         return fault["kind"] in KEEPS_PROCESS and op["start"] < ended + settle
     named = lost_owners(op["error"]) or named_ranks(op["error"])
-    if not named:
-        return fault["rank"] in owners(op)
-    # A fault under way at one of its objects' owners as it began explains it
-    # too, wherever the error surfaced (a reduce redone around a cut input's
-    # owner may fail on another rank).
-    return fault["rank"] in named or (fault["rank"] in owners(op) and op["start"] < fault["back"] + settle)
+    return fault["rank"] in named if named else fault["rank"] in owners(op)
 
 
 def deleted_by_owner(op: dict, deleted_at: dict[str, float]) -> bool:
