@@ -351,13 +351,18 @@ void Peers::checkHeartbeats() {
     events_.onResumed();
   }
   checkCutOff(t);
-  std::vector<int> silent, quiet, mute;
+  std::vector<int> silent, quiet;
+  std::vector<std::pair<int, std::shared_ptr<Connection>>> mute;
   for (auto& [rank, peer] : peers_) {
     if (!peer.ready && peer.conn && peer.conn->isOpen() && peer.conn->wasEstablished()) {
       // Accepted and silent since (a stopped process's kernel still accepts):
-      // as dead as a peer silent on a connection in use, whatever the connect timeout.
-      if (late || peer.acceptedAt == 0) peer.acceptedAt = t;
-      if (t - std::max(peer.acceptedAt, peer.lastHeard) > config_.heartbeatTimeoutSeconds) mute.push_back(rank);
+      // as dead as a peer silent on a connection in use. (A connect timeout
+      // shorter than the heartbeat timeout gives up on it first, alone.)
+      // Counted from when this process last ran settled.
+      if (late || peer.acceptedAt == 0 || justStalled(t)) peer.acceptedAt = t;
+      if (t - std::max(peer.acceptedAt, peer.lastHeard) > config_.heartbeatTimeoutSeconds) {
+        mute.emplace_back(rank, peer.conn);
+      }
       continue;
     }
     if (!peer.ready || !peer.conn || !peer.conn->isOpen()) {
@@ -380,10 +385,9 @@ void Peers::checkHeartbeats() {
                                       " (HOPLITE_HEARTBEAT_TIMEOUT)");
     conn->close(why);  // fails everything waiting on it
   }
-  for (int rank : mute) {
+  for (const auto& [rank, conn] : mute) {
     auto it = peers_.find(rank);
-    if (it == peers_.end() || !it->second.conn || it->second.ready) continue;
-    auto conn = it->second.conn;
+    if (it == peers_.end() || it->second.conn != conn || it->second.ready) continue;
     Status why(Code::kPeerFailed, "it accepted the connection but answered nothing for " +
                                       printableSeconds(config_.heartbeatTimeoutSeconds) + " (HOPLITE_HEARTBEAT_TIMEOUT)");
     if (cutOff_) {  // blamed on no one (onDialedClosed)
