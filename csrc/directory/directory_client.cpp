@@ -213,6 +213,14 @@ void DirectoryClient::shardReturned(int rank) {
   reRegisterCopies([&](const std::string& id) { return shardOf(id) == rank; });
 }
 
+bool DirectoryClient::movedFromAnotherProcess(int rank) const {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
+  auto it = moved_.find(rank);
+  const uint64_t known = peers_.incarnationOf(rank);
+  return rank != config_.rank && it != moved_.end() && it->second.incarnation != 0 && known != 0 &&
+         it->second.incarnation != known;
+}
+
 void DirectoryClient::reRegisterCopies(const std::function<bool(const std::string& id)>& picked) {
   for (const auto& obj : store_.snapshot()) {
     if (obj->failed() || !picked(obj->id())) continue;

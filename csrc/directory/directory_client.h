@@ -85,6 +85,11 @@ class DirectoryClient : public DirectoryAccess {
   // registers there its copies of the objects that are listed there now
   // (also when it had not moved: the new process starts with an empty share).
   void shardReturned(int rank);
+  // Whether the move this node took `rank`'s share for was of another process
+  // than the one it now knows runs there: news a process heard before it
+  // heard from that rank, of a process that has left or died since (its
+  // successor's share is its own).
+  bool movedFromAnotherProcess(int rank) const;
   // This process (`incarnation`) leaves: its share of the directory moves on
   // here as it does at the peers that hear of it (moveShardFrom). Returns the
   // ranks that host what this node hosted (none if its share is the last).

@@ -207,6 +207,15 @@ void Node::onPeerRejoined(int rank) {
   peers_->send(rank, wire::RelistCopies{peers_->incarnationOf(rank)});
 }
 
+void Node::onPeerKnown(int rank) {
+  // This process moved the share of an earlier process of that rank (news
+  // heard before it knew the current one, which rejoined since): as a rejoin.
+  if (directory_->movedFromAnotherProcess(rank)) {
+    HLOG(kInfo, "%s is not the process whose directory shard this process took for moved", peers_->peerName(rank).c_str());
+    onPeerRejoined(rank);
+  }
+}
+
 uint8_t* Node::dataDestination(Connection& conn, uint64_t request, uint64_t offset, uint64_t size,
                                std::shared_ptr<const void>* keepalive) {
   if (Mailbox::carriesMessage(request)) return mailbox_->dataDestination(conn, request, offset, size, keepalive);

@@ -163,6 +163,7 @@ class Node : private PeerEvents, private ReduceServices {
   void onAcceptedClosed(Connection& conn, int rank, bool left, const Status& why) override;
   bool departed(int rank) const override { return directory_->hasMoved(rank); }
   void onPeerRejoined(int rank) override;
+  void onPeerKnown(int rank) override;
   void fillHelloAck(wire::HelloAck* ack) override;
   void onPeerReady(int rank, const wire::HelloAck& ack) override;
   void ping(int rank) override;

@@ -129,7 +129,9 @@ void Peers::adoptPeer(int rank, const Handshake& hello, uint64_t connectionId) {
   if (!moved && !reborn && !peer.lost) {
     peer.host = host;
     peer.port = port;
+    const bool first = peer.incarnation == 0 && hello.incarnation != 0;
     if (hello.incarnation != 0) peer.incarnation = hello.incarnation;
+    if (first) events_.onPeerKnown(rank);
     dialIfAwaited(rank);
     return;
   }
@@ -208,6 +210,7 @@ void Peers::handleHelloAck(Connection& conn, const wire::HelloAck& ack) {
   const bool restarted = peer.incarnation != 0 && ack.incarnation != peer.incarnation;
   // One given up on that answers as the same process was stalled or cut off (see adoptPeer).
   const bool cameBack = peer.lost && peer.incarnation != 0 && ack.incarnation == peer.incarnation;
+  const bool first = peer.incarnation == 0 && ack.incarnation != 0;
   peer.incarnation = ack.incarnation;
   if (restarted) peer.leaving = false;  // (the process that left is not this one)
   if (restarted || cameBack) {
@@ -217,6 +220,7 @@ void Peers::handleHelloAck(Connection& conn, const wire::HelloAck& ack) {
     peer.incoming = 0;
     events_.onPeerRejoined(conn.peerRank());
   }
+  if (first) events_.onPeerKnown(conn.peerRank());  // (before the ack's news of moves, read against it)
   peer.memory = acceptSameHost(conn.peerRank(), ack);  // before the queued pulls go out
   events_.onPeerReady(conn.peerRank(), ack);
   auto queued = std::move(peer.queued);

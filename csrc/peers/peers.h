@@ -71,6 +71,9 @@ class PeerEvents {
   virtual void onPeerReady(int rank, const wire::HelloAck& ack) = 0;
   // A new process of `rank` proved who it is (it rejoined, after it failed).
   virtual void onPeerRejoined(int rank) = 0;
+  // This node heard which process `rank` runs for the first time (its hello
+  // or hello ack): what it heard of that rank before may be of an earlier one.
+  virtual void onPeerKnown(int rank) = 0;
   // A quiet peer is asked for an answer, so that its silence shows.
   virtual void ping(int rank) = 0;
   // Data frames on authenticated connections (see ConnectionObserver).

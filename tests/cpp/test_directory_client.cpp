@@ -189,6 +189,18 @@ void testAReturnOutdatesTheMovesBeforeIt(EventLoop& loop) {
   client.hearShardReturned({6, 106, 1});
   CHECK(!client.hasMoved(6));
   CHECK(!client.hearShardMoved({6, 106, 0}) && !client.hasMoved(6));  // the move before the return, late
+  // News of a process that has left since, heard before this node heard from
+  // rank 1's current one (a process that just started): told apart once it does.
+  peers.incarnations.erase(1);
+  CHECK(client.hearShardMoved({1, 101, 0}) && client.hasMoved(1) && !client.movedFromAnotherProcess(1));
+  peers.incarnations[1] = 201;
+  CHECK(client.movedFromAnotherProcess(1));
+  client.shardReturned(1);  // (what the node does then, as for a rejoin)
+  CHECK(!client.hasMoved(1) && client.shardHost(1) == 1 && !client.movedFromAnotherProcess(1));
+  client.moveShardFrom(1, 0);  // the current process's own move
+  CHECK(client.hasMoved(1) && !client.movedFromAnotherProcess(1));
+  client.shardReturned(1);  // (the same process: stays moved)
+  CHECK(client.hasMoved(1));
   // A return of a rank this node has given up on since: its share moves on again, as of that return.
   client.moveShardFrom(4, 0);
   peers.failed.insert(4);
