@@ -67,7 +67,8 @@ def test_a_stopped_peer_first_dialled_after_it_stopped_fails_within_the_heartbea
     c.freeze(1)
     try:
         start = time.monotonic()
-        with pytest.raises(hop.PeerFailedError, match="rank 1.*accepted the connection but answered nothing.*HOPLITE_HEARTBEAT_TIMEOUT"):
+        with pytest.raises(hop.PeerFailedError,
+                           match="rank 1.*accepted the connection but answered nothing.*HOPLITE_HEARTBEAT_TIMEOUT"):
             hop.get(held, timeout=60).wait()
         assert time.monotonic() - start < 6  # heartbeat timeout 1.5 s, not the connect timeout's 30 s
         # Failed, not merely given up on: its share of the directory moves

@@ -54,4 +54,3 @@ def test_an_object_lost_is_blamed_on_its_owners_fault_not_on_the_rank_the_error_
     op["error"] = "PeerFailedError: get of object 'soak.0.0.7' failed: rank 2 at 10.0.0.3:1 failed"
     assert explains(leave, op, until=100.0, settle=2.0)
     assert not explains(cut, op, until=100.0, settle=2.0)
-

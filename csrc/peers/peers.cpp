@@ -390,12 +390,10 @@ void Peers::checkHeartbeats() {
     if (it == peers_.end() || it->second.conn != conn || it->second.ready) continue;
     Status why(Code::kPeerFailed, "it accepted the connection but answered nothing for " +
                                       printableSeconds(config_.heartbeatTimeoutSeconds) + " (HOPLITE_HEARTBEAT_TIMEOUT)");
-    if (cutOff_) {  // blamed on no one (onDialedClosed)
-      conn->close(why);
-      continue;
-    }
-    failPeer(rank, why);
-    conn->close(why);  // (no longer this peer's connection: onDialedClosed ignores it)
+    // Cut off, it is blamed on no one (onDialedClosed); else failPeer lets go
+    // of the connection first, so onDialedClosed ignores its close.
+    if (!cutOff_) failPeer(rank, why);
+    conn->close(why);
   }
   for (int rank : quiet) events_.ping(rank);
   loop_.addTimer(config_.heartbeatIntervalSeconds, [this] { checkHeartbeats(); });

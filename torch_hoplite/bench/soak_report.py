@@ -9,7 +9,6 @@ import json
 import os
 import re
 import statistics
-import time
 from typing import Any, Callable, Optional, Union
 
 from torch_hoplite.config import parse_size
@@ -18,6 +17,12 @@ ENDS_PROCESS = ("kill", "leave")  # faults after which the rank's objects are go
 NETWORK = ("partition", "loss", "delay")  # faults of a rank's link
 KEEPS_PROCESS = ("pause",) + NETWORK  # faults the rank lives through: its own operations fail too
 DISRUPTIVE = ENDS_PROCESS + KEEPS_PROCESS  # faults whose recovery is measured
+FAULT_TIMES = ("t", "restart_at", "restarted", "back")  # a fault's moments (the report's count from the start)
+
+
+def shifted(fault: dict, by: float) -> dict:
+    """The fault with its moments moved by `by` seconds."""
+    return {**fault, **{k: fault[k] + by for k in FAULT_TIMES if k in fault}}
 
 
 def read_logs(workdir: str) -> list[dict]:
@@ -277,9 +282,7 @@ def summarize(workdir: str, faults: list[dict], began: float, settings: dict, ma
         "seconds": end - began,
         "operations": {k: {"ok": v["ok"], "failed": v["failed"], "errors": dict(v["errors"])}
                        for k, v in sorted(counts.items())},
-        "faults": [{**f, "t": f["t"] - began, **({"restart_at": f["restart_at"] - began} if "restart_at" in f else {}),
-                    **({"restarted": f["restarted"] - began} if "restarted" in f else {}),
-                    **({"back": f["back"] - began} if "back" in f else {})} for f in faults],
+        "faults": [shifted(f, -began) for f in faults],
         # Failures no fault explains (see attribute()): each is a finding.
         "unexplained_failures": [{**op, "start": op["start"] - began} for op in unexplained],
         "faults_by_kind": dict(collections.Counter(f["kind"] for f in faults)),
@@ -426,10 +429,10 @@ def reanalyse(path: str, workdir: Optional[str] = None) -> dict[str, Any]:
         raise ValueError(f"no operations logged in {workdir}")
     # The report's times count from `began`, and its `seconds` end at the last operation.
     began = max(ends) - old["seconds"]
-    faults = [{**f, **{k: f[k] + began for k in ("t", "restart_at", "restarted", "back") if k in f}}
-              for f in old["faults"]]
+    faults = [shifted(f, began) for f in old["faults"]]
     report = summarize(workdir, faults, began, old["settings"], old["machine"])
-    report["analysed"] = {"commit": machine()["commit"], "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    now = machine()
+    report["analysed"] = {"commit": now["commit"], "date": now["date"]}
     write(report, path)
     return report
 
