@@ -54,3 +54,46 @@ def test_an_object_lost_is_blamed_on_its_owners_fault_not_on_the_rank_the_error_
     op["error"] = "PeerFailedError: get of object 'soak.0.0.7' failed: rank 2 at 10.0.0.3:1 failed"
     assert explains(leave, op, until=100.0, settle=2.0)
     assert not explains(cut, op, until=100.0, settle=2.0)
+
+
+def test_a_reduce_whose_result_and_cleanup_each_time_out_is_not_a_hang(tmp_path, monkeypatch):
+    import random
+    import time
+    import types
+
+    import torch.distributed as dist
+
+    from torch_hoplite.bench import soak_workload
+
+    # From the 32224aa seed-2 run: the get of a reduce's result timed out after
+    # 10 s, then the delete of that result took another 10 s; the watchdog
+    # timed both as the get and logged a hang. Here each takes 0.9 of the
+    # 1 s timeout, and the watchdog's limit is 1.5 s (timeout + grace).
+    class Result:
+        def wait(self):
+            time.sleep(0.9)
+            raise TimeoutError("get of the reduce's result timed out")
+
+    fake = types.SimpleNamespace(
+        enable_tracing=lambda: None, trace_events=list,
+        reduce=lambda inputs, **kw: ("result", None), wait_reduce=lambda ref, **kw: None,
+        get=lambda ref, **kw: Result(), delete=lambda ref, **kw: time.sleep(1.4))
+    monkeypatch.setattr(soak_workload, "hop", fake)
+    store = dist.HashStore()
+    for rank in range(4):
+        store.set(f"soak/last/{rank}", "0.12:")
+    path = tmp_path / "rank0.jsonl"
+    log = soak_workload.Log(str(path), 0, 0)
+    workload = soak_workload.Workload(0, 0, 4, store, random.Random(1), log, timeout=1.0, grace=0.5)
+    monkeypatch.setattr(workload, "rng", types.SimpleNamespace(
+        choices=lambda ops, weights: ["reduce"], randrange=lambda n: 0, sample=random.Random(1).sample,
+        choice=lambda xs: xs[0]))
+    workload.step()
+    time.sleep(0.6)  # a last look by the watchdog
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    (op,) = [r for r in records if r["event"] == "op"]
+    assert op["op"] == "reduce" and op["error"].startswith("TimeoutError") and not op["late"], op
+    assert not [r for r in records if r["event"] == "hang"], records
+    (slow,) = [r for r in records if r["event"] == "slow"]
+    assert [what for what, _ in slow["calls"]] == [
+        "reduce", "wait_reduce", "get of the reduce's result", "delete of the failed reduce's result"], slow

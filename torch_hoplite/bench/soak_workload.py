@@ -37,6 +37,8 @@ WEIGHTS = {"put": 3, "get": 5, "delete": 1, "reduce": 1}
 ROUND_SECONDS = 5.0  # c10d rounds begin every this many seconds, at the same times on every rank
 ROUND_SHARE = 0.8  # of a round, for its collectives: every rank is done before the next round
 ROUND_ELEMENTS = 1 << 18  # float32 per rank: 1 MiB
+SLOW_SHARE = 0.9  # an operation that takes this share of its timeout or more logs the node's steps meanwhile
+MAX_SLOW_STEPS = 400  # its first and last halves
 
 
 def object_id(rank: int, incarnation: int, index: int) -> str:
@@ -192,8 +194,9 @@ class Workload:
         self.mine: collections.deque[str] = collections.deque()
         self.failed_puts: collections.deque[int] = collections.deque(maxlen=RECENT)
         self.objects: list[str] = []  # what the current operation touches, for the report
-        self.calls = 0  # blocking calls the current operation made
+        self.calls: list[tuple[str, float]] = []  # the current operation's blocking calls: (what, began)
         self.watchdog = Watchdog(log, timeout + grace)
+        hop.enable_tracing()  # an operation that runs slow logs the node's steps meanwhile
 
     # ---- what other ranks have put: "incarnation.index" of their last put,
     # then ":" and the indices among the recent ones whose put failed
@@ -290,6 +293,7 @@ class Workload:
             self.call("get of the reduce's result")
             got = hop.get(ref, timeout=self.timeout).wait()
         except Exception:
+            self.call("delete of the failed reduce's result")  # a call of its own, with its own timeout
             with contextlib.suppress(Exception):  # the reduce's own error is the one to report
                 hop.delete(ref, timeout=self.timeout)
             raise
@@ -300,15 +304,25 @@ class Workload:
 
     def call(self, what: str) -> None:
         """A blocking call of the current operation begins (each has the timeout)."""
-        self.calls += 1
+        self.calls.append((what, time.monotonic()))
         self.watchdog.begin(what)
 
     def step(self) -> None:
         op = self.rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
         self.objects = []
-        self.calls = 0
+        self.calls = []
+        hop.trace_events()  # drops the steps from before this operation
+        began = time.monotonic()
         run_checked(self.log, self.watchdog, op, getattr(self, f"op_{op}"),
-                    allowed=lambda: self.calls * self.timeout + self.grace, objects=lambda: self.objects)
+                    allowed=lambda: len(self.calls) * self.timeout + self.grace, objects=lambda: self.objects)
+        ended = time.monotonic()
+        steps = hop.trace_events()
+        if ended - began >= SLOW_SHARE * self.timeout:
+            kept = steps if len(steps) <= MAX_SLOW_STEPS else steps[:MAX_SLOW_STEPS // 2] + steps[-MAX_SLOW_STEPS // 2:]
+            self.log.write(event="slow", op=op, dur=ended - began,
+                           calls=[(what, round(t - began, 4)) for what, t in self.calls],
+                           steps=[(round(s.time - began, 4), s.step, str(s.id), s.peer) for s in kept],
+                           steps_left_out=len(steps) - len(kept))
 
 
 def run_checked(log: Log, watchdog: Watchdog, op: str, body: Callable[[], int], allowed: Callable[[], float],
