@@ -4,6 +4,7 @@ timeout, and everything waiting on it fails with PeerFailedError instead of
 waiting for its own, much longer, timeout."""
 
 import os
+import re
 import signal
 import time
 
@@ -405,5 +406,29 @@ def test_a_source_known_to_be_dead_is_not_assigned():
         before = c.call(3, workers.stats)["pull_resumes"]
         assert torch.equal(c.call(3, workers.get_from, obj, 2, 30), workers.pattern(n, 10))
         assert c.call(3, workers.stats)["pull_resumes"] == before
+    finally:
+        c.close()
+
+
+def test_a_delete_waiting_for_a_stopped_holder_names_it_and_ends_when_it_resumes(capfd):
+    """The shard answers a delete once every holder dropped its copy; one
+    still waited for after 5 s is named in the shard's log (here rank 0's)."""
+    c = Cluster(3)  # heartbeat timeout 10 s: rank 1 is not declared failed
+    try:
+        (obj,) = ids_with_shard("slow-drop", 1, 3, lambda s: s == 0)
+        hop.put(torch.ones(1 << 20), obj)
+        c.call(1, workers.get_keeping_copy, obj, 10)
+        c.freeze(1)
+        try:
+            deleting = in_thread(lambda: (hop.delete(obj, timeout=30), time.monotonic())[1])
+            time.sleep(6)
+            resumed = time.monotonic()
+        finally:
+            os.kill(c.pids[1], signal.SIGCONT)
+        assert resumed <= deleting(10) < resumed + 5  # it waited for rank 1, and no longer
+        assert re.search(rf"the delete of '{obj}' has waited 5 s for rank 1 at [^ ]+ to drop their copies",
+                         capfd.readouterr().err)
+        with pytest.raises(hop.ObjectDeletedError, match=obj):
+            c.call(2, workers.get, obj, 10)
     finally:
         c.close()

@@ -9,6 +9,7 @@ import torch
 
 import torch_hoplite as hop
 import workers
+from cluster import shard_of
 
 DTYPES = [
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -131,8 +132,10 @@ def test_put_of_an_existing_id_raises_on_any_rank(cluster4):
     assert name == "ObjectExistsError" and "'taken'" in message
 
 
-def test_get_of_unknown_id_times_out_naming_it(cluster4):
-    with pytest.raises(TimeoutError, match="'no-such-object'"):
+def test_get_of_unknown_id_times_out_naming_it_and_its_shard(cluster4):
+    shard = shard_of("no-such-object", 4)
+    with pytest.raises(TimeoutError, match=f"'no-such-object' timed out after 0.5 s \\(waiting for the object to be "
+                                           f"put; directory shard on rank {shard}\\b"):
         hop.get("no-such-object", timeout=0.5).wait()
     name, message, elapsed = cluster4.call(1, workers.get_error, "no-such-object-either", 1.0)
     assert name == "HopliteTimeoutError" and "'no-such-object-either'" in message

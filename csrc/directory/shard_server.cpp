@@ -5,13 +5,19 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "common/hash.h"
+#include "common/logging.h"
 #include "common/step_trace.h"
 #include "common/timeouts.h"
 
 namespace hoplite {
+namespace {
+// A delete that has waited this long for holders to drop their copies names them in the log.
+constexpr double kSlowDropSeconds = 5.0;
+}  // namespace
 
 ShardServer::ShardServer(EventLoop& loop, PeerLinks& peers, DirectoryClient& directory, int worldSize,
                          double graceSeconds)
@@ -213,16 +219,24 @@ void ShardServer::handleDelete(Connection& conn, const wire::Delete& msg) {
   }
   // Answer once every holder dropped its copy (or is gone), so no later get
   // anywhere can still see the object.
-  auto remaining = std::make_shared<size_t>(holders.size());
+  auto waiting = std::make_shared<std::set<int>>(holders.begin(), holders.end());
   std::weak_ptr<Connection> weak = peers_.sharedConnection(conn);
   for (int holder : holders) {
-    dropCopyAt(holder, msg.id, msg.retract, [weak, request, remaining](const Status&) {
-      if (--*remaining > 0) return;
+    dropCopyAt(holder, msg.id, msg.retract, [weak, request, waiting, holder](const Status&) {
+      if (waiting->erase(holder) == 0 || !waiting->empty()) return;
       if (auto c = weak.lock()) {
         c->sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{request, Status()}));
       }
     });
   }
+  if (waiting->empty()) return;
+  loop_.addTimer(kSlowDropSeconds, [this, waiting, id = msg.id] {
+    if (waiting->empty()) return;
+    std::string names;
+    for (int holder : *waiting) names += (names.empty() ? "" : ", ") + peers_.peerName(holder);
+    HLOG(kWarn, "the delete of %s has waited %s for %s to drop their copies", printableId(id).c_str(),
+         printableSeconds(kSlowDropSeconds).c_str(), names.c_str());
+  });
 }
 
 void ShardServer::handleSubscribe(Connection& conn, const wire::Subscribe& msg) {

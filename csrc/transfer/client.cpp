@@ -101,12 +101,7 @@ bool TransferClient::get(const std::string& id, double timeoutSeconds, bool copy
       auto it = gets_.find(token);
       if (it == gets_.end()) return;
       it->second.timer = 0;
-      const GetOp& op = it->second;
-      // Named now: the shard may have moved since the lookup was sent.
-      const std::string stage =
-          op.stage.empty() ? "waiting for the object to be put; directory shard on " + peers_.peerName(directory_.shardOf(op.id)) : op.stage;
-      finishGet(token, Status(Code::kTimeout, "get of object " + printableId(op.id) + " timed out after " +
-                                                  printableSeconds(op.timeoutSeconds) + " (" + stage + ")"));
+      finishGet(token, timedOut(it->second));
     });
     startGet(token);
   });
@@ -115,6 +110,17 @@ bool TransferClient::get(const std::string& id, double timeoutSeconds, bool copy
                       Status(Code::kShutdown, "get of object " + printableId(id) + ": node is shut down"), nullptr, {}};
   }
   return !posted;
+}
+
+Status TransferClient::timedOut(const GetOp& op) const {
+  // The shard is named now: it may have moved since the lookup was sent.
+  const std::string stage =
+      !op.stage.empty() ? op.stage
+                        : std::string(op.retries ? "waiting for the object to be recomputed after a participant failed"
+                                                 : "waiting for the object to be put") +
+                              "; directory shard on " + peers_.peerName(directory_.shardOf(op.id));
+  return Status(Code::kTimeout, "get of object " + printableId(op.id) + " timed out after " +
+                                    printableSeconds(op.timeoutSeconds) + " (" + stage + ")");
 }
 
 void TransferClient::startGet(uint64_t token) {
@@ -130,14 +136,9 @@ void TransferClient::startGet(uint64_t token) {
     if (it == gets_.end()) return;  // timed out meanwhile
     GetOp& op = it->second;
     if (!status.ok()) {
-      Status s = status;
-      if (s.code == Code::kTimeout) {
-        s.message = "get of object " + printableId(op.id) + " timed out after " + printableSeconds(op.timeoutSeconds) +
-                    " (the object was never put)";
-      } else {
-        s.message = "get of object " + printableId(op.id) + " failed: " + s.message;
-      }
-      finishGet(token, s);
+      finishGet(token, status.code == Code::kTimeout
+                           ? timedOut(op)
+                           : Status(status.code, "get of object " + printableId(op.id) + " failed: " + status.message));
       return;
     }
     if (sender >= 0) op.stage = "transfer from " + peers_.peerName(sender);

@@ -39,6 +39,7 @@ ROUND_SHARE = 0.8  # of a round, for its collectives: every rank is done before 
 ROUND_ELEMENTS = 1 << 18  # float32 per rank: 1 MiB
 SLOW_SHARE = 0.9  # an operation that takes this share of its timeout or more logs the node's steps meanwhile
 MAX_SLOW_STEPS = 400  # its first and last halves
+OWN_STEPS = ("put.", "get.", "reduce.")
 
 
 def object_id(rank: int, incarnation: int, index: int) -> str:
@@ -194,6 +195,7 @@ class Workload:
         self.mine: collections.deque[str] = collections.deque()
         self.failed_puts: collections.deque[int] = collections.deque(maxlen=RECENT)
         self.objects: list[str] = []  # what the current operation touches, for the report
+        self.result = ""  # the current reduce's result
         self.calls: list[tuple[str, float]] = []  # the current operation's blocking calls: (what, began)
         self.watchdog = Watchdog(log, timeout + grace)
         hop.enable_tracing()  # an operation that runs slow logs the node's steps meanwhile
@@ -284,7 +286,7 @@ class Workload:
             return 0
         self.reduces += 1
         self.objects = inputs
-        result_id = f"soak-reduce.{self.rank}.{self.incarnation}.{self.reduces}"
+        result_id = self.result = f"soak-reduce.{self.rank}.{self.incarnation}.{self.reduces}"
         self.call("reduce")
         ref, _ = hop.reduce(inputs, num_objects=len(inputs) - 1, id=result_id, timeout=self.timeout)
         try:
@@ -309,7 +311,7 @@ class Workload:
 
     def step(self) -> None:
         op = self.rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
-        self.objects = []
+        self.objects, self.result = [], ""
         self.calls = []
         hop.trace_events()  # drops the steps from before this operation
         began = time.monotonic()
@@ -318,6 +320,9 @@ class Workload:
         ended = time.monotonic()
         steps = hop.trace_events()
         if ended - began >= SLOW_SHARE * self.timeout:
+            # Its own steps (this thread alone puts, gets and reduces), and what this node did for its objects.
+            ids = set(self.objects) | {self.result}
+            steps = [s for s in steps if s.step.startswith(OWN_STEPS) or s.id in ids]
             kept = steps if len(steps) <= MAX_SLOW_STEPS else steps[:MAX_SLOW_STEPS // 2] + steps[-MAX_SLOW_STEPS // 2:]
             self.log.write(event="slow", op=op, dur=ended - began,
                            calls=[(what, round(t - began, 4)) for what, t in self.calls],
