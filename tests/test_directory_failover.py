@@ -84,12 +84,17 @@ def test_a_shard_returns_to_its_rank_when_it_rejoins():
     the gets parked at rank 3 handed over. So rank 3 may die next without
     taking rank 2's ids with it (moved shards used to stay put for good, and
     after every rank had died once, the last one's death lost its shard)."""
-    held, later = ids_on("return", 2)
+    held, later, unknown = ids_on("return", 3)
     c = Cluster(WORLD, options={"heartbeat_timeout": 2, "connect_timeout": 5})
     try:
         c.call(1, workers.put, torch.arange(1000.0), held)
         c.kill(DEAD)
         assert torch.equal(hop.get(held, timeout=30).wait(), torch.arange(1000.0))  # now listed at rank 3
+        # A get that times out there says the shard stands in for a gone rank.
+        with pytest.raises(hop.HopliteTimeoutError, match=f"'{unknown}' timed out after 0.5 s \\(waiting for the "
+                           f"object to be put; directory shard on rank {DEAD + 1} at .*, standing in for rank "
+                           f"{DEAD} at .*, which is gone"):
+            hop.get(unknown, timeout=0.5).wait()
         waiting = hop.get(later, timeout=60)
         wait_for_parked_lookup(c, DEAD + 1, later)
         c.restart(DEAD)

@@ -19,6 +19,8 @@ class DirectoryAccess {
   virtual ~DirectoryAccess() = default;
   // The rank hosting an id's directory entry (it moves on when that rank fails).
   virtual int shardOf(const std::string& id) const = 0;
+  // The rank whose share holds the id's entry while that rank is a member.
+  virtual int homeShardOf(const std::string& id) const = 0;
   // A fresh id for a request (or a pull) this node makes.
   virtual uint64_t newRequest() = 0;
   // Sends a Lookup to the id's shard (again to its successor if that fails

@@ -29,8 +29,10 @@ Status DirectoryClient::closedError() const {
   return Status(Code::kShutdown, "node on rank " + std::to_string(config_.rank) + " is shut down");
 }
 
-int DirectoryClient::shardOf(const std::string& id) const {
-  return shardHost(static_cast<int>(fnv1a(id) % static_cast<uint64_t>(config_.worldSize)));
+int DirectoryClient::shardOf(const std::string& id) const { return shardHost(homeShardOf(id)); }
+
+int DirectoryClient::homeShardOf(const std::string& id) const {
+  return static_cast<int>(fnv1a(id) % static_cast<uint64_t>(config_.worldSize));
 }
 
 int DirectoryClient::shardHost(int rank) const {

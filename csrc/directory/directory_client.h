@@ -39,6 +39,7 @@ class DirectoryClient : public DirectoryAccess {
   // The rank hosting an id's directory entry: its hash's rank (its home), or,
   // while that rank's process is gone, the next rank after it that is not.
   int shardOf(const std::string& id) const override;
+  int homeShardOf(const std::string& id) const override;
   bool hosts(const std::string& id) const { return shardOf(id) == config_.rank; }
   int rank() const { return config_.rank; }
   // Who hosts the share of the directory that `homeRank` had.

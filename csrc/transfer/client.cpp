@@ -113,12 +113,18 @@ bool TransferClient::get(const std::string& id, double timeoutSeconds, bool copy
 }
 
 Status TransferClient::timedOut(const GetOp& op) const {
-  // The shard is named now: it may have moved since the lookup was sent.
-  const std::string stage =
-      !op.stage.empty() ? op.stage
-                        : std::string(op.retries ? "waiting for the object to be recomputed after a participant failed"
-                                                 : "waiting for the object to be put") +
-                              "; directory shard on " + peers_.peerName(directory_.shardOf(op.id));
+  std::string stage = op.stage;
+  if (stage.empty()) {
+    // The shard is named now: it may have moved since the lookup was sent.
+    const int shard = directory_.shardOf(op.id), home = directory_.homeShardOf(op.id);
+    stage = std::string(op.retries ? "waiting for the object to be recomputed after a participant failed"
+                                   : "waiting for the object to be put") +
+            "; directory shard on " + peers_.peerName(shard);
+    if (shard != home) {
+      stage += ", standing in for " + peers_.peerName(home) +
+               ", which is gone: an object whose every copy was lost with it is not known there";
+    }
+  }
   return Status(Code::kTimeout, "get of object " + printableId(op.id) + " timed out after " +
                                     printableSeconds(op.timeoutSeconds) + " (" + stage + ")");
 }
