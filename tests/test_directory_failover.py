@@ -95,6 +95,10 @@ def test_a_shard_returns_to_its_rank_when_it_rejoins():
                            f"object to be put; directory shard on rank {DEAD + 1} at .*, standing in for rank "
                            f"{DEAD} at .*, which is gone"):
             hop.get(unknown, timeout=0.5).wait()
+        deadline = time.monotonic() + 10
+        while c.call(DEAD + 1, workers.stats)["lookups_waiting"]:  # its lookup's wait there ends too
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         waiting = hop.get(later, timeout=60)
         wait_for_parked_lookup(c, DEAD + 1, later)
         c.restart(DEAD)

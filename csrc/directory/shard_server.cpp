@@ -234,7 +234,7 @@ void ShardServer::handleDelete(Connection& conn, const wire::Delete& msg) {
     if (waiting->empty()) return;
     std::string names;
     for (int holder : *waiting) names += (names.empty() ? "" : ", ") + peers_.peerName(holder);
-    HLOG(kWarn, "the delete of %s has waited %s for %s to drop their copies", printableId(id).c_str(),
+    HLOG(kWarn, "the delete of %s has waited %s for holders to drop their copies: %s", printableId(id).c_str(),
          printableSeconds(kSlowDropSeconds).c_str(), names.c_str());
   });
 }

@@ -19,6 +19,7 @@ constexpr int kMaxLookups = 3;
 // doubled each time up to kMaxRetryDelay (its own timeout still applies).
 constexpr double kRetryDelay = 0.01;
 constexpr double kMaxRetryDelay = 1.0;
+constexpr const char* kRecomputing = "waiting for the object to be recomputed after a participant failed";
 
 // Why the caller's `target` cannot receive object `id` (ok if it can).
 Status checkTarget(const std::string& id, const ObjectMeta& meta, const GetTarget& target) {
@@ -112,18 +113,18 @@ bool TransferClient::get(const std::string& id, double timeoutSeconds, bool copy
   return !posted;
 }
 
-Status TransferClient::timedOut(const GetOp& op) const {
+Status TransferClient::timedOut(const GetOp& op, const std::string& directorySaid) const {
   std::string stage = op.stage;
   if (stage.empty()) {
     // The shard is named now: it may have moved since the lookup was sent.
     const int shard = directory_.shardOf(op.id), home = directory_.homeShardOf(op.id);
-    stage = std::string(op.retries ? "waiting for the object to be recomputed after a participant failed"
-                                   : "waiting for the object to be put") +
-            "; directory shard on " + peers_.peerName(shard);
+    stage = std::string(op.retries ? kRecomputing : "waiting for the object to be put") + "; directory shard on " +
+            peers_.peerName(shard);
     if (shard != home) {
       stage += ", standing in for " + peers_.peerName(home) +
                ", which is gone: an object whose every copy was lost with it is not known there";
     }
+    if (!directorySaid.empty()) stage += ": " + directorySaid;
   }
   return Status(Code::kTimeout, "get of object " + printableId(op.id) + " timed out after " +
                                     printableSeconds(op.timeoutSeconds) + " (" + stage + ")");
@@ -143,7 +144,7 @@ void TransferClient::startGet(uint64_t token) {
     GetOp& op = it->second;
     if (!status.ok()) {
       finishGet(token, status.code == Code::kTimeout
-                           ? timedOut(op)
+                           ? timedOut(op, status.message)
                            : Status(status.code, "get of object " + printableId(op.id) + " failed: " + status.message));
       return;
     }
@@ -280,7 +281,7 @@ void TransferClient::progressGet(uint64_t token) {
     if (!recomputed) return startGet(token);
     op.state = GetState::kWaitingRetry;
     op.lookups = 0;
-    op.stage = "waiting for the object to be recomputed after a participant failed";
+    op.stage = kRecomputing;
     const double delay = std::min(kMaxRetryDelay, kRetryDelay * static_cast<double>(1u << std::min(op.retries++, 16)));
     loop_.addTimer(delay, [this, token] {
       if (gets_.count(token)) startGet(token);

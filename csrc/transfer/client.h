@@ -129,8 +129,9 @@ class TransferClient {
     int retries = 0;  // times the object was being recomputed (kRetry) and looked up again
   };
   void startGet(uint64_t token);
-  // The get's timeout, naming what it waited for.
-  Status timedOut(const GetOp& op) const;
+  // The get's timeout, naming what it waited for; `directorySaid`: the
+  // lookup's own timeout message, when that ended the get.
+  Status timedOut(const GetOp& op, const std::string& directorySaid = "") const;
   void onFetchLookup(const std::string& id, const Status& status, const wire::LookupReply* reply,
                      const FetchCallback& done, bool forGet);
   // `sender`: the holder the fetch started a pull from for this get (-1: none).

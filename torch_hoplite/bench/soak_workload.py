@@ -321,7 +321,7 @@ class Workload:
         steps = hop.trace_events()
         if ended - began >= SLOW_SHARE * self.timeout:
             # Its own steps (this thread alone puts, gets and reduces), and what this node did for its objects.
-            ids = set(self.objects) | {self.result}
+            ids = set(self.objects) | ({self.result} if self.result else set())
             steps = [s for s in steps if s.step.startswith(OWN_STEPS) or s.id in ids]
             kept = steps if len(steps) <= MAX_SLOW_STEPS else steps[:MAX_SLOW_STEPS // 2] + steps[-MAX_SLOW_STEPS // 2:]
             self.log.write(event="slow", op=op, dur=ended - began,
