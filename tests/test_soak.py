@@ -4,11 +4,16 @@ packet loss and delay, on the emulated cluster; nothing wrong is delivered and
 nothing hangs; and how the report blames a failure on a fault."""
 
 import json
+import random
 import subprocess
 import sys
+import time
+import types
 
 import pytest
+import torch.distributed as dist
 
+from torch_hoplite.bench import soak_workload
 from torch_hoplite.bench.emulated_cluster import links_can_be_delayed
 
 EMULATED = pytest.param("emulated", marks=pytest.mark.skipif(
@@ -57,14 +62,6 @@ def test_an_object_lost_is_blamed_on_its_owners_fault_not_on_the_rank_the_error_
 
 
 def test_a_reduce_whose_result_and_cleanup_each_time_out_is_not_a_hang(tmp_path, monkeypatch):
-    import random
-    import time
-    import types
-
-    import torch.distributed as dist
-
-    from torch_hoplite.bench import soak_workload
-
     # From the 32224aa seed-2 run: the get of a reduce's result timed out after
     # 10 s, then the delete of that result took another 10 s; the watchdog
     # timed both as the get and logged a hang. Here the get takes 0.9 s and

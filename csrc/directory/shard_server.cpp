@@ -223,7 +223,8 @@ void ShardServer::handleDelete(Connection& conn, const wire::Delete& msg) {
   std::weak_ptr<Connection> weak = peers_.sharedConnection(conn);
   for (int holder : holders) {
     dropCopyAt(holder, msg.id, msg.retract, [weak, request, waiting, holder](const Status&) {
-      if (waiting->erase(holder) == 0 || !waiting->empty()) return;
+      waiting->erase(holder);  // (each drop is answered once: by its holder, or by its failure)
+      if (!waiting->empty()) return;
       if (auto c = weak.lock()) {
         c->sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{request, Status()}));
       }

@@ -313,16 +313,15 @@ class Workload:
         op = self.rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
         self.objects, self.result = [], ""
         self.calls = []
-        hop.trace_events()  # drops the steps from before this operation
         began = time.monotonic()
         run_checked(self.log, self.watchdog, op, getattr(self, f"op_{op}"),
                     allowed=lambda: len(self.calls) * self.timeout + self.grace, objects=lambda: self.objects)
         ended = time.monotonic()
-        steps = hop.trace_events()
+        steps = hop.trace_events()  # drained after every operation, so that they stay few
         if ended - began >= SLOW_SHARE * self.timeout:
             # Its own steps (this thread alone puts, gets and reduces), and what this node did for its objects.
             ids = set(self.objects) | ({self.result} if self.result else set())
-            steps = [s for s in steps if s.step.startswith(OWN_STEPS) or s.id in ids]
+            steps = [s for s in steps if s.time >= began and (s.step.startswith(OWN_STEPS) or s.id in ids)]
             kept = steps if len(steps) <= MAX_SLOW_STEPS else steps[:MAX_SLOW_STEPS // 2] + steps[-MAX_SLOW_STEPS // 2:]
             self.log.write(event="slow", op=op, dur=ended - began,
                            calls=[(what, round(t - began, 4)) for what, t in self.calls],
