@@ -1,8 +1,10 @@
 """put / get / delete across real processes (4 ranks on localhost)."""
 
+import gc
 import pickle
 import threading
 import time
+import weakref
 
 import pytest
 import torch
@@ -140,6 +142,32 @@ def test_get_of_unknown_id_times_out_naming_it_and_its_shard(cluster4):
     name, message, elapsed = cluster4.call(1, workers.get_error, "no-such-object-either", 1.0)
     assert name == "HopliteTimeoutError" and "'no-such-object-either'" in message
     assert 0.9 < elapsed < 5
+
+
+@pytest.mark.parametrize("read", ["wait", "value"])
+def test_a_failed_get_lets_go_of_its_callers_locals(cluster4, read):
+    """The future keeps its error where the garbage collector cannot see it:
+    had wait() or value() raised that very object, its traceback would keep
+    the frames it passed, and the caller's tensors, alive for good."""
+    class Local:
+        pass
+
+    def failed_get(i: int) -> weakref.ref:
+        local = Local()
+        fut = hop.get(f"never-put-{read}-{i}", timeout=0.05)
+        with pytest.raises(hop.HopliteTimeoutError, match=f"'never-put-{read}-{i}' timed out"):
+            if read == "wait":
+                fut.wait()
+            else:
+                deadline = time.monotonic() + 10
+                while not fut.done() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                fut.value()
+        return weakref.ref(local)
+
+    locals_ = [failed_get(i) for i in range(5)]
+    gc.collect()
+    assert [r() for r in locals_] == [None] * 5
 
 
 def test_get_waits_for_a_later_put(cluster4):
