@@ -1,8 +1,12 @@
 """The store's capacity holds: cached copies are evicted least-recently-used;
-primary copies stay, and a put that cannot fit raises."""
+primary copies stay, and a put that cannot fit raises. The buffer pool gives
+back what it cached and left unused."""
+
+import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import torch_hoplite as hop
 import workers
@@ -50,3 +54,34 @@ def test_eviction_and_capacity_error(small_stores):
     # A get that cannot fit raises too, naming the object.
     name, message, _ = c.call(2, workers.get_error, "big-primary", 30)
     assert name == "CapacityError" and "'big-primary'" in message
+
+
+def pool_stat_reaches(key: str, value: int, seconds: float) -> int:
+    deadline = time.monotonic() + seconds
+    while hop.stats()[key] != value and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return hop.stats()[key]
+
+
+@pytest.mark.parametrize("interval", [1.0, 0])
+def test_buffers_the_pool_left_unused_for_a_trim_interval_are_given_back(interval):
+    """A long-running process holds what its workload used lately, not the
+    pool cache's bound: a freed buffer is reused within the heap trim interval,
+    and unmapped at a trim once it was left unused for a whole interval."""
+    hop.init(dist.HashStore(), rank=0, world_size=1, timeout=60, heap_trim_interval=interval)
+    try:
+        size = 16 * MiB
+        hop.put(torch.ones(size, dtype=torch.uint8), "first")
+        hop.delete("first")
+        assert pool_stat_reaches("pool_cached_bytes", size, 0.5) == size
+        hop.put(torch.ones(size, dtype=torch.uint8), "second")  # reuses the cached buffer
+        hop.delete("second")
+        assert hop.stats()["pool_mapped_bytes"] == size
+        if interval:
+            assert pool_stat_reaches("pool_held_bytes", 0, 3 * interval) == 0
+            assert hop.stats()["pool_cached_bytes"] == 0
+        else:
+            time.sleep(2.0)
+            assert hop.stats()["pool_held_bytes"] == size
+    finally:
+        hop.shutdown()

@@ -18,8 +18,9 @@ HOPLITE_STORE_CAPACITY         bytes of object copies this node keeps      half 
                      _bytes
 HOPLITE_INLINE_THRESHOLD       objects up to this size live in the         64KiB
                      inline_threshold_bytes  directory (one-round-trip gets)
-HOPLITE_POOL_CACHE   pool      freed buffer memory kept for reuse          RAM/16
-                     _cache_bytes
+HOPLITE_POOL_CACHE   pool      freed buffer memory kept for reuse; what    RAM/16
+                     _cache_bytes  stays unused a whole heap trim
+                               interval is given back at the next trim
 HOPLITE_TIMEOUT      timeout   default timeout of every operation, s       300
 HOPLITE_CONNECT_TIMEOUT        retrying connects to a peer, and waiting    30
                                for a new connection's hello, s
@@ -43,10 +44,11 @@ HOPLITE_SAME_HOST    same      processes of one host (same kernel, pid     1
                      _host     and network namespace) read each other's
                                objects from memory (process_vm_readv)
                                instead of over loopback TCP; 0: always TCP
-HOPLITE_HEAP_TRIM_INTERVAL     give glibc malloc's freed pages back to     30
-                     heap_trim the kernel (malloc_trim) every this many
-                     _interval s, so that a process that frees many
-                               large tensors stays flat; 0: never, else
+HOPLITE_HEAP_TRIM_INTERVAL     give the pool's idle buffers and glibc      30
+                     heap_trim malloc's freed pages back to the kernel
+                     _interval (malloc_trim) every this many s, so
+                               that a process that frees many large
+                               tensors stays flat; 0: never, else
                                at least 0.1
 HOPLITE_SECRET       secret    cluster secret: peers prove they know it    generated
                                (HMAC challenge-response) before anything

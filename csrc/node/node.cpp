@@ -126,7 +126,12 @@ Node::Node(NodeConfig config)
                         config_.heartbeatTimeoutSeconds},
       *linkEstimator_);
   reduceTasks_ = std::make_unique<ReduceTaskRunner>(loop_, services, config_.rank, *store_, *pool_, *workers_);
-  heapTrimmer_ = std::make_unique<HeapTrimmer>(config_.heapTrimIntervalSeconds);
+  // A buffer cached a whole interval unused is given back at the next trim: a
+  // process holds what its workload uses lately, not the cache's bound.
+  const auto idleFor = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(config_.heapTrimIntervalSeconds));
+  heapTrimmer_ = std::make_unique<HeapTrimmer>(config_.heapTrimIntervalSeconds,
+                                               [pool = pool_, idleFor] { pool->releaseIdle(idleFor); });
   registerHandlers();
   peers_->start();
   loop_.start();

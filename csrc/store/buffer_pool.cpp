@@ -106,20 +106,37 @@ void BufferPool::release(uint8_t* data, size_t capacity) {
   std::vector<Cached> evicted;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    free_[capacity].push_back(cached_.insert(cached_.end(), Cached{data, capacity}));
+    const Cached freed{data, capacity, std::chrono::steady_clock::now()};
+    free_[capacity].push_back(cached_.insert(cached_.end(), freed));
     cachedBytes_ += capacity;
-    while (cachedBytes_ > maxCachedBytes_) {
-      const Cached oldest = cached_.front();
-      auto& sameSize = free_[oldest.capacity];
-      sameSize.pop_front();  // its class's oldest: the one at cached_'s front
-      cached_.pop_front();
-      cachedBytes_ -= oldest.capacity;
-      evicted.push_back(oldest);
-    }
+    while (cachedBytes_ > maxCachedBytes_) evicted.push_back(takeOldest());
   }
   // Outside the lock: munmap takes time. One large buffer may evict many small
   // ones here, on the thread that freed it (the loop's, when the store drops a copy).
   for (const Cached& c : evicted) unmap(c.data, c.capacity);
+}
+
+BufferPool::Cached BufferPool::takeOldest() {
+  const Cached oldest = cached_.front();
+  free_[oldest.capacity].pop_front();  // its class's oldest: the one at cached_'s front
+  cached_.pop_front();
+  cachedBytes_ -= oldest.capacity;
+  return oldest;
+}
+
+size_t BufferPool::releaseIdle(std::chrono::steady_clock::duration idleFor) {
+  const auto freedBefore = std::chrono::steady_clock::now() - idleFor;
+  std::vector<Cached> idle;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    while (!cached_.empty() && cached_.front().freedAt <= freedBefore) idle.push_back(takeOldest());
+  }
+  size_t bytes = 0;
+  for (const Cached& c : idle) {
+    unmap(c.data, c.capacity);
+    bytes += c.capacity;
+  }
+  return bytes;
 }
 
 size_t BufferPool::mappedBytes() const {

@@ -3,8 +3,11 @@
 // freed buffers are kept by size class and handed out again. When the cache is
 // full, the buffers freed longest ago make room, so a workload whose sizes
 // change is served from the cache again once its new sizes were freed once.
+// Buffers left unused for a while are given back (`releaseIdle`), so a process
+// whose workload settles holds its working set, not the cache's bound.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -63,6 +66,8 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   // Thread-safe. Throws std::bad_alloc when memory cannot be mapped.
   std::shared_ptr<Buffer> allocate(size_t size);
   size_t cachedBytes() const;
+  // Unmaps the cached buffers freed `idleFor` or longer ago; returns their bytes.
+  size_t releaseIdle(std::chrono::steady_clock::duration idleFor);
   // Bytes mapped fresh from the kernel so far (each costs first-touch faults).
   size_t mappedBytes() const;
   // Bytes the pool holds now: in buffers handed out and in its cache.
@@ -83,10 +88,13 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   struct Cached {
     uint8_t* data;
     size_t capacity;
+    std::chrono::steady_clock::time_point freedAt;
   };
   using CachedList = std::list<Cached>;
 
   void release(uint8_t* data, size_t capacity);
+  // Takes the buffer freed longest ago out of the cache (mutex_ held).
+  Cached takeOldest();
   void unmap(uint8_t* data, size_t capacity);
 
   const size_t maxCachedBytes_;

@@ -1,8 +1,11 @@
 // The buffer pool's cache: freed buffers are handed out again by size class,
 // the cache never holds more than its bound, and when it is full the buffers
 // freed longest ago make room, so a workload whose sizes change stops mapping
-// fresh memory once its new sizes have been freed once.
+// fresh memory once its new sizes have been freed once; buffers left unused
+// for a while are given back.
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "check.h"
@@ -115,6 +118,33 @@ void testAnEvictedLockedBufferIsUnlocked() {
   CHECK(pool->cachedBytes() == 2 * kMiB);
 }
 
+void testBuffersLeftUnusedAreReleased() {
+  using std::chrono::milliseconds;
+  auto pool = std::make_shared<BufferPool>(8 * kMiB);
+  auto a = pool->allocate(kMiB);
+  auto b = pool->allocate(2 * kMiB);
+  auto c = pool->allocate(kMiB);
+  uint8_t* cData = c->data();
+  a.reset();
+  b.reset();
+  std::this_thread::sleep_for(milliseconds(200));
+  c.reset();
+  CHECK(pool->releaseIdle(milliseconds(100)) == 3 * kMiB);  // a and b, not c
+  CHECK(pool->cachedBytes() == kMiB);
+  CHECK(pool->heldBytes() == kMiB);
+  CHECK(pool->allocate(kMiB)->data() == cData);  // still cached, handed out and freed again
+  CHECK(pool->mappedBytes() == 4 * kMiB);
+  CHECK(pool->releaseIdle(milliseconds(100)) == 0);  // freed just now
+  CHECK(pool->releaseIdle(milliseconds(0)) == kMiB);
+  CHECK(pool->cachedBytes() == 0);
+  CHECK(pool->heldBytes() == 0);
+  // What is handed out is never released, however long ago it was allocated.
+  auto d = pool->allocate(kMiB);
+  std::this_thread::sleep_for(milliseconds(50));
+  CHECK(pool->releaseIdle(milliseconds(0)) == 0);
+  CHECK(pool->heldBytes() == kMiB);
+}
+
 }  // namespace
 
 int main() {
@@ -123,5 +153,6 @@ int main() {
   testNewSizesTakeTheRoomOfTheOldest();
   testTheOldestAreEvictedFirst();
   testAnEvictedLockedBufferIsUnlocked();
+  testBuffersLeftUnusedAreReleased();
   return finish("test_buffer_pool");
 }
