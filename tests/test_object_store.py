@@ -144,25 +144,35 @@ def test_get_of_unknown_id_times_out_naming_it_and_its_shard(cluster4):
     assert 0.9 < elapsed < 5
 
 
-@pytest.mark.parametrize("read", ["wait", "value"])
+@pytest.mark.parametrize("read", ["wait", "value", "wait_all", "wait_while_handling_another_error"])
 def test_a_failed_get_lets_go_of_its_callers_locals(cluster4, read):
-    """The future keeps its error where the garbage collector cannot see it:
-    had wait() or value() raised that very object, its traceback would keep
-    the frames it passed, and the caller's tensors, alive for good."""
+    """The future keeps only the failure's status, and each raise makes a new
+    exception: a Python exception kept in the future would, once raised, hold
+    the frames of its traceback (and of the error being handled then), and the
+    caller's tensors with them, in a cycle the garbage collector cannot see."""
     class Local:
         pass
 
+    def raise_failure(fut: torch.futures.Future) -> None:
+        if read == "wait":
+            fut.wait()
+        elif read == "value":
+            deadline = time.monotonic() + 10
+            while not fut.done() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            fut.value()
+        elif read == "wait_all":
+            torch.futures.wait_all([fut])
+        else:
+            try:
+                raise ValueError("an earlier failure")
+            except ValueError:
+                fut.wait()
+
     def failed_get(i: int) -> weakref.ref:
         local = Local()
-        fut = hop.get(f"never-put-{read}-{i}", timeout=0.05)
         with pytest.raises(hop.HopliteTimeoutError, match=f"'never-put-{read}-{i}' timed out"):
-            if read == "wait":
-                fut.wait()
-            else:
-                deadline = time.monotonic() + 10
-                while not fut.done() and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                fut.value()
+            raise_failure(hop.get(f"never-put-{read}-{i}", timeout=0.05))
         return weakref.ref(local)
 
     locals_ = [failed_get(i) for i in range(5)]

@@ -19,8 +19,8 @@ HOPLITE_STORE_CAPACITY         bytes of object copies this node keeps      half 
 HOPLITE_INLINE_THRESHOLD       objects up to this size live in the         64KiB
                      inline_threshold_bytes  directory (one-round-trip gets)
 HOPLITE_POOL_CACHE   pool      freed buffer memory kept for reuse; what    RAM/16
-                     _cache_bytes  stays unused a whole heap trim
-                               interval is given back at the next trim
+                     _cache    stays unused a whole heap trim interval
+                     _bytes    is given back at the next trim
 HOPLITE_TIMEOUT      timeout   default timeout of every operation, s       300
 HOPLITE_CONNECT_TIMEOUT        retrying connects to a peer, and waiting    30
                                for a new connection's hello, s

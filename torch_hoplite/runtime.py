@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import uuid
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -30,23 +29,7 @@ class _GetFuture(torch.futures.Future):
     def wait(self):
         if not self.done():
             self._waiter.wait(self._token, self._timeout + self._WAIT_MARGIN_S)
-        return _outcome(super().wait)
-
-    def value(self):
-        return _outcome(super().value)
-
-
-def _outcome(read: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """The future's value, or its error raised as a copy. The future keeps the
-    error it was completed with, held by C++ where the garbage collector cannot
-    see it: raised as is, the error's traceback, with every frame in it and so
-    the caller's locals, would stay tied to the future for good."""
-    try:
-        return read()
-    except Exception as stored:
-        error = copy.copy(stored)
-        stored.__traceback__ = None
-    raise error
+        return super().wait()
 
 
 class Runtime:

@@ -127,7 +127,8 @@ Node::Node(NodeConfig config)
       *linkEstimator_);
   reduceTasks_ = std::make_unique<ReduceTaskRunner>(loop_, services, config_.rank, *store_, *pool_, *workers_);
   // A buffer cached a whole interval unused is given back at the next trim: a
-  // process holds what its workload uses lately, not the cache's bound.
+  // process holds what its workload uses lately, not the cache's bound. Before
+  // malloc_trim, which then returns the pages of the small ones (malloc's).
   const auto idleFor = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(config_.heapTrimIntervalSeconds));
   heapTrimmer_ = std::make_unique<HeapTrimmer>(config_.heapTrimIntervalSeconds,

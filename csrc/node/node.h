@@ -72,7 +72,8 @@ struct NodeConfig {
   // Pull objects from peers on this host by reading their memory
   // (net/same_host/) where the kernel allows it; false: always over TCP.
   bool sameHost = true;
-  // malloc_trim(0) every this many seconds (store/heap_trimmer.h); 0: never.
+  // Every this many seconds, the pool's buffers unused for as long are unmapped
+  // and malloc_trim(0) is called (store/heap_trimmer.h); 0: never.
   double heapTrimIntervalSeconds = 30;
 };
 

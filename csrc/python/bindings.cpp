@@ -126,6 +126,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("with_cuda") = false;
 #endif
   m.attr("wire_version") = hoplite::wire::kVersion;  // for tests and tools that speak the protocol by hand
+  hoplite::registerGetErrorTranslator();
 
   py::class_<hoplite::GetWaiter>(m, "GetWaiter")
       .def("wait", &hoplite::GetWaiter::wait, py::arg("token"), py::arg("timeout"));

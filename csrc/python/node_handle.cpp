@@ -8,6 +8,8 @@
 #include "staging.h"
 #endif
 
+#include <stdexcept>
+
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -85,9 +87,19 @@ void requireCuda(const char* what) {
   }
 }
 
-// Sets a get's future: the tensor, or the matching torch_hoplite exception
-// (created with `errorFromStatus`), which waiting on the future re-raises.
-void complete(const PendingGet& get, Completion c, const py::object& errorFromStatus) {
+// A get's failure as its future keeps it: turned into a torch_hoplite
+// exception whenever it is raised (registerGetErrorTranslator).
+class GetFailed : public std::runtime_error {
+ public:
+  explicit GetFailed(const Status& s) : std::runtime_error(s.message), code_(static_cast<int>(s.code)) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
+// Sets a get's future: the tensor, or its failure.
+void complete(const PendingGet& get, Completion c) {
   const auto& fut = get.fut;
   if (c.status.ok()) {
     try {
@@ -100,27 +112,27 @@ void complete(const PendingGet& get, Completion c, const py::object& errorFromSt
       c.status = Status(Code::kProtocol, std::string("get: ") + e.what());
     }
   }
-  std::exception_ptr error;
-  {
-    py::gil_scoped_acquire gil;
-    try {
-      py::object exc = errorFromStatus(static_cast<int>(c.status.code), c.status.message);
-      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
-      error = std::make_exception_ptr(py::error_already_set());
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
   if (fut->completed()) return;  // completed by the user meanwhile
   traceStep(Step::kGetDelivered, get.id);
   try {
-    fut->setError(error);
+    fut->setError(std::make_exception_ptr(GetFailed(c.status)));
   } catch (const std::exception&) {
     // Completed already (e.g. by the user); nothing left to tell.
   }
 }
 
 }  // namespace
+
+void registerGetErrorTranslator() {
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const GetFailed& e) {
+      py::object error = py::module_::import("torch_hoplite.errors").attr("error_from_status")(e.code(), e.what());
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+    }
+  });
+}
 
 struct NodeHandle::State {
   struct Put {
@@ -137,7 +149,6 @@ struct NodeHandle::State {
   std::thread completer;
   std::thread::id completerId;  // set once, before any get: read without joining races
   std::once_flag stopped;
-  py::object errorFromStatus;  // torch_hoplite.errors.error_from_status
 };
 
 void completeLoop(Node& node, NodeHandle::State& state);
@@ -148,7 +159,6 @@ bool handToWaiter(NodeHandle::State& state, Completion& c);
 
 NodeHandle::NodeHandle(const NodeConfig& config)
     : node_(std::make_shared<Node>(config)), state_(std::make_shared<State>()) {
-  state_->errorFromStatus = py::module_::import("torch_hoplite.errors").attr("error_from_status");
   node_->setDirectCompletion([state = std::weak_ptr<State>(state_)](Completion& c) {
     auto s = state.lock();
     return s && handToWaiter(*s, c);
@@ -162,10 +172,7 @@ NodeHandle::NodeHandle(const NodeConfig& config)
 #endif
 }
 
-NodeHandle::~NodeHandle() {
-  shutdown();
-  state_->errorFromStatus = py::object();
-}
+NodeHandle::~NodeHandle() { shutdown(); }
 
 py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const py::object& tensorObj,
                           double timeout, bool blocking, bool copy) {
@@ -314,7 +321,7 @@ void GetWaiter::wait(uint64_t token, double timeout) {
   state_->gets.erase(it);
   lock.unlock();
   Completion c = std::move(*get.ready);
-  complete(get, std::move(c), state_->errorFromStatus);
+  complete(get, std::move(c));
 }
 
 void completeLoop(Node& node, NodeHandle::State& state) {
@@ -361,7 +368,7 @@ void deliver(NodeHandle::State& state, Completion c) {
   state.gets.erase(it);
   lock.unlock();
   if (get.wake) get.wake->notify_one();  // a waiter that came too late for this one stops waiting
-  complete(get, std::move(c), state.errorFromStatus);
+  complete(get, std::move(c));
 }
 
 void NodeHandle::shutdown() {
@@ -403,7 +410,7 @@ void NodeHandle::shutdown() {
       Completion c = get.ready ? std::move(*get.ready)
                                : Completion{token, Completion::Kind::kGet, Status(Code::kShutdown, "node shut down"),
                                             nullptr, {}};
-      complete(get, std::move(c), state_->errorFromStatus);
+      complete(get, std::move(c));
     }
   }
 }

@@ -50,6 +50,13 @@ class NodeHandle {
   std::shared_ptr<State> state_;
 };
 
+// Raising a failed get's error creates a new Python exception each time
+// (torch_hoplite.errors.error_from_status): the future keeps only the status.
+// A Python exception kept in the future would, once raised, hold its
+// traceback's frames (the caller's locals) in a cycle through C++ that the
+// garbage collector cannot see.
+void registerGetErrorTranslator();
+
 // Waits for the gets of one NodeHandle.
 class GetWaiter {
  public:

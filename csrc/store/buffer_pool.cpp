@@ -106,6 +106,7 @@ void BufferPool::release(uint8_t* data, size_t capacity) {
   std::vector<Cached> evicted;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    // Timed under the lock: cached_ stays in order of freedAt, which releaseIdle relies on.
     const Cached freed{data, capacity, std::chrono::steady_clock::now()};
     free_[capacity].push_back(cached_.insert(cached_.end(), freed));
     cachedBytes_ += capacity;

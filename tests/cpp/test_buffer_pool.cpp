@@ -127,14 +127,14 @@ void testBuffersLeftUnusedAreReleased() {
   uint8_t* cData = c->data();
   a.reset();
   b.reset();
-  std::this_thread::sleep_for(milliseconds(200));
+  std::this_thread::sleep_for(milliseconds(1000));
   c.reset();
-  CHECK(pool->releaseIdle(milliseconds(100)) == 3 * kMiB);  // a and b, not c
+  CHECK(pool->releaseIdle(milliseconds(500)) == 3 * kMiB);  // a and b, not c
   CHECK(pool->cachedBytes() == kMiB);
   CHECK(pool->heldBytes() == kMiB);
   CHECK(pool->allocate(kMiB)->data() == cData);  // still cached, handed out and freed again
   CHECK(pool->mappedBytes() == 4 * kMiB);
-  CHECK(pool->releaseIdle(milliseconds(100)) == 0);  // freed just now
+  CHECK(pool->releaseIdle(milliseconds(500)) == 0);  // freed just now
   CHECK(pool->releaseIdle(milliseconds(0)) == kMiB);
   CHECK(pool->cachedBytes() == 0);
   CHECK(pool->heldBytes() == 0);

@@ -227,7 +227,8 @@ def resource_trend(samples: list[dict]) -> dict[str, Any]:
             "py_blocks_last_third": median_of(tail, "py_blocks"),
             # Copies the store evicted to make room, over the process's life (logs before 2026-11-27 lack it).
             "evictions": series[-1].get("evictions"),
-            # malloc_trim calls of the node's HeapTrimmer, and their mean duration (logs before 2026-11-28 lack them).
+            # Wakes of the node's HeapTrimmer, and their mean duration (logs before 2026-11-28 lack them): malloc_trim,
+            # and since e3a0080 the pool's release of idle buffers before it.
             "heap_trims": series[-1].get("heap_trims"),
             "heap_trim_mean_ms": (series[-1]["heap_trim_us"] / series[-1]["heap_trims"] / 1e3
                                   if series[-1].get("heap_trims") else None),
