@@ -258,6 +258,11 @@ bool DirectoryShard::isDeleted(const std::string& id) const {
   return gone != gone_.end() && gone->second.code == Code::kDeleted;
 }
 
+bool DirectoryShard::isLost(const std::string& id) const {
+  auto gone = gone_.find(id);
+  return gone != gone_.end() && gone->second.code != Code::kDeleted;
+}
+
 void DirectoryShard::keepStandby(const wire::GoneId& gone) {
   if (!gone.deleted && gone.lastHolder < 0) {
     standby_.erase(gone.id);

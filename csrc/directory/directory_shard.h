@@ -112,6 +112,8 @@ class DirectoryShard {
   bool adoptGone(const wire::GoneId& gone, bool fromStandby = false);
   // Whether the id is remembered as deleted.
   bool isDeleted(const std::string& id) const;
+  // Remembered as lost: its last holder was taken for failed or left.
+  bool isLost(const std::string& id) const;
   // Standby: what this node must know of the shares it takes over should
   // their host die. `gone.deleted`: the id was deleted; else, with
   // `gone.lastHolder` >= 0, it was put and that rank holds the put's copy;

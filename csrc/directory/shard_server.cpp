@@ -76,6 +76,13 @@ void ShardServer::handleHolderUpdate(Connection& conn, const wire::HolderUpdate&
   bool known = shard_.updateHolder(msg);
   if (!known && msg.state != wire::HolderState::kRemoved && msg.holder == conn.peerRank()) {
     // A copy finished after its object was deleted: it must not outlive the delete.
+    if (shard_.isLost(msg.id)) {
+      // Rare, and suspect: a copy that outlived the holders taken for failed
+      // (the soak saw an object lost while its owner lived on).
+      HLOG(kInfo, "the copy of %s on %s is %s, but the object was taken for lost here: dropping that copy",
+           printableId(msg.id).c_str(), peers_.peerName(msg.holder).c_str(),
+           msg.state == wire::HolderState::kComplete ? "complete" : "partial");
+    }
     dropCopyAt(msg.holder, msg.id, /*retract=*/false, [](const Status&) {});
   }
 }
@@ -118,7 +125,13 @@ void ShardServer::handleHandOver(const wire::ShardHandOver& msg) {
 }
 
 void ShardServer::forgetHolder(int rank, bool left) {
+  const uint64_t entriesBefore = shard_.sizes().entries;
   for (const auto& [id, holder] : shard_.forgetHolder(rank, left)) tellStandby(id, /*deleted=*/false, holder);
+  // Said once per call: a peer may be failed again without a new "is gone".
+  if (const uint64_t lost = entriesBefore - shard_.sizes().entries; lost > 0) {
+    HLOG(kInfo, "%s %s: %llu objects listed here had no other holder and are remembered as lost",
+         peers_.peerName(rank).c_str(), left ? "left" : "is taken for failed", static_cast<unsigned long long>(lost));
+  }
 }
 
 void ShardServer::adoptStandby() {
