@@ -70,11 +70,12 @@ def named_ranks(error: str) -> set[int]:
     return {int(m) for m in re.findall(r"\brank (\d+)\b", error)}
 
 
-def lost_owners(error: str) -> set[int]:
-    """The owners of the soak's objects an error says were lost ("object
-    'soak.4.4.614' was lost"): whatever rank it names besides (where a reduce
-    step failed, say), those objects went with their owners' faults."""
-    return {int(m) for m in re.findall(r"object 'soak\.(\d+)\.\d+\.\d+' was lost", error)}
+def lost_owners(error: str) -> set[tuple[int, int]]:
+    """The owners, (rank, incarnation), of the soak's objects an error says
+    were lost ("object 'soak.4.4.614' was lost"): whatever rank it names
+    besides (where a reduce step failed, say), those objects went with a
+    fault of the process that put them, not of an earlier one of its rank."""
+    return {(int(r), int(i)) for r, i in re.findall(r"object 'soak\.(\d+)\.(\d+)\.\d+' was lost", error)}
 
 
 def is_collective(op: dict) -> bool:
@@ -99,7 +100,10 @@ def explains(fault: dict, op: dict, until: float, settle: float) -> bool:
     if op["rank"] == fault["rank"]:
         ended = fault.get("restarted", until)
         return fault["kind"] in KEEPS_PROCESS and op["start"] < ended + settle
-    named = lost_owners(op["error"]) or named_ranks(op["error"])
+    lost = lost_owners(op["error"])
+    if lost:
+        return (fault["rank"], fault["incarnation"]) in lost
+    named = named_ranks(op["error"])
     return fault["rank"] in named if named else fault["rank"] in owners(op)
 
 
