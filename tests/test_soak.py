@@ -47,7 +47,7 @@ def test_an_object_lost_is_blamed_on_its_owners_fault_not_on_the_rank_the_error_
 
     # From the 791f72a run: rank 2 left, then rank 4 (the object's owner) was
     # cut off, and a reduce step on rank 2 found rank 4's object lost.
-    leave = {"kind": "leave", "rank": 2, "incarnation": 1, "t": 0.0, "back": 9.0}
+    leave = {"kind": "leave", "rank": 2, "incarnation": 1, "t": 0.0, "back": 15.0}
     cut = {"kind": "partition", "rank": 4, "incarnation": 4, "t": 12.0, "restarted": 16.0, "back": 16.0}
     op = {"op": "reduce", "rank": 3, "start": 16.8, "dur": 0.3, "objects": ["soak.4.4.614", "soak.0.0.7"],
           "error": "PeerFailedError: reduce into 'r' failed on rank 2: object 'soak.4.4.614' was lost: no copy "
@@ -73,6 +73,21 @@ def test_an_object_of_a_restarted_process_is_not_lost_with_its_predecessor():
                    "holder, rank 6, failed"}
     assert not explains(kill, op, until=2000.0, settle=2.0)
     assert explains(dict(kill, kind="pause", incarnation=6), op, until=2000.0, settle=2.0)
+
+
+def test_a_kill_explains_others_failures_only_until_its_successor_is_back():
+    from torch_hoplite.bench.soak_report import explains
+
+    # From the 9b3ac77 run: rank 7's process 2 was killed at 501 s, its
+    # successor was back at 508.5 s; at 691 s a reduce step on rank 7 failed
+    # (a redo after another rank's pause), and the report blamed the kill.
+    kill = {"kind": "kill", "rank": 7, "incarnation": 2, "t": 501.1, "restarted": 501.8, "back": 508.5}
+    error = ("ObjectDeletedError: reduce into 'soak-reduce.1.2.439' failed on rank 7: object "
+             "'\x01reduce/1.5834293904949500060.439/0.0#7' was deleted")
+    late = {"op": "reduce", "rank": 1, "start": 691.2, "dur": 5.7, "objects": ["soak.6.0.5287"], "error": error}
+    soon = dict(late, start=505.0, dur=1.0)
+    assert not explains(kill, late, until=2000.0, settle=2.0)
+    assert explains(kill, soon, until=2000.0, settle=2.0)
 
 
 def test_a_reduce_whose_result_and_cleanup_each_time_out_is_not_a_hang(tmp_path, monkeypatch):

@@ -89,7 +89,9 @@ def explains(fault: dict, op: dict, until: float, settle: float) -> bool:
     error names that rank (or, naming none, it touched that rank's objects).
     A fault the rank lives through also explains its own operations begun
     before the fault ended or within `settle` seconds after. An object lost
-    is explained by its owner's faults alone. Every rank is in
+    is explained by its owner's faults alone. A process killed or gone
+    explains others' failures only until its successor is back, and
+    `settle` seconds more (its own objects' are not counted at all). Every rank is in
     every c10d round: a fault anywhere explains the collectives that began
     before its rank was back (`back`) and `settle` seconds more."""
     end = op["start"] + op["dur"]
@@ -100,6 +102,8 @@ def explains(fault: dict, op: dict, until: float, settle: float) -> bool:
     if op["rank"] == fault["rank"]:
         ended = fault.get("restarted", until)
         return fault["kind"] in KEEPS_PROCESS and op["start"] < ended + settle
+    if fault["kind"] in ENDS_PROCESS and op["start"] >= fault.get("back", until) + settle:
+        return False
     lost = lost_owners(op["error"])
     if lost:
         return (fault["rank"], fault["incarnation"]) in lost
