@@ -117,6 +117,19 @@ void EventLoop::modifyFd(int fd, uint32_t events, EventHandler* handler) {
 
 void EventLoop::removeFd(int fd) { epoll_ctl(epollFd_, EPOLL_CTL_DEL, fd, nullptr); }
 
+namespace {
+// Stands in for a handler forgotten in the middle of a batch.
+struct IgnoredEvents : EventHandler {
+  void handleEvents(uint32_t) override {}
+} ignoredEvents;
+}  // namespace
+
+void EventLoop::forget(const EventHandler* handler) {
+  for (int i = batchNext_; i < batchEnd_; ++i) {
+    if (batch_[i].data.ptr == handler) batch_[i].data.ptr = &ignoredEvents;
+  }
+}
+
 void EventLoop::runPosted() {
   std::vector<std::function<void()>> batch;
   {
@@ -176,7 +189,10 @@ void EventLoop::run() {
       HLOG(kError, "epoll_wait: %s", std::strerror(errno));
       break;
     }
+    batch_ = events;
+    batchEnd_ = n;
     for (int i = 0; i < n; ++i) {
+      batchNext_ = i + 1;
       auto* handler = static_cast<EventHandler*>(events[i].data.ptr);
       if (handler == nullptr) {
         uint64_t v;
@@ -190,6 +206,7 @@ void EventLoop::run() {
         HLOG(kError, "event handler failed: %s", e.what());
       }
     }
+    batchEnd_ = 0;
   }
 }
 

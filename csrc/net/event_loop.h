@@ -60,6 +60,10 @@ class EventLoop {
   bool addFd(int fd, uint32_t events, EventHandler* handler);
   void modifyFd(int fd, uint32_t events, EventHandler* handler);
   void removeFd(int fd);
+  // Loop thread only: the events of the batch at hand not yet handled for
+  // `handler` are dropped. A handler destroyed while the loop handles a batch
+  // calls it, so that no later event of that batch reaches it.
+  void forget(const EventHandler* handler);
 
  private:
   void run();
@@ -71,6 +75,8 @@ class EventLoop {
 
   int epollFd_ = -1;
   int wakeFd_ = -1;
+  epoll_event* batch_ = nullptr;  // the events being handled (loop thread only)
+  int batchNext_ = 0, batchEnd_ = 0;
   std::thread thread_;
   std::atomic<std::thread::id> loopThread_{};  // set by the loop thread itself, first
   std::atomic<bool> running_{false};

@@ -1,6 +1,7 @@
 // The event loop's turns: soon tasks run before the loop waits, but what they
 // queue waits for the next turn, so a chain of them (a transport that keeps
 // progressing while data flows) cannot starve timers, posted tasks or events.
+// And a handler forgotten in the middle of a batch gets no more of its events.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -112,6 +113,48 @@ void testSoonTasksRunBeforeTheLoopWaits(EventLoop& loop) {
   CHECK(done.get_future().get() < 0.05);
 }
 
+// Two pipes readable in one batch; whichever handler runs first forgets the
+// other, as a handler destroying the other's owner does: the other is not called.
+void testAForgottenHandlerGetsNoMoreEventsOfItsBatch(EventLoop& loop) {
+  int a[2], b[2];
+  CHECK(::pipe2(a, O_NONBLOCK) == 0);
+  CHECK(::pipe2(b, O_NONBLOCK) == 0);
+  PipeReader first, second;
+  std::atomic<int> called{0};
+  first.fd = a[0];
+  second.fd = b[0];
+  // As a destructor would: its fd no longer watched, and what the batch holds dropped.
+  first.onReadable = [&] {
+    called++;
+    loop.removeFd(second.fd);
+    loop.forget(&second);
+  };
+  second.onReadable = [&] {
+    called++;
+    loop.removeFd(first.fd);
+    loop.forget(&first);
+  };
+  std::promise<void> handled;
+  loop.post([&] {
+    loop.addFd(a[0], EPOLLIN, &first);
+    loop.addFd(b[0], EPOLLIN, &second);
+    // Both readable before the loop waits again: one batch.
+    CHECK(::write(a[1], "x", 1) == 1);
+    CHECK(::write(b[1], "x", 1) == 1);
+    loop.addTimer(0.1, [&] { handled.set_value(); });
+  });
+  handled.get_future().wait();
+  CHECK(called == 1);
+  std::promise<void> removed;
+  loop.post([&] {
+    loop.removeFd(a[0]);  // (the one still watched)
+    loop.removeFd(b[0]);
+    removed.set_value();
+  });
+  removed.get_future().wait();
+  for (int fd : {a[0], a[1], b[0], b[1]}) ::close(fd);
+}
+
 }  // namespace
 
 int main() {
@@ -120,6 +163,7 @@ int main() {
   testTimerFiresDuringAChain(loop);
   testPostAndEventDuringAChain(loop);
   testSoonTasksRunBeforeTheLoopWaits(loop);
+  testAForgottenHandlerGetsNoMoreEventsOfItsBatch(loop);
   loop.stop();
   return finish("test_event_loop");
 }

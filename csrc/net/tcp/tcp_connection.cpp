@@ -46,7 +46,11 @@ TcpConnection::TcpConnection(EventLoop& loop, int fd, bool connecting, std::stri
       ahead_(new uint8_t[kReadAhead]) {}
 
 TcpConnection::~TcpConnection() {
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ < 0) return;
+  // Dropped without close() (its owner let go of it while it was open), maybe
+  // by a handler of the batch that also holds this connection's events.
+  if (loop_.onLoopThread()) loop_.forget(this);
+  ::close(fd_);
 }
 
 void TcpConnection::open() {
