@@ -89,6 +89,13 @@ def test_a_stopped_peer_first_dialled_after_it_stopped_fails_within_the_heartbea
 GIVE_UP_ALONE = {"connect_timeout": 0.5, "heartbeat_interval": 2.0}
 
 
+def wait_for_tasks(c, rank: int, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while c.call(rank, workers.stats)["reduce_tasks"] < count:
+        assert time.monotonic() < deadline, f"rank {rank} got no reduce task"
+        time.sleep(0.02)
+
+
 def test_a_reduce_task_that_could_not_reach_a_live_peer_is_redone():
     """A reduce task fails because its rank could not shake hands with a
     participant in time, although no one died (the participant stopped for
@@ -102,17 +109,11 @@ def test_a_reduce_task_that_could_not_reach_a_live_peer_is_redone():
         a, b, out = ids_with_shard("blameless", 3, 3, lambda s: s == 0)
         c.call(1, workers.put_filled, a, n, 1.0)
         reducing = in_thread(hop.reduce, [a, b], id=out, degree=1, timeout=60)
-        deadline = time.monotonic() + 10
-        while c.call(1, workers.stats)["reduce_tasks"] < 1:  # rank 1 holds the chain's first partial
-            assert time.monotonic() < deadline, "rank 1 got no reduce task"
-            time.sleep(0.02)
+        wait_for_tasks(c, 1, 1)  # rank 1 holds the chain's first partial
         c.freeze(1)
         try:
             c.call(2, workers.put_filled, b, n, 2.0)  # the root's task goes to rank 2, which dials rank 1
-            deadline = time.monotonic() + 10
-            while c.call(2, workers.stats)["reduce_tasks"] < 1:
-                assert time.monotonic() < deadline, "rank 2 got no reduce task"
-                time.sleep(0.02)
+            wait_for_tasks(c, 2, 1)
             time.sleep(1.0)  # its handshake with rank 1 times out (0.5 s)
         finally:
             os.kill(c.pids[1], signal.SIGCONT)
@@ -121,6 +122,42 @@ def test_a_reduce_task_that_could_not_reach_a_live_peer_is_redone():
         plan = hop.wait_reduce(result, timeout=30)
         assert plan.recoveries == 1 and plan.lost == ()
         assert torch.equal(hop.get(result, timeout=30).wait(), torch.full((n,), 3.0))
+    finally:
+        c.close()
+
+
+def test_a_participant_back_from_a_stall_leaves_the_redo_its_child():
+    """Soak, seed 1: rank 2, stalled past the heartbeat timeout in the middle
+    of its task (the root, reading rank 1's leaf), is taken for failed and
+    the root is computed again, reading the same leaf. Resumed, rank 2 finds
+    its coordinator's connection closed: its old task must end without
+    deleting that leaf, which the redo still reads."""
+    c = Cluster(3, options={"heartbeat_timeout": 3, "same_host": False})
+    try:
+        numel = (64 << 20) // 4
+        a, b, out = ids_with_shard("stall-redo", 3, 3, lambda s: s == 0)  # entries on the coordinator
+        c.call(1, workers.put_pattern, a, numel, 1)
+        c.call(2, workers.put_pattern, b, numel, 2)
+        reducing = in_thread(hop.reduce, [a, b], id=out, degree=1, ordered=True, timeout=60)
+        wait_for_tasks(c, 1, 1)  # the leaf: rank 1's output is its input
+        c.freeze(1)  # ... which the root cannot read yet
+        try:
+            wait_for_tasks(c, 2, 1)
+            c.freeze(2)  # the root stalls half-way
+        finally:
+            os.kill(c.pids[1], signal.SIGCONT)
+        try:
+            deadline = time.monotonic() + 30
+            while hop.stats()["reduce_recoveries"] < 1:
+                assert time.monotonic() < deadline, "the reduce was not redone"
+                time.sleep(0.05)
+        finally:
+            os.kill(c.pids[2], signal.SIGCONT)
+        result, unused = reducing(60)
+        plan = hop.wait_reduce(result, timeout=60)
+        assert [hop.object_ref.id_of(r) for r in plan.inputs] == [a, b]
+        assert plan.holders == (1, 2) and plan.recoveries == 1
+        assert torch.equal(hop.get(result, timeout=30).wait(), workers.pattern_sum(numel, [1, 2]))
     finally:
         c.close()
 

@@ -155,6 +155,7 @@ void Node::onPeerFailed(int rank, const Status& failure) {
 }
 
 void Node::onLinkLost(int rank, const Status& why) {
+  reduceTasks_->failOrphanedTasks();
   directory_->requests().failRank(rank, why);
   client_->failPullsFrom(rank, why);
   mailbox_->failFrom(rank, 0, why);
@@ -176,6 +177,7 @@ void Node::onResumed() {
 }
 
 void Node::onAcceptedClosed(Connection& conn, int rank, bool left, const Status& why) {
+  reduceTasks_->failOrphanedTasks(&conn);
   if (left) {
     // It registered its objects over this connection: they leave this shard's
     // lists too (a peer closes its connections only when it leaves or dies).

@@ -84,7 +84,14 @@ struct ReduceCoordination {
 
 struct ReduceTaskState {
   wire::ReduceTask msg;
+  // The connection the task came on: answers go back on it. Once it closed,
+  // the coordinator computes this position again (it redoes every task of a
+  // rank whose link it lost), so the task is an orphan.
   std::weak_ptr<Connection> coordinator;
+  // The coordinator's process; while it lives, it frees the partial results
+  // (its redo may still read a child an orphan had).
+  int coordinatorRank = -1;
+  uint64_t coordinatorIncarnation = 0;
   bool answered = false;
   ReduceKernel kernel;
   // Computes the steps when the input was put from a device (null: the CPU

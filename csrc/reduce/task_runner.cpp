@@ -36,6 +36,12 @@ Status stepOnDevice(BufferPool& pool, DeviceReduceKernel& kernel, const LocalObj
   if (!locked) return Status(Code::kInvalidArgument, "its buffers could not all be page-locked");
   return kernel.run(out.data() + from, in.data() + from, sources, n, divisor);
 }
+
+Status orphanedStatus(const ReduceTaskState& task) {
+  // (kPeerFailed: the readers of a root's output wait for the result computed again.)
+  return Status(Code::kPeerFailed, "the connection from its coordinator, rank " + std::to_string(task.coordinatorRank) +
+                                       ", closed: the coordinator computes " + printableId(task.msg.outputId) + " again");
+}
 }  // namespace
 
 ReduceTaskRunner::ReduceTaskRunner(EventLoop& loop, ReduceServices& node, int rank, ObjectStore& store,
@@ -61,6 +67,8 @@ void ReduceTaskRunner::handleTask(Connection& conn, const wire::ReduceTask& msg)
   auto t = std::make_shared<ReduceTaskState>();
   t->msg = msg;
   t->coordinator = node_.peers().sharedConnection(conn);
+  t->coordinatorRank = conn.peerRank();
+  t->coordinatorIncarnation = node_.peers().incarnationOf(conn.peerRank());
   t->started = node_.now();
   ReduceTaskState& task = *t;
   tasks_[taskId] = std::move(t);
@@ -255,6 +263,8 @@ void ReduceTaskRunner::finishTask(uint64_t taskId) {
     // it complete would list a holder without a copy.
     return failTask(taskId, Status(Code::kRetry, "its output " + printableId(it->second->msg.outputId) + " was dropped"));
   }
+  // A root announcing its output complete would publish a result its coordinator has moved on from.
+  if (orphaned(*it->second)) return failTask(taskId, orphanedStatus(*it->second));
   auto task = std::move(it->second);
   tasks_.erase(it);
   for (auto& [obj, listener] : task->listeners) obj->removeListener(listener);
@@ -265,8 +275,31 @@ void ReduceTaskRunner::finishTask(uint64_t taskId) {
   reportTaskEnd(*task, Status());
   // The children's outputs stay until the coordinator frees them with the
   // result complete: if this node dies first, only this position is redone.
-  if (task->coordinator.expired()) {
+  if (!coordinatorLives(*task)) {
     for (const auto& child : task->msg.childIds) node_.directory().deleteEverywhere(child);
+  }
+}
+
+bool ReduceTaskRunner::coordinatorLives(const ReduceTaskState& task) {
+  PeerLinks& peers = node_.peers();
+  return task.coordinatorRank == rank_ ||
+         (!peers.hasFailed(task.coordinatorRank) && peers.incarnationOf(task.coordinatorRank) == task.coordinatorIncarnation);
+}
+
+bool ReduceTaskRunner::orphaned(const ReduceTaskState& task, const Connection* closed) {
+  const auto coordinator = task.coordinator.lock();
+  return !coordinator || coordinator.get() == closed;
+}
+
+void ReduceTaskRunner::failOrphanedTasks(const Connection* closed) {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
+  std::vector<uint64_t> doomed;
+  for (const auto& [id, task] : tasks_) {
+    if (orphaned(*task, closed)) doomed.push_back(id);
+  }
+  for (uint64_t id : doomed) {
+    auto it = tasks_.find(id);
+    if (it != tasks_.end()) failTask(id, orphanedStatus(*it->second));
   }
 }
 
@@ -293,8 +326,10 @@ void ReduceTaskRunner::failTask(uint64_t taskId, const Status& why) {
   if (why.message.rfind("reduce into ", 0) == 0) status.message = why.message;  // already says so
   answerTask(*task, status);
   // A live coordinator recovers from a participant's death and frees the
-  // partial results itself; without one, nobody else will.
-  const bool coordinated = !task->coordinator.expired() && !node_.shuttingDown();
+  // partial results itself, also after it lost the link to this node or this
+  // node leaves (its redo may read this task's children); without one, nobody
+  // else will.
+  const bool coordinated = coordinatorLives(*task);
   if (task->output) {
     if (store_.find(msg.outputId) == task->output) store_.remove(msg.outputId);
     Status seen = status;
@@ -309,10 +344,13 @@ void ReduceTaskRunner::failTask(uint64_t taskId, const Status& why) {
     return;
   }
   reportTaskEnd(*task, status);
-  if (coordinated) return;
+  // An orphan's output id is this generation's alone: its coordinator, which
+  // took it back before the orphan registered it perhaps, no longer frees it.
+  if (coordinated && !orphaned(*task)) return;
   if (task->registration == ReduceTaskState::Registration::kRegistered) {
     node_.directory().deleteEverywhere(msg.outputId, task->token);
   }
+  if (coordinated) return;
   for (const auto& child : msg.childIds) node_.directory().deleteEverywhere(child);
 }
 

@@ -33,6 +33,9 @@ class ReduceTaskRunner {
   void registerHandlers(MessageRouter& router);
   // Its coordinator died: the partial results it had this node compute go.
   void dropPartialResultsOf(int coordinator);
+  // Tasks whose coordinator's connection closed (`closed`, or any that is
+  // gone) fail: the coordinator computes their positions again.
+  void failOrphanedTasks(const Connection* closed = nullptr);
   // Every task fails with `why`.
   void shutDown(const Status& why);
 
@@ -56,6 +59,9 @@ class ReduceTaskRunner {
   void finishTask(uint64_t task);
   void failTask(uint64_t task, const Status& why);
   void closeRoot(const std::shared_ptr<ReduceTaskState>& task);
+  // Its coordinator's process is alive as far as this node knows.
+  bool coordinatorLives(const ReduceTaskState& task);
+  static bool orphaned(const ReduceTaskState& task, const Connection* closed = nullptr);
 
   EventLoop& loop_;
   ReduceServices& node_;
