@@ -162,6 +162,29 @@ def test_a_participant_back_from_a_stall_leaves_the_redo_its_child():
         c.close()
 
 
+
+def test_a_resumed_rank_takes_no_peer_it_had_not_met_for_rejoined():
+    """Rank 2 has met only rank 0. Right after it resumed from a stall past
+    the heartbeat timeout, it dials rank 3, whose hello ack lists the
+    members rank 3 talks to: rank 1 among them, whose process rank 2 never
+    met. That is not news of a rejoin, which would fail what is on its way
+    to rank 1."""
+    c = Cluster(4, options={"heartbeat_timeout": 3, "same_host": False})
+    try:
+        first, third, second = ids_with_shard("unmet", 3, 4, lambda s: s == 0)
+        for rank, obj in ((1, first), (3, third), (2, second)):
+            c.call(rank, workers.put_pattern, obj, 1 << 16, rank)
+        assert c.call(3, workers.get_matches_pattern, first, 1 << 16, 1, 30)  # rank 3 meets rank 1
+        c.freeze(2)
+        time.sleep(4.5)  # the others take it for failed
+        os.kill(c.pids[2], signal.SIGCONT)
+        assert c.call(2, workers.get_matches_pattern, third, 1 << 16, 3, 30)  # within its stall's aftermath
+        assert c.call(2, workers.get_matches_pattern, first, 1 << 16, 1, 30)
+        assert c.call(2, workers.stats)["rejoins"] == 0
+    finally:
+        c.close()
+
+
 def test_copies_forgotten_by_a_rank_that_gave_up_on_their_holder_alone_are_listed_again():
     """Rank 2 alone gives up on rank 1 (its handshake with rank 1, stopped
     for less than the heartbeat timeout, timed out) and its shard forgets

@@ -40,6 +40,7 @@ def test_a_restarted_rank_rejoins_and_is_a_reduce_input_again():
         c.call(2, workers.put, torch.full((1 << 18,), 5.0), "rejoin-new")
         assert torch.equal(c.call(3, workers.get, "rejoin-new", 30), torch.full((1 << 18,), 5.0))
         assert torch.equal(hop.get("rejoin-new", timeout=30).wait(), torch.full((1 << 18,), 5.0))
+        assert hop.stats()["rejoins"] == 1
     finally:
         c.close()
 

@@ -437,6 +437,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"mailbox_bytes", messages.waitingBytes.load()},
       {"handshakes_refused", peers_->handshakesRefused()},
       {"cut_offs", peers_->cutOffs()},
+      {"rejoins", peers_->rejoins()},
       {"inline_gets", client_->counters().inlineGets.load()},
       {"local_gets", client_->counters().localGets.load()},
       {"remote_gets", client_->counters().remoteGets.load()},

@@ -148,6 +148,7 @@ void Peers::adoptPeer(int rank, const Handshake& hello, uint64_t connectionId) {
 void Peers::replaceProcess(int rank, const std::string& host, int port, uint64_t incarnation, uint64_t incoming) {
   // What was on its way to the old process fails (and is asked again where that retries).
   // (Not `gone`: its shard is where it was, or returns below.)
+  counters_.rejoins++;
   const Peer& old = peers_[rank];
   if (old.conn || !old.queued.empty()) {
     failPeer(rank, Status(Code::kPeerFailed, peerName(rank) + " restarted"), /*gone=*/false);
@@ -189,6 +190,9 @@ void Peers::learnMembers(int from, const std::vector<wire::MemberAddress>& membe
     // since it was away itself: else the member's news may be the older.
     const Peer& known = it->second;
     if (!(known.lost || (away && !talksTo(m.rank)))) continue;
+    // Never heard from, where this node reaches it: the same process, not yet
+    // met (replacing it would fail what is on its way to it).
+    if (known.incarnation == 0 && known.host == m.host && known.port == static_cast<int>(m.port)) continue;
     HLOG(kInfo, "rank %d rejoined from %s:%u while this process could not hear it (%s knows it)", m.rank,
          m.host.c_str(), m.port, peerName(from).c_str());
     replaceProcess(m.rank, m.host, static_cast<int>(m.port), m.incarnation, /*incoming=*/0);

@@ -87,6 +87,7 @@ class Peers : public PeerLinks, public ConnectionObserver {
   struct Counters {
     std::atomic<uint64_t> handshakesRefused{0};  // peers that could not prove they know the secret
     std::atomic<uint64_t> cutOffs{0};            // times this process took itself for cut off (cutOff_)
+    std::atomic<uint64_t> rejoins{0};            // new processes of a rank taken up (replaceProcess)
   };
 
   // Registers its handshake messages with `router`, which gets every other
@@ -115,6 +116,7 @@ class Peers : public PeerLinks, public ConnectionObserver {
   // before it in the transport (any thread).
   uint64_t handshakesRefused() const { return counters_.handshakesRefused + transport_->peersRefused(); }
   uint64_t cutOffs() const { return counters_.cutOffs; }
+  uint64_t rejoins() const { return counters_.rejoins; }
 
   // Shutdown: every connection ends gracefully (what was sent still arrives);
   // then, from the caller's thread, waits up to `lingerSeconds` for peers to
