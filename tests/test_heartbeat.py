@@ -96,6 +96,14 @@ def wait_for_tasks(c, rank: int, count: int) -> None:
         time.sleep(0.02)
 
 
+def wait_for_a_redo() -> None:
+    """Until this process (the coordinator) redid a reduce's positions."""
+    deadline = time.monotonic() + 30
+    while hop.stats()["reduce_recoveries"] < 1:
+        assert time.monotonic() < deadline, "the reduce was not redone"
+        time.sleep(0.05)
+
+
 def test_a_reduce_task_that_could_not_reach_a_live_peer_is_redone():
     """A reduce task fails because its rank could not shake hands with a
     participant in time, although no one died (the participant stopped for
@@ -147,10 +155,7 @@ def test_a_participant_back_from_a_stall_leaves_the_redo_its_child():
         finally:
             os.kill(c.pids[1], signal.SIGCONT)
         try:
-            deadline = time.monotonic() + 30
-            while hop.stats()["reduce_recoveries"] < 1:
-                assert time.monotonic() < deadline, "the reduce was not redone"
-                time.sleep(0.05)
+            wait_for_a_redo()
         finally:
             os.kill(c.pids[2], signal.SIGCONT)
         result, unused = reducing(60)
@@ -161,6 +166,36 @@ def test_a_participant_back_from_a_stall_leaves_the_redo_its_child():
     finally:
         c.close()
 
+
+
+def test_a_task_sent_to_a_stopped_rank_is_given_up_when_it_resumes():
+    """Rank 2 is stopped before its reduce task (the root) reaches it; the
+    coordinator takes it for failed and computes the root again once rank 2
+    lists its input again. Resumed, rank 2 reads the old task first: sent
+    before anyone knew it was back, it is given up, not computed into a
+    result (published under the result's id) that the reduce moved on from."""
+    c = Cluster(3, options={"heartbeat_timeout": 3, "same_host": False})
+    try:
+        numel = (1 << 20) // 4
+        a, b, out, warm = ids_with_shard("stale-task", 4, 3, lambda s: s == 0)  # entries on the coordinator
+        c.call(1, workers.put_pattern, a, numel, 1)
+        c.call(2, workers.put_pattern, b, numel, 2)
+        c.call(2, workers.put_pattern, warm, numel, 0)
+        assert torch.equal(hop.get(warm, timeout=30).wait(), workers.pattern(numel, 0))  # rank 0 dials rank 2
+        c.freeze(2)
+        try:
+            reducing = in_thread(hop.reduce, [a, b], id=out, degree=1, ordered=True, timeout=60)
+            wait_for_a_redo()
+        finally:
+            os.kill(c.pids[2], signal.SIGCONT)
+        result, unused = reducing(60)
+        plan = hop.wait_reduce(result, timeout=60)
+        assert plan.holders == (1, 2) and plan.recoveries == 1
+        assert torch.equal(hop.get(result, timeout=30).wait(), workers.pattern_sum(numel, [1, 2]))
+        stats = c.call(2, workers.stats)
+        assert stats["reduce_tasks"] == 2 and stats["reduce_tasks_abandoned"] == 1
+    finally:
+        c.close()
 
 
 def test_a_resumed_rank_takes_no_peer_it_had_not_met_for_rejoined():

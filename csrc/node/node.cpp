@@ -166,6 +166,11 @@ void Node::onResumed() {
   // Asking each peer something on a fresh connection makes it say, in its
   // hello ack, what moved; this node also lists its copies again (at their
   // shard as this node knows it then, and again if the news moves it).
+  // Their reduces computed elsewhere what this node was computing for them,
+  // or had been sent meanwhile (read in the events at hand).
+  resuming_ = true;
+  reduceTasks_->abandonRemoteTasks();
+  loop_.runSoon([this] { resuming_ = false; });
   loop_.addTimer(kResumeDelaySeconds, [this] {
     if (shuttingDown_) return;
     peers_->redialAll();
@@ -423,6 +428,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"relays_served", server_->counters().relaysServed.load()},
       {"reduces_coordinated", coordinator_->counters().coordinated.load()},
       {"reduce_tasks", reduceTasks_->counters().tasks.load()},
+      {"reduce_tasks_abandoned", reduceTasks_->counters().abandoned.load()},
       {"reduce_recoveries", coordinator_->counters().recoveries.load()},
       {"reduce_bytes", reduceTasks_->counters().bytes.load()},
       {"reduce_bytes_on_device", reduceTasks_->counters().bytesOnDevice.load()},

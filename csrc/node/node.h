@@ -208,6 +208,7 @@ class Node : private PeerEvents, private ReduceServices {
   void probeRanks(const std::set<int>& ranks, double timeoutSeconds,
                   std::function<void(std::set<int> silent)> done) override;  // node_probe.cpp
   bool shuttingDown() const override { return shuttingDown_; }
+  bool resuming() const override { return resuming_; }
   void fetch(const std::string& id, double timeoutSeconds, FetchCallback done, int preferred = -1) override {
     client_->fetch(id, timeoutSeconds, std::move(done), preferred);
   }
@@ -251,6 +252,7 @@ class Node : private PeerEvents, private ReduceServices {
 
   // Loop-thread state.
   bool shuttingDown_ = false;
+  bool resuming_ = false;  // loop thread (ReduceServices::resuming)
   bool shareReturnScheduled_ = false;
   double shareReturnWait_ = 0;                    // the last wait before taking the share back
   double shareReturnedAt_ = -1e300;               // when this process last took its share back

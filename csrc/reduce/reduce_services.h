@@ -30,6 +30,9 @@ class ReduceServices {
   virtual PeerLinks& peers() = 0;
   virtual DirectoryClient& directory() = 0;
   virtual bool shuttingDown() const = 0;
+  // It just resumed from a stall or a cut-off, and handles what was waiting
+  // for it then: sent before its peers could know it is back.
+  virtual bool resuming() const = 0;
   virtual bool stopped() const = 0;  // shutdown() was called (any thread)
   virtual double now() const = 0;
   // Probes `ranks`; `done` runs once, with those that failed to answer or had

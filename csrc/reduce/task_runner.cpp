@@ -37,6 +37,10 @@ Status stepOnDevice(BufferPool& pool, DeviceReduceKernel& kernel, const LocalObj
   return kernel.run(out.data() + from, in.data() + from, sources, n, divisor);
 }
 
+const Status kAbandoned(Code::kPeerFailed,
+                        "this process stalled or was cut off, and its coordinator most likely took it for failed and "
+                        "computes it elsewhere");
+
 Status orphanedStatus(const ReduceTaskState& task) {
   // (kPeerFailed: the readers of a root's output wait for the result computed again.)
   return Status(Code::kPeerFailed, "the connection from its coordinator, rank " + std::to_string(task.coordinatorRank) +
@@ -74,6 +78,10 @@ void ReduceTaskRunner::handleTask(Connection& conn, const wire::ReduceTask& msg)
   tasks_[taskId] = std::move(t);
   counters_.tasks++;
   Status s;
+  if (task.coordinatorRank != rank_ && node_.resuming()) {
+    counters_.abandoned++;
+    return failTask(taskId, kAbandoned);
+  }
   if (msg.op > kMaxReduceOp) s = Status(Code::kInvalidArgument, "unknown reduce op");
   if (s.ok()) s = reduceKernel(static_cast<ReduceOp>(msg.op), msg.meta.dtype, &task.kernel);
   if (!s.ok()) return failTask(taskId, s);
@@ -300,6 +308,18 @@ void ReduceTaskRunner::failOrphanedTasks(const Connection* closed) {
   for (uint64_t id : doomed) {
     auto it = tasks_.find(id);
     if (it != tasks_.end()) failTask(id, orphanedStatus(*it->second));
+  }
+}
+
+void ReduceTaskRunner::abandonRemoteTasks() {
+  HOPLITE_ASSERT_ON_LOOP(loop_);
+  std::vector<uint64_t> doomed;
+  for (const auto& [id, task] : tasks_) {
+    if (task->coordinatorRank != rank_) doomed.push_back(id);
+  }
+  for (uint64_t id : doomed) {
+    counters_.abandoned++;
+    failTask(id, kAbandoned);
   }
 }
 

@@ -36,11 +36,17 @@ class ReduceTaskRunner {
   // Tasks whose coordinator's connection closed (`closed`, or any that is
   // gone) fail: the coordinator computes their positions again.
   void failOrphanedTasks(const Connection* closed = nullptr);
+  // This node resumed from a stall or a cut-off, which its peers most likely
+  // took for its death: the tasks of other nodes' reduces fail (those
+  // coordinators computed them elsewhere, and a stale root would publish a
+  // result they moved on from), as do those that were waiting to be read.
+  void abandonRemoteTasks();
   // Every task fails with `why`.
   void shutDown(const Status& why);
 
   struct Counters {
     std::atomic<uint64_t> tasks{0}, bytes{0};
+    std::atomic<uint64_t> abandoned{0};  // of tasks, given up after a stall or a cut-off (abandonRemoteTasks)
     std::atomic<uint64_t> bytesOnDevice{0};  // of bytes, computed by the DeviceReducer
   };
   const Counters& counters() const { return counters_; }
