@@ -167,7 +167,6 @@ def test_a_participant_back_from_a_stall_leaves_the_redo_its_child():
         c.close()
 
 
-
 def test_a_task_sent_to_a_stopped_rank_is_given_up_when_it_resumes():
     """Rank 2 is stopped before its reduce task (the root) reaches it; the
     coordinator takes it for failed and computes the root again once rank 2

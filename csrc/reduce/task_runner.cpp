@@ -60,9 +60,23 @@ void ReduceTaskRunner::registerHandlers(MessageRouter& router) {
 
 void ReduceTaskRunner::shutDown(const Status& why) {
   HOPLITE_ASSERT_ON_LOOP(loop_);
+  failTasksWhere([](const ReduceTaskState&) { return true; }, [&why](const ReduceTaskState&) { return why; });
+}
+
+size_t ReduceTaskRunner::failTasksWhere(const std::function<bool(const ReduceTaskState&)>& doomed,
+                                        const std::function<Status(const ReduceTaskState&)>& why) {
   std::vector<uint64_t> ids;
-  for (const auto& entry : tasks_) ids.push_back(entry.first);
-  for (uint64_t id : ids) failTask(id, why);
+  for (const auto& [id, task] : tasks_) {
+    if (doomed(*task)) ids.push_back(id);
+  }
+  size_t failed = 0;
+  for (uint64_t id : ids) {
+    auto it = tasks_.find(id);  // (a failure may end others)
+    if (it == tasks_.end()) continue;
+    failTask(id, why(*it->second));
+    ++failed;
+  }
+  return failed;
 }
 
 void ReduceTaskRunner::handleTask(Connection& conn, const wire::ReduceTask& msg) {
@@ -301,26 +315,13 @@ bool ReduceTaskRunner::orphaned(const ReduceTaskState& task, const Connection* c
 
 void ReduceTaskRunner::failOrphanedTasks(const Connection* closed) {
   HOPLITE_ASSERT_ON_LOOP(loop_);
-  std::vector<uint64_t> doomed;
-  for (const auto& [id, task] : tasks_) {
-    if (orphaned(*task, closed)) doomed.push_back(id);
-  }
-  for (uint64_t id : doomed) {
-    auto it = tasks_.find(id);
-    if (it != tasks_.end()) failTask(id, orphanedStatus(*it->second));
-  }
+  failTasksWhere([closed](const ReduceTaskState& task) { return orphaned(task, closed); }, orphanedStatus);
 }
 
 void ReduceTaskRunner::abandonRemoteTasks() {
   HOPLITE_ASSERT_ON_LOOP(loop_);
-  std::vector<uint64_t> doomed;
-  for (const auto& [id, task] : tasks_) {
-    if (task->coordinatorRank != rank_) doomed.push_back(id);
-  }
-  for (uint64_t id : doomed) {
-    counters_.abandoned++;
-    failTask(id, kAbandoned);
-  }
+  counters_.abandoned += failTasksWhere([this](const ReduceTaskState& task) { return task.coordinatorRank != rank_; },
+                                        [](const ReduceTaskState&) { return kAbandoned; });
 }
 
 // A coordinator that failed frees none of its partial results: their holders do.
@@ -386,14 +387,11 @@ void ReduceTaskRunner::closeRoot(const std::shared_ptr<ReduceTaskState>& task) {
 }
 
 void ReduceTaskRunner::handleAbort(Connection&, const wire::ReduceAbort& msg) {
-  std::vector<uint64_t> doomed;
-  for (const auto& [id, task] : tasks_) {
-    if (task->msg.outputId == msg.id) doomed.push_back(id);
-  }
   const Status why = msg.retract ? Status(Code::kRetry, "object " + printableId(msg.id) +
                                                             " is being recomputed after a participant failed")
                                  : Status(Code::kInternal, "the reduce computing " + printableId(msg.id) + " was aborted");
-  for (uint64_t id : doomed) failTask(id, why);
+  failTasksWhere([&msg](const ReduceTaskState& task) { return task.msg.outputId == msg.id; },
+                 [&why](const ReduceTaskState&) { return why; });
 }
 
 }  // namespace hoplite

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <unordered_map>
@@ -64,6 +65,9 @@ class ReduceTaskRunner {
   void advanceOutput(ReduceTaskState& task, uint64_t to);
   void finishTask(uint64_t task);
   void failTask(uint64_t task, const Status& why);
+  // Fails every task `doomed` picks, each with `why` of it; returns how many.
+  size_t failTasksWhere(const std::function<bool(const ReduceTaskState&)>& doomed,
+                        const std::function<Status(const ReduceTaskState&)>& why);
   void closeRoot(const std::shared_ptr<ReduceTaskState>& task);
   // Its coordinator's process is alive as far as this node knows.
   bool coordinatorLives(const ReduceTaskState& task);
