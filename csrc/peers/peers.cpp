@@ -516,6 +516,11 @@ uint8_t* Peers::dataDestination(Connection& conn, uint64_t request, uint64_t off
 
 void Peers::onDataReceived(Connection& conn, uint64_t request, uint64_t end) {
   HOPLITE_ASSERT_ON_LOOP(loop_);
+  // A ping's answer queues behind the data frame being read: on a slow link
+  // (a delay, a congestion control still sized for the old round trip) one
+  // frame takes longer than the heartbeat timeout, and its bytes are the
+  // only sign of life meanwhile.
+  heardFrom(conn);
   events_.onDataReceived(conn, request, end);
 }
 
