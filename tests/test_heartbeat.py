@@ -504,15 +504,22 @@ def test_a_source_known_to_be_dead_is_not_assigned():
         c.close()
 
 
+def put_and_freeze_a_holder(c: Cluster, prefix: str) -> str:
+    """An object put here (rank 0 hosts its directory entry), then copied to
+    rank 1, which is stopped."""
+    (obj,) = ids_with_shard(prefix, 1, 3, lambda s: s == 0)
+    hop.put(torch.ones(1 << 20), obj)
+    c.call(1, workers.get_keeping_copy, obj, 10)
+    c.freeze(1)
+    return obj
+
+
 def test_a_delete_waiting_for_a_stopped_holder_names_it_and_ends_when_it_resumes(capfd):
     """The shard answers a delete once every holder dropped its copy; one
     still waited for after 5 s is named in the shard's log (here rank 0's)."""
     c = Cluster(3, options={"heartbeat_timeout": 20})  # rank 1 is not declared failed
     try:
-        (obj,) = ids_with_shard("slow-drop", 1, 3, lambda s: s == 0)
-        hop.put(torch.ones(1 << 20), obj)
-        c.call(1, workers.get_keeping_copy, obj, 10)
-        c.freeze(1)
+        obj = put_and_freeze_a_holder(c, "slow-drop")
         try:
             deleting = in_thread(lambda: (hop.delete(obj, timeout=30), time.monotonic())[1])
             time.sleep(7)
@@ -522,6 +529,26 @@ def test_a_delete_waiting_for_a_stopped_holder_names_it_and_ends_when_it_resumes
         assert resumed <= deleting(10) < resumed + 5  # it waited for rank 1, and no longer
         assert re.search(rf"the delete of '{obj}' has waited 5 s for holders to drop their copies: rank 1 at [^ ]+$",
                          capfd.readouterr().err, re.MULTILINE)
+        with pytest.raises(hop.ObjectDeletedError, match=obj):
+            c.call(2, workers.get, obj, 10)
+    finally:
+        c.close()
+
+
+def test_a_delete_that_times_out_names_its_shard_and_still_completes():
+    """Past its timeout, a delete says whose answer it waited for: the shard,
+    which answers once every holder dropped its copy (here rank 1, stopped)."""
+    c = Cluster(3, options={"heartbeat_timeout": 20})  # rank 1 is not declared failed
+    try:
+        obj = put_and_freeze_a_holder(c, "late-drop")
+        try:
+            with pytest.raises(hop.HopliteTimeoutError,
+                               match=rf"deleting object '{obj}' timed out after 2 s: no answer from the directory "
+                                     rf"shard at rank 0 at [^ ]+ \(a shard answers once every holder dropped its copy\)"):
+                c.call(2, workers.delete, obj, 2)
+        finally:
+            os.kill(c.pids[1], signal.SIGCONT)
+        # Rank 1 drops its copy once it runs again: the delete happened all the same.
         with pytest.raises(hop.ObjectDeletedError, match=obj):
             c.call(2, workers.get, obj, 10)
     finally:

@@ -353,10 +353,11 @@ void DirectoryClient::updateHolder(const std::string& id, wire::HolderState stat
   peers_.send(shardOf(id), wire::HolderUpdate{id, config_.rank, state, sender});
 }
 
-void DirectoryClient::requestDelete(const std::string& id, bool retract, StatusCallback cb, uint64_t ifToken) {
+uint64_t DirectoryClient::requestDelete(const std::string& id, bool retract, StatusCallback cb, uint64_t ifToken) {
   const uint64_t request = newRequest();
   requestShard(id, wire::MsgType::kDelete, wire::encode(wire::Delete{request, id, retract, ifToken}), request, std::move(cb),
                steadySeconds() + kShardRedirectSeconds);
+  return request;
 }
 
 void DirectoryClient::requestRegister(wire::Register reg, StatusCallback cb) {

@@ -112,8 +112,8 @@ class DirectoryClient : public DirectoryAccess {
   // Deletes `id` everywhere (`retract`: it is being recomputed; `ifToken`:
   // only its registration under that token, see wire::IdRequest); `cb` runs
   // once: with the shard's answer, which comes after every holder dropped its
-  // copy, or with a failure.
-  void requestDelete(const std::string& id, bool retract, StatusCallback cb, uint64_t ifToken = 0);
+  // copy, or with a failure. Returns the request's number (RequestTracker).
+  uint64_t requestDelete(const std::string& id, bool retract, StatusCallback cb, uint64_t ifToken = 0);
   // Registers `reg` (its request id is given here) at its id's shard.
   void requestRegister(wire::Register reg, StatusCallback cb);
   // Fire and forget.

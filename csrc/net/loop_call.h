@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "common/object_meta.h"
 #include "common/status.h"
 #include "net/event_loop.h"
 
@@ -29,10 +30,14 @@ inline std::future<Status> startOnLoop(EventLoop& loop, std::function<void(std::
   return future;
 }
 
+// Added to a wait whose work enforces its own timeout on the loop (and
+// reports it, saying more): the wait's own only guards against a stuck loop.
+constexpr double kLoopAnswerGraceSeconds = 5.0;
+
 // The future's Status, or a timeout naming `what`.
 inline Status awaitStatus(std::future<Status>& future, double timeoutSeconds, const std::string& what) {
   if (future.wait_for(std::chrono::duration<double>(timeoutSeconds)) != std::future_status::ready) {
-    return Status(Code::kTimeout, what + " timed out after " + std::to_string(timeoutSeconds) + " s");
+    return Status(Code::kTimeout, what + " timed out after " + printableSeconds(timeoutSeconds));
   }
   return future.get();
 }

@@ -35,6 +35,11 @@ class RequestTracker {
     auto it = pending_.find(request);
     return it != pending_.end() && it->second.attempt == attempt;
   }
+  // The rank whose answer `request` waits for; -1 if it waits for none.
+  int rankOf(uint64_t request) const {
+    auto it = pending_.find(request);
+    return it == pending_.end() ? -1 : it->second.rank;
+  }
   // Runs the request's callback (once) and forgets it; false if it waits for
   // nothing (answered already, or its asker gave up).
   bool answer(uint64_t request, const Status& status, const wire::LookupReply* reply = nullptr) {

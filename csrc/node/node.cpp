@@ -399,7 +399,7 @@ Status Node::announce(double timeoutSeconds) {
     }
     probeRanks(others, timeoutSeconds, [done = std::move(done)](std::set<int>) { done(Status()); });
   });
-  return awaitStatus(done, timeoutSeconds + 5, "introducing this node to its peers");
+  return awaitStatus(done, timeoutSeconds + kLoopAnswerGraceSeconds, "introducing this node to its peers");
 }
 
 DirectoryShard::Sizes Node::shardSizes() {

@@ -215,7 +215,10 @@ class Node : private PeerEvents, private ReduceServices {
 
   // --- its copies (node_objects.cpp) ---
   // Loop thread: asks the shard to delete `id` everywhere; `done` gets the outcome.
-  void deleteOne(const std::string& id, std::function<void(const Status&)> done);
+  // Returns the directory request it made (RequestTracker).
+  uint64_t deleteOne(const std::string& id, std::function<void(const Status&)> done);
+  // The timeout of a delete whose `requests` still wait: it names their shards.
+  Status deleteTimedOut(const std::string& what, double timeoutSeconds, const std::vector<uint64_t>& requests);
   void handleDropCopy(Connection& conn, const wire::DropCopy& msg);
   void serveParkedPulls(const std::shared_ptr<LocalObject>& obj) override { server_->serveParkedPulls(obj); }
   void dropLocalCopy(const std::string& id, const Status& why) override;

@@ -2,6 +2,7 @@
 // this node's copies, and get (transfer/client.h does its work).
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <utility>
 
 #include "common/chunking.h"
@@ -163,26 +164,45 @@ Status Node::remove(const std::vector<std::string>& ids, double timeoutSeconds) 
   const std::string what = ids.size() == 1 ? "object " + printableId(ids[0]) : std::to_string(ids.size()) + " objects";
   if (stopped()) return Status(Code::kShutdown, "delete of " + what + ": node is shut down");
   // Every request at once: one round trip for all, not one each.
-  auto deleted = startOnLoop(loop_, [this, ids](std::function<void(Status)> done) {
+  auto deleted = startOnLoop(loop_, [this, ids, what, timeoutSeconds](std::function<void(Status)> done) {
     auto outcomes = std::make_shared<std::vector<Status>>(ids.size());
     auto left = std::make_shared<size_t>(ids.size());
+    auto requests = std::make_shared<std::vector<uint64_t>>();
     for (size_t i = 0; i < ids.size(); ++i) {
-      deleteOne(ids[i], [outcomes, left, i, done](const Status& s) {
+      requests->push_back(deleteOne(ids[i], [outcomes, left, i, done](const Status& s) {
         (*outcomes)[i] = s;
         if (--*left > 0) return;
         for (const Status& outcome : *outcomes) {
           if (!outcome.ok()) return done(outcome);  // the first failure, in the order asked
         }
         done(Status());
-      });
+      }));
     }
+    // Given up on here, where the error can say whose answer it waited for.
+    loop_.addTimer(timeoutSeconds, [this, requests, left, done, what, timeoutSeconds] {
+      if (*left > 0) done(deleteTimedOut(what, timeoutSeconds, *requests));
+    });
   });
-  return awaitStatus(deleted, timeoutSeconds, "deleting " + what);
+  return awaitStatus(deleted, timeoutSeconds + kLoopAnswerGraceSeconds, "deleting " + what);
 }
 
-void Node::deleteOne(const std::string& id, std::function<void(const Status&)> done) {
+Status Node::deleteTimedOut(const std::string& what, double timeoutSeconds, const std::vector<uint64_t>& requests) {
+  std::set<int> shards;
+  for (uint64_t request : requests) {
+    const int rank = directory_->requests().rankOf(request);
+    if (rank >= 0) shards.insert(rank);
+  }
+  std::string message = "deleting " + what + " timed out after " + printableSeconds(timeoutSeconds);
+  if (shards.empty()) return Status(Code::kTimeout, message);
+  std::string names;
+  for (int rank : shards) names += (names.empty() ? "" : ", ") + peers_->peerName(rank);
+  return Status(Code::kTimeout, message + ": no answer from the directory shard" + (shards.size() > 1 ? "s" : "") +
+                                    " at " + names + " (a shard answers once every holder dropped its copy)");
+}
+
+uint64_t Node::deleteOne(const std::string& id, std::function<void(const Status&)> done) {
   std::shared_ptr<LocalObject> held = store_->find(id);
-  directory_->requestDelete(id, /*retract=*/false, [this, id, held, done = std::move(done)](const Status& s) {
+  return directory_->requestDelete(id, /*retract=*/false, [this, id, held, done = std::move(done)](const Status& s) {
     if (s.code == Code::kNotFound && held && held->failed() && held->error().code == Code::kDeleted) {
       // A delete dropped this node's copy meanwhile: most likely this one,
       // applied by a shard host that failed before it answered, and asked

@@ -67,8 +67,7 @@ Status ReduceCoordinator::reduce(const ReduceRequest& request, ReducePlan* plan)
     reduces_[key] = std::move(c);
     startReduce(key);
   });
-  // The loop enforces the reduce's own timeout; this one only guards against a stuck loop.
-  s = awaitStatus(started, request.timeoutSeconds + 5, "reduce into " + printableId(request.resultId));
+  s = awaitStatus(started, request.timeoutSeconds + kLoopAnswerGraceSeconds, "reduce into " + printableId(request.resultId));
   if (s.ok()) *plan = *result;
   return s;
 }
