@@ -396,6 +396,29 @@ def test_a_resumed_rank_deletes_its_own_object_before_it_listed_its_copies_again
         hop.get(only, timeout=5).wait()
 
 
+def test_an_object_lost_with_a_stopped_holder_stays_deleted_when_the_holder_resumes(cluster3_fast_heartbeats):
+    """Rank 1, the only holder, is stopped and taken for failed: its object is
+    lost, and deleting it succeeds (it used to fail "does not exist"). When
+    rank 1 resumes and lists its copy again, the copy goes: the delete
+    stands, nowhere does the object come back."""
+    c = cluster3_fast_heartbeats
+    (lost,) = ids_with_shard("lost-delete", 1, 3, lambda s: s == 0)
+    c.call(1, workers.put, torch.full((1 << 18,), 9.0), lost)  # only rank 1 ever holds it
+    connect_rank_1_both_ways(c, "lost-delete")
+    c.freeze(1)
+    try:
+        wait_for_stat(c, 0, "shards_moved", 1)
+        with pytest.raises(hop.PeerFailedError, match=f"'{lost}' was lost"):
+            hop.get(lost, timeout=5).wait()
+        hop.delete(lost, timeout=5)
+    finally:
+        os.kill(c.pids[1], signal.SIGCONT)
+    time.sleep(1.5)  # rank 1 resumes, redials, lists its copies again
+    for r in (0, 1, 2):
+        with pytest.raises(hop.ObjectDeletedError, match=lost):
+            c.call(r, workers.get, lost, 5)
+
+
 def test_a_reduce_issued_as_its_rank_resumes_does_not_wait_out_its_timeout(cluster3_fast_heartbeats):
     """A reduce that rank 1 issues the moment it resumes from a pause past
     the heartbeat timeout must complete, or fail at once saying why. (The

@@ -506,6 +506,12 @@ Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<i
       }
       return Status(Code::kDeleted, "object " + printableId(id) + " was already deleted");
     }
+    if (auto gone = gone_.find(id); gone != gone_.end() && !retract && ifToken == 0) {
+      // Lost with its holders: the caller's delete stands all the same, so a
+      // holder only taken for failed that lists its copy again loses it.
+      rememberGone(id, Gone{.code = Code::kDeleted, .deletedBy = deleteToken});
+      return Status();
+    }
     return Status(Code::kNotFound, "object " + printableId(id) + " does not exist");
   }
   if (deletesExpected) {

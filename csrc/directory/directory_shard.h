@@ -96,7 +96,9 @@ class DirectoryShard {
   // lost with a host taken for failed), it finds the id deleted under that
   // token, here or by the host whose share this is now, and succeeds; from
   // then on, holders listing a copy again are refused (as after a delete
-  // made here), since the delete is known to have happened.
+  // made here), since the delete is known to have happened. An id
+  // remembered as lost is deleted too: listed again later (its holder was
+  // only taken for failed), it is refused.
   Status remove(const std::string& id, bool retract, std::vector<int>* holders, uint64_t ifToken = 0,
                 uint64_t deleteToken = 0);
   // The ids that `leaves` picks are hosted elsewhere now (their home rank

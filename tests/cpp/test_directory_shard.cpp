@@ -4,7 +4,8 @@
 // standby list; an id put again after its delete is forgotten by the standby,
 // and a holder listing a copy again overrides a standby's delete; a standby
 // knows where puts' copies are, so objects lost with their holder fail gets;
-// a delete asked again at the next host after its answer was lost succeeds;
+// a delete asked again at the next host after its answer was lost succeeds,
+// as does one of an object lost with its holder;
 // what a standby adopted survives a second failover; a new standby host
 // gets all that a shard knows for it, and a standby's stale records go;
 // watches leave with their ids.
@@ -172,6 +173,20 @@ void testDeleteAskedAgain(EventLoop& loop) {
   standby.adoptStandby([](const std::string&) { return true; }, [](int) { return DirectoryShard::Fate::kAlive; }, 0);
   CHECK(standby.remove("z", false, &holders, 0, kDelete).ok());
   CHECK(standby.registerObject(registration("z", 3, 0, /*reannounce=*/true)).code == Code::kDeleted);
+  // Lost with its only holder: deleted all the same, so the holder, only
+  // taken for failed, cannot list its copy again. A retract or a reduce's
+  // cleanup leaves it lost.
+  holders.clear();
+  CHECK(host.registerObject(registration("lost", 4, 0)).ok());
+  host.forgetHolder(4);
+  CHECK(host.isLost("lost"));
+  CHECK(host.remove("lost", /*retract=*/true, &holders, 0, 0).code == Code::kNotFound);
+  CHECK(host.remove("lost", false, &holders, /*ifToken=*/5, 0).code == Code::kNotFound);
+  CHECK(host.isLost("lost"));
+  CHECK(host.remove("lost", false, &holders, 0, kDelete).ok());
+  CHECK(holders.empty() && host.isDeleted("lost") && !host.isLost("lost"));
+  CHECK(host.remove("lost", false, &holders, 0, kDelete).ok());  // asked again
+  CHECK(host.registerObject(registration("lost", 4, 0, /*reannounce=*/true)).code == Code::kDeleted);
 }
 
 // (status, answered) of a get's lookup at `shard`, answered at once or parked.
