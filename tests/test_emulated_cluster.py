@@ -11,7 +11,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from cluster import communicate_all
-from torch_hoplite.bench.emulated_cluster import EmulatedCluster, available, links_can_be_delayed
+from torch_hoplite.bench.emulated_cluster import (EmulatedCluster, available, available_congestion_controls,
+                                                  links_can_be_delayed)
 
 pytestmark = pytest.mark.skipif(not available(), reason="needs root and iproute2 for network namespaces")
 
@@ -37,7 +38,7 @@ def test_broadcast_across_namespaces(tmp_path):
 
 def test_nodes_default_to_the_congestion_control_asked_for():
     allowed_path = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
-    available = open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split()
+    available = available_congestion_controls()
     allowed = open(allowed_path).read().split()
     # One the host does not allow namespaces to default to exercises the temporary addition.
     wanted = next((cc for cc in available if cc not in allowed), "reno")

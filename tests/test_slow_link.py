@@ -15,21 +15,15 @@ import pytest
 import torch.distributed as dist
 
 from cluster import communicate_all
-from torch_hoplite.bench.emulated_cluster import MANAGEMENT_HOST, EmulatedCluster, links_can_be_delayed
+from torch_hoplite.bench.emulated_cluster import (MANAGEMENT_HOST, EmulatedCluster, available_congestion_controls,
+                                                  links_can_be_delayed)
 
 from slow_link_node import HEARTBEAT_TIMEOUT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _has_bbr() -> bool:
-    try:
-        return "bbr" in open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split()
-    except OSError:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not (links_can_be_delayed() and _has_bbr()),
+pytestmark = pytest.mark.skipif(not (links_can_be_delayed() and "bbr" in available_congestion_controls()),
                                 reason="needs nft, iptables, cc, libnetfilter_queue and the bbr congestion control")
 
 

@@ -12,6 +12,7 @@ import torch_hoplite as hop
 import workers
 from cluster import Cluster
 from torch_hoplite import ReduceOp
+from torch_hoplite.bench.emulated_cluster import available_congestion_controls
 from test_reduce import allreduce_everywhere, check_exact, expected, ints, put_on, uid
 
 
@@ -41,7 +42,7 @@ def test_reduce_allreduce_and_gather_over_tcp():
 def _congestion_of_connections(ports: set[int]) -> list[str]:
     """The congestion control of every established TCP connection of this
     process from or to one of `ports`, from `ss -tip`."""
-    known = set(open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split())
+    known = set(available_congestion_controls())
     out = subprocess.run(["ss", "-tinpH", "state", "established"], capture_output=True, text=True, check=True).stdout
     lines = out.splitlines()
     # Each connection is an address line (with its process) and an indented line of TCP info naming its algorithm.

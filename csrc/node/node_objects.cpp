@@ -168,19 +168,22 @@ Status Node::remove(const std::vector<std::string>& ids, double timeoutSeconds) 
     auto outcomes = std::make_shared<std::vector<Status>>(ids.size());
     auto left = std::make_shared<size_t>(ids.size());
     auto requests = std::make_shared<std::vector<uint64_t>>();
+    auto timer = std::make_shared<EventLoop::TimerId>(0);
     for (size_t i = 0; i < ids.size(); ++i) {
-      requests->push_back(deleteOne(ids[i], [outcomes, left, i, done](const Status& s) {
+      requests->push_back(deleteOne(ids[i], [this, outcomes, left, timer, i, done](const Status& s) {
         (*outcomes)[i] = s;
         if (--*left > 0) return;
+        if (*timer != 0) loop_.cancelTimer(*timer);
         for (const Status& outcome : *outcomes) {
           if (!outcome.ok()) return done(outcome);  // the first failure, in the order asked
         }
         done(Status());
       }));
     }
+    if (*left == 0) return;  // answered already (e.g. the node is closing)
     // Given up on here, where the error can say whose answer it waited for.
-    loop_.addTimer(timeoutSeconds, [this, requests, left, done, what, timeoutSeconds] {
-      if (*left > 0) done(deleteTimedOut(what, timeoutSeconds, *requests));
+    *timer = loop_.addTimer(timeoutSeconds, [this, requests, done, what, timeoutSeconds] {
+      done(deleteTimedOut(what, timeoutSeconds, *requests));
     });
   });
   return awaitStatus(deleted, timeoutSeconds + kLoopAnswerGraceSeconds, "deleting " + what);

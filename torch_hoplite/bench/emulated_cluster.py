@@ -72,6 +72,12 @@ _AVAILABLE = "/proc/sys/net/ipv4/tcp_available_congestion_control"
 _ALLOWED = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
 
 
+def available_congestion_controls() -> list[str]:
+    """The TCP congestion controls this kernel has."""
+    with open(_AVAILABLE) as f:
+        return f.read().split()
+
+
 def _ip(*args: str, ns: Optional[str] = None, check: bool = True) -> str:
     cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
     return subprocess.run(cmd, check=check, capture_output=True, text=True).stdout
@@ -293,7 +299,7 @@ class EmulatedCluster:
 
     def _allow_congestion(self) -> None:
         """Lets namespaces default to self.congestion (the host's allowed list)."""
-        available = open(_AVAILABLE).read().split()
+        available = available_congestion_controls()
         if self.congestion not in available:
             raise ValueError(f"congestion control {self.congestion!r}: this kernel has {' '.join(available)}")
         allowed = open(_ALLOWED).read().split()
