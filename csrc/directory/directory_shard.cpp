@@ -4,14 +4,6 @@
 #include <tuple>
 
 namespace hoplite {
-namespace {
-// What a shard remembers of gone ids, and keeps as a standby, costs about
-// 400 bytes an id (the 2026-11-27 soak): bounded so that a long run's memory
-// levels off (at about 13 MiB each), not at what a shard sees in hours.
-constexpr size_t kMaxRememberedGone = 1u << 15;
-constexpr size_t kMaxStandby = 1u << 15;
-}
-
 DirectoryShard::~DirectoryShard() {
   for (auto& [id, list] : waiters_) {
     for (auto& w : list) loop_.cancelTimer(w.timer);
@@ -38,12 +30,9 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
     tellSubscribers(msg.id);
     return Status();
   }
-  auto gone = gone_.find(msg.id);
-  if (gone != gone_.end()) {
-    if (msg.reannounce && gone->second.code == Code::kDeleted && !gone->second.fromStandby) {
-      return goneStatus(msg.id, gone->second);
-    }
-    gone_.erase(gone);  // put again: a new object from now on
+  if (const Gone* gone = gone_.find(msg.id)) {
+    if (msg.reannounce && gone->code == Code::kDeleted && !gone->fromStandby) return goneStatus(msg.id, *gone);
+    gone_.forget(msg.id);  // put again: a new object from now on
   }
   forgetExpected(msg.id);
   DirectoryEntry& entry = entries_[msg.id];
@@ -187,8 +176,8 @@ void DirectoryShard::lookup(const std::string& id, int asker, bool locate, doubl
     if (!locate) tellSubscribers(id);
     return;
   }
-  if (auto gone = gone_.find(id); gone != gone_.end() && !(locate && gone->second.code == Code::kPeerFailed)) {
-    reply(goneStatus(id, gone->second), nullptr, -1);
+  if (const Gone* gone = gone_.find(id); gone != nullptr && !(locate && gone->code == Code::kPeerFailed)) {
+    reply(goneStatus(id, *gone), nullptr, -1);
     return;
   }
   uint64_t token = nextWaiter_++;
@@ -225,15 +214,12 @@ std::vector<wire::GoneId> DirectoryShard::handOver(const std::function<bool(cons
     if (onlyLeaver) handed.push_back(wire::GoneId{e->first, /*deleted=*/false, leaving, /*lastHolderLeft=*/true});
     e = entries_.erase(e);
   }
-  for (auto g = gone_.begin(); g != gone_.end();) {
-    if (!leaves(g->first)) {
-      ++g;
-      continue;
-    }
-    handed.push_back(
-        wire::GoneId{g->first, g->second.code == Code::kDeleted, g->second.rank, g->second.left, g->second.deletedBy});
-    g = gone_.erase(g);  // (its place in goneOrder_ is skipped as stale)
-  }
+  gone_.forgetIf([&](std::string_view id, const Gone& gone) {
+    const std::string name(id);
+    if (!leaves(name)) return false;
+    handed.push_back(wire::GoneId{name, gone.code == Code::kDeleted, gone.rank, gone.left, gone.deletedBy});
+    return true;
+  });
   std::vector<std::pair<std::string, std::vector<Waiter>>> moved;
   for (auto w = waiters_.begin(); w != waiters_.end();) {
     if (!leaves(w->first)) {
@@ -254,29 +240,21 @@ std::vector<wire::GoneId> DirectoryShard::handOver(const std::function<bool(cons
 }
 
 bool DirectoryShard::isDeleted(const std::string& id) const {
-  auto gone = gone_.find(id);
-  return gone != gone_.end() && gone->second.code == Code::kDeleted;
+  const Gone* gone = gone_.find(id);
+  return gone != nullptr && gone->code == Code::kDeleted;
 }
 
 bool DirectoryShard::isLost(const std::string& id) const {
-  auto gone = gone_.find(id);
-  return gone != gone_.end() && gone->second.code != Code::kDeleted;
+  const Gone* gone = gone_.find(id);
+  return gone != nullptr && gone->code != Code::kDeleted;
 }
 
 void DirectoryShard::keepStandby(const wire::GoneId& gone) {
   if (!gone.deleted && gone.lastHolder < 0) {
-    standby_.erase(gone.id);
+    standby_.forget(gone.id);
     return;
   }
-  const uint64_t seq = ++standbySeq_;
-  standby_[gone.id] = StandbyRecord{seq, gone.deleted, gone.lastHolder, gone.deletedBy};
-  standbyOrder_.emplace_back(gone.id, seq);
-  while (standbyOrder_.size() > kMaxStandby) {
-    auto& [oldest, oldestSeq] = standbyOrder_.front();
-    auto it = standby_.find(oldest);
-    if (it != standby_.end() && it->second.seq == oldestSeq) standby_.erase(it);
-    standbyOrder_.pop_front();
-  }
+  standby_.remember(gone.id, StandbyRecord{gone.deleted, gone.lastHolder, gone.deletedBy});
 }
 
 std::vector<wire::GoneId> DirectoryShard::standbyRecords() const {
@@ -285,9 +263,9 @@ std::vector<wire::GoneId> DirectoryShard::standbyRecords() const {
     if (entry.standbyHolder >= 0) records.push_back(wire::GoneId{id, false, entry.standbyHolder, false, 0});
   }
   for (const auto& [id, holder] : expected_) records.push_back(wire::GoneId{id, false, holder, false, 0});
-  for (const auto& [id, gone] : gone_) {
-    if (gone.code == Code::kDeleted) records.push_back(wire::GoneId{id, true, -1, false, gone.deletedBy});
-  }
+  gone_.forEach([&](std::string_view id, const Gone& gone) {
+    if (gone.code == Code::kDeleted) records.push_back(wire::GoneId{std::string(id), true, -1, false, gone.deletedBy});
+  });
   return records;
 }
 
@@ -297,23 +275,18 @@ DirectoryShard::Sizes DirectoryShard::sizes() const {
   return sizes;
 }
 
-void DirectoryShard::dropStandby() {
-  standby_.clear();
-  standbyOrder_.clear();
-}
+void DirectoryShard::dropStandby() { standby_.clear(); }
 
 std::vector<wire::GoneId> DirectoryShard::adoptStandby(const std::function<bool(const std::string& id)>& hosted,
                                                        const std::function<Fate(int rank)>& fateOf,
                                                        double graceSeconds) {
   std::vector<std::pair<std::string, StandbyRecord>> adopted;
-  for (auto it = standby_.begin(); it != standby_.end();) {
-    if (!hosted(it->first)) {
-      ++it;
-      continue;
-    }
-    adopted.emplace_back(it->first, it->second);
-    it = standby_.erase(it);
-  }
+  standby_.forgetIf([&](std::string_view id, const StandbyRecord& record) {
+    std::string name(id);
+    if (!hosted(name)) return false;
+    adopted.emplace_back(std::move(name), record);
+    return true;
+  });
   std::vector<wire::GoneId> kept;
   for (const auto& [id, record] : adopted) {
     if (record.deleted) {
@@ -370,7 +343,7 @@ bool DirectoryShard::adoptGone(const wire::GoneId& gone, bool fromStandby) {
                              .deletedBy = gone.deletedBy});
   auto w = waiters_.find(gone.id);
   if (w == waiters_.end()) return true;
-  const Gone& now = gone_.at(gone.id);
+  const Gone& now = *gone_.find(gone.id);
   std::vector<Waiter> answered, kept;
   for (auto& waiter : w->second) {
     // As in lookup(): a reduce's locate waits on for a lost input to be put again.
@@ -462,9 +435,9 @@ wire::Locations DirectoryShard::locationsOf(const std::string& id) const {
     loc.state = wire::LocationState::kPresent;
     for (const auto& [rank, holder] : it->second.holders) (holder.complete ? loc.complete : loc.partial).push_back(rank);
     loc.inlined = it->second.hasInline;
-  } else if (auto gone = gone_.find(id); gone != gone_.end()) {
-    loc.state = gone->second.code == Code::kDeleted ? wire::LocationState::kDeleted : wire::LocationState::kLost;
-    loc.lastHolder = gone->second.rank;
+  } else if (const Gone* gone = gone_.find(id)) {
+    loc.state = gone->code == Code::kDeleted ? wire::LocationState::kDeleted : wire::LocationState::kLost;
+    loc.lastHolder = gone->rank;
   }
   return loc;
 }
@@ -497,16 +470,16 @@ Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<i
     // Retracted (or a cleanup of a reduce's result, whose token the standby
     // does not know) before its holder listed it here.
     forgetExpected(id);
-    if (auto gone = gone_.find(id); gone != gone_.end() && gone->second.code == Code::kDeleted) {
-      if (deleteToken != 0 && gone->second.deletedBy == deleteToken) {
+    if (Gone* gone = gone_.find(id); gone != nullptr && gone->code == Code::kDeleted) {
+      if (deleteToken != 0 && gone->deletedBy == deleteToken) {
         // This delete, asked again. Holders the first host could not reach
         // before it died must not bring the object back by listing it.
-        gone->second.fromStandby = false;
+        gone->fromStandby = false;
         return Status();
       }
       return Status(Code::kDeleted, "object " + printableId(id) + " was already deleted");
     }
-    if (auto gone = gone_.find(id); gone != gone_.end() && !retract && ifToken == 0) {
+    if (gone_.contains(id) && !retract && ifToken == 0) {
       // Lost with its holders: the caller's delete stands all the same, so a
       // holder only taken for failed that lists its copy again loses it.
       rememberGone(id, Gone{.code = Code::kDeleted, .deletedBy = deleteToken});
@@ -541,17 +514,6 @@ Status DirectoryShard::goneStatus(const std::string& id, const Gone& gone) {
                                (gone.left ? ", left (it shut down)" : ", failed"));
 }
 
-void DirectoryShard::rememberGone(const std::string& id, Gone gone) {
-  const uint64_t seq = ++goneSeq_;
-  gone.seq = seq;
-  gone_[id] = gone;
-  goneOrder_.emplace_back(id, seq);
-  while (goneOrder_.size() > kMaxRememberedGone) {
-    auto& [oldest, oldestSeq] = goneOrder_.front();
-    auto it = gone_.find(oldest);
-    if (it != gone_.end() && it->second.seq == oldestSeq) gone_.erase(it);
-    goneOrder_.pop_front();
-  }
-}
+void DirectoryShard::rememberGone(const std::string& id, Gone gone) { gone_.remember(id, gone); }
 
 }  // namespace hoplite

@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <string>
@@ -15,6 +14,7 @@
 
 #include "common/object_meta.h"
 #include "common/status.h"
+#include "directory/recent_ids.h"
 #include "net/event_loop.h"
 #include "wire/messages.h"
 
@@ -207,24 +207,23 @@ class DirectoryShard {
     bool left = false;  // that holder shut down (else it failed)
     bool fromStandby = false;  // a delete the dead host's standby kept: a holder listing a copy again wins
     uint64_t deletedBy = 0;    // the delete's token (remove)
-    uint64_t seq = 0;
   };
   static Status goneStatus(const std::string& id, const Gone& gone);
-  std::unordered_map<std::string, Gone> gone_;
-  std::deque<std::pair<std::string, uint64_t>> goneOrder_;  // oldest first; stale seqs are skipped
-  uint64_t goneSeq_ = 0;
+  // What a shard remembers of gone ids, and keeps as a standby, costs about
+  // 400 bytes an id (the 2026-11-27 soak): bounded so that a long run's memory
+  // levels off (at about 13 MiB each), not at what a shard sees in hours.
+  static constexpr size_t kMaxRememberedGone = 1u << 15;
+  static constexpr size_t kMaxStandby = 1u << 15;
+  RecentIds<Gone> gone_{kMaxRememberedGone};
   struct StandbyRecord {
-    uint64_t seq;
     bool deleted;  // else put, its copy at `holder`
     int holder;
     uint64_t deletedBy;
   };
-  std::unordered_map<std::string, StandbyRecord> standby_;  // keepStandby
+  RecentIds<StandbyRecord> standby_{kMaxStandby};  // keepStandby
   // Adopted ids whose put's holder has not listed its copy here yet → that holder (adoptStandby).
   std::unordered_map<std::string, int> expected_;
   std::unordered_map<std::string, EventLoop::TimerId> graceTimers_;  // expected ids whose holder is gone
-  std::deque<std::pair<std::string, uint64_t>> standbyOrder_;  // oldest first; stale seqs are skipped
-  uint64_t standbySeq_ = 0;
 };
 
 }  // namespace hoplite

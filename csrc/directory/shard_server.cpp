@@ -231,21 +231,24 @@ void ShardServer::handleDelete(Connection& conn, const wire::Delete& msg) {
     return;
   }
   // Answer once every holder dropped its copy (or is gone), so no later get
-  // anywhere can still see the object.
+  // anywhere can still see the object. The slow-drop warning's timer goes with
+  // the answer: one armed for every delete would keep its closures alive for
+  // kSlowDropSeconds, scattered small blocks that fragment malloc's heap.
   auto waiting = std::make_shared<std::set<int>>(holders.begin(), holders.end());
+  auto warning = std::make_shared<EventLoop::TimerId>(0);
   std::weak_ptr<Connection> weak = peers_.sharedConnection(conn);
   for (int holder : holders) {
-    dropCopyAt(holder, msg.id, msg.retract, [weak, request, waiting, holder](const Status&) {
+    dropCopyAt(holder, msg.id, msg.retract, [this, weak, request, waiting, warning, holder](const Status&) {
       waiting->erase(holder);  // (each drop is answered once: by its holder, or by its failure)
       if (!waiting->empty()) return;
+      if (*warning != 0) loop_.cancelTimer(*warning);
       if (auto c = weak.lock()) {
         c->sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{request, Status()}));
       }
     });
   }
   if (waiting->empty()) return;
-  loop_.addTimer(kSlowDropSeconds, [this, waiting, id = msg.id] {
-    if (waiting->empty()) return;
+  *warning = loop_.addTimer(kSlowDropSeconds, [this, waiting, id = msg.id] {
     std::string names;
     for (int holder : *waiting) names += (names.empty() ? "" : ", ") + peers_.peerName(holder);
     HLOG(kWarn, "the delete of %s has waited %s for holders to drop their copies: %s", printableId(id).c_str(),
