@@ -576,3 +576,31 @@ def test_a_delete_that_times_out_names_its_shard_and_still_completes():
             c.call(2, workers.get, obj, 10)
     finally:
         c.close()
+
+
+def test_a_timeout_names_what_a_silent_task_waits_for():
+    """A task that cannot start tells its coordinator what it waits for before
+    the reduce times out: here the root task, on rank 0, waits to register the
+    result at a shard that is stopped (and not yet taken for failed)."""
+    c = Cluster(3, options={"heartbeat_timeout": 30})  # rank 2 is not declared failed
+    try:
+        a, b = ids_with_shard("stall-in", 2, 3, lambda s: s != 2)
+        result_id, later_id = ids_with_shard("stall-out", 2, 3, lambda s: s == 2)
+        hop.put(torch.ones(1024), a)
+        c.call(1, workers.put_filled, b, 1024, 2)
+        c.freeze(2)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(hop.HopliteTimeoutError) as info:
+                hop.reduce([a, b], id=result_id, timeout=3)
+            assert 3 <= time.monotonic() - t0 < 5
+        finally:
+            os.kill(c.pids[2], signal.SIGCONT)
+        message = str(info.value)
+        assert "no answer to its tasks from rank 0" in message
+        assert (f"still registering its output '{result_id}' at the directory shard on rank 2 at " in message), message
+        # Once the shard answers again, a reduce of the same inputs runs.
+        result, _ = hop.reduce([a, b], id=later_id, timeout=30)
+        assert torch.equal(hop.get(result, timeout=30).wait(), torch.full((1024,), 3.0))
+    finally:
+        c.close()

@@ -14,6 +14,10 @@ namespace {
 constexpr size_t kReduceHistory = 1024;
 // Before locating again an input whose only holder is dead (for a copy put again).
 constexpr double kRelocateDelay = 0.1;
+// A task that has not started this long before the reduce times out says what
+// it waits for (at most this share of the time left), in time for the timeout's message.
+constexpr double kStallNoteLead = 1.0;
+constexpr double kStallNoteLeadShare = 0.2;
 }  // namespace
 
 ReduceCoordinator::ReduceCoordinator(EventLoop& loop, ReduceServices& node, CoordinatorConfig config,
@@ -132,6 +136,7 @@ void ReduceCoordinator::startReduce(uint64_t key) {
 void ReduceCoordinator::armInputTimer(uint64_t key) {
   ReduceCoordination& c = *reduces_.at(key);
   if (c.timer) return;
+  c.deadline = node_.now() + c.request.timeoutSeconds;
   c.timer = loop_.addTimer(c.request.timeoutSeconds, [this, key] {
     auto it = reduces_.find(key);
     if (it == reduces_.end()) return;
@@ -143,7 +148,9 @@ void ReduceCoordinator::armInputTimer(uint64_t key) {
       // Every position has an input, but not every task registered in time.
       std::string waiting;
       for (const auto& p : c.positions) {
-        if (!p.registered) waiting += (waiting.empty() ? "" : ", ") + node_.peers().peerName(p.holder);
+        if (p.registered) continue;
+        waiting += (waiting.empty() ? "" : ", ") + node_.peers().peerName(p.holder);
+        if (!p.waitsFor.empty()) waiting += " (" + p.waitsFor + ")";
       }
       return endReduce(key, Status(Code::kTimeout, "reduce into " + printableId(c.request.resultId) + " timed out after " +
                                                         printableSeconds(c.request.timeoutSeconds) +
@@ -365,6 +372,14 @@ bool ReduceCoordinator::sendTask(uint64_t key, int position) {
   task.count = static_cast<uint32_t>(c.request.count);
   task.root = position == tree.root;
   task.timeoutMs = static_cast<uint64_t>(c.request.timeoutSeconds * 1000) + 1;
+  if (c.timer) {
+    const double left = c.deadline - node_.now();
+    const double noteAfter = left - std::min(kStallNoteLead, kStallNoteLeadShare * left);
+    if (noteAfter > 0) {
+      task.stallRequest = node_.directory().newRequest();
+      task.stallNoteMs = static_cast<uint64_t>(noteAfter * 1000) + 1;
+    }
+  }
   std::string payload = wire::encode(task);
   if (payload.size() > config_.maxControl) {
     endReduce(key, Status(Code::kInvalidArgument, "reduce into " + printableId(c.request.resultId) + ": degree " +
@@ -376,11 +391,18 @@ bool ReduceCoordinator::sendTask(uint64_t key, int position) {
   p.state = ReducePosition::State::kRunning;
   p.registered = false;
   p.endRequest = task.endRequest;
+  p.stallRequest = task.stallRequest;
+  p.waitsFor.clear();
   const int generation = p.generation;
   if (!node_.shuttingDown()) {
     node_.directory().requests().expectStatus(task.endRequest, p.holder, [this, key, position, generation](const Status& s) {
       onTaskEnd(key, position, generation, s);
     });
+    if (task.stallRequest) {
+      node_.directory().requests().expectStatus(task.stallRequest, p.holder, [this, key, position, generation](const Status& s) {
+        onStallNote(key, position, generation, s);
+      });
+    }
   }
   node_.directory().requestStatus(p.holder, wire::MsgType::kReduceTask, std::move(payload), task.request,
                       [this, key, position, generation](const Status& s) {
@@ -398,6 +420,15 @@ void ReduceCoordinator::onTaskRegistered(uint64_t key, int position, int generat
   p.registered = true;
   if (position == it->second->plan->tree.root) it->second->resultRegistered = true;
   maybeReturn(key);
+}
+
+void ReduceCoordinator::onStallNote(uint64_t key, int position, int generation, const Status& status) {
+  auto it = reduces_.find(key);
+  if (it == reduces_.end()) return;
+  ReducePosition& p = it->second->positions[position];
+  // (A failed holder's pending requests are answered too: its failure speaks for itself.)
+  if (p.generation != generation || status.code == Code::kPeerFailed) return;
+  p.waitsFor = status.message;
 }
 
 void ReduceCoordinator::onTaskEnd(uint64_t key, int position, int generation, const Status& status) {
@@ -456,6 +487,7 @@ void ReduceCoordinator::endReduce(uint64_t key, const Status& outcome) {
   for (size_t p = 0; p < c->positions.size(); ++p) {
     const ReducePosition& pos = c->positions[p];
     node_.directory().requests().forget(pos.endRequest);
+    node_.directory().requests().forget(pos.stallRequest);
     if (!outcome.ok() && pos.state == State::kRunning) node_.peers().send(pos.holder, wire::ReduceAbort{0, pos.output, false});
     // Partial results, consumed or not (tasks leave them to a live coordinator);
     // inputs located but not used stay where they are.

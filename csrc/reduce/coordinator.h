@@ -65,6 +65,8 @@ class ReduceCoordinator {
   std::string partialOutputId(const ReduceCoordination& c, int position) const;
   void armInputTimer(uint64_t key);
   void onTaskRegistered(uint64_t key, int position, int generation, const Status& status);
+  // What a task that has not started yet waits for (its stall note), kept for the timeout's message.
+  void onStallNote(uint64_t key, int position, int generation, const Status& status);
   void onTaskEnd(uint64_t key, int position, int generation, const Status& status);
   void onTaskFailed(uint64_t key, int position, const Status& status);
   void maybeReturn(uint64_t key);

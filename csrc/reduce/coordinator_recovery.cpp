@@ -104,6 +104,7 @@ void ReduceCoordinator::recover(uint64_t key, const std::set<int>& dead) {
     }
     if (p != tree.root && pos.state != State::kVacant) node_.directory().deleteEverywhere(pos.output);
     if (p != tree.root || !oldRootEnd) node_.directory().requests().forget(pos.endRequest);
+    node_.directory().requests().forget(pos.stallRequest);
     if (holderDead) {
       relocate.emplace_back(pos.input, pos.holder);
       c.plan->lost.push_back(pos.input);

@@ -44,6 +44,8 @@ struct ReducePosition {
   std::string output;       // what its task writes: the result's id at the root
   bool registered = false;  // its task registered `output`
   uint64_t endRequest = 0;  // the request of the task's end report
+  uint64_t stallRequest = 0;  // the request its task answers if it has not started in time
+  std::string waitsFor;       // what its task said it waits for (its stall note), if it did
 };
 
 struct ReduceCoordination {
@@ -55,6 +57,7 @@ struct ReduceCoordination {
   std::vector<std::function<void(const Status&, const ReducePlan&)>> waiters;
   double started = 0;
   EventLoop::TimerId timer = 0;    // waiting for inputs: the first ones, or replacements
+  double deadline = 0;             // when `timer` fires (node_.now())
   std::vector<uint64_t> lookups;   // requests of locate lookups still out
   std::deque<ReduceInput> ready;   // located, not used yet
   std::optional<ReduceInput> reserved;  // this node's own input, kept for the root position
@@ -111,6 +114,8 @@ struct ReduceTaskState {
   bool closing = false;      // a failed root, taking its registration back (closeRoot)
   Status endStatus;          // what a closing root reports at the end
   double started = 0;        // steady clock, for the debug log
+  std::string stage;         // what it waits for before it starts, for its stall note
+  EventLoop::TimerId stallNote = 0;
 };
 
 }  // namespace hoplite

@@ -457,6 +457,8 @@ void ReduceTask::encode(Writer& w) const {
   w.u8(root);
   w.u64(timeoutMs);
   w.u64(endRequest);
+  w.u64(stallRequest);
+  w.u64(stallNoteMs);
 }
 ReduceTask ReduceTask::decode(Reader& r) {
   ReduceTask m;
@@ -474,6 +476,8 @@ ReduceTask ReduceTask::decode(Reader& r) {
   m.root = decodeBool(r);
   m.timeoutMs = r.u64();
   m.endRequest = r.u64();
+  m.stallRequest = r.u64();
+  m.stallNoteMs = r.u64();
   r.expectEnd("reduce task");
   return m;
 }

@@ -362,6 +362,12 @@ struct ReduceTask {
   bool root = false;
   uint64_t timeoutMs = 0;  // how long to wait for children to appear
   uint64_t endRequest = 0;
+  // If the task has not started (its input fetched, its output registered)
+  // `stallNoteMs` after it arrived, it answers `stallRequest` with a status
+  // saying what it waits for, so that the coordinator's timeout can name it.
+  // 0: never.
+  uint64_t stallRequest = 0;
+  uint64_t stallNoteMs = 0;
   void encode(Writer& w) const;
   static ReduceTask decode(Reader& r);
 };

@@ -222,13 +222,15 @@ static void testMessages() {
   task.root = true;
   task.timeoutMs = 1000;
   task.endRequest = 10;
+  task.stallRequest = 11;
+  task.stallNoteMs = 800;
   checkTruncations(task, [](Reader& r) { ReduceTask::decode(r); }, "reduce task");
   {
     std::string bytes = encode(task);
     Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
     ReduceTask back = ReduceTask::decode(r);
     CHECK(back.childIds == task.childIds && back.outputId == "p/1" && back.root && back.count == 3 && back.op == 4 &&
-          back.endRequest == 10);
+          back.endRequest == 10 && back.stallRequest == 11 && back.stallNoteMs == 800);
   }
   checkTruncations(ReduceAbort{0, "sum"}, [](Reader& r) { ReduceAbort::decode(r); }, "reduce abort");
   checkTruncations(Probe{1, std::string(100, 'x')}, [](Reader& r) { Probe::decode(r, 1000); }, "probe");
