@@ -215,9 +215,9 @@ std::vector<wire::GoneId> DirectoryShard::handOver(const std::function<bool(cons
     e = entries_.erase(e);
   }
   gone_.forgetIf([&](std::string_view id, const Gone& gone) {
-    const std::string name(id);
+    std::string name(id);
     if (!leaves(name)) return false;
-    handed.push_back(wire::GoneId{name, gone.code == Code::kDeleted, gone.rank, gone.left, gone.deletedBy});
+    handed.push_back(wire::GoneId{std::move(name), gone.code == Code::kDeleted, gone.rank, gone.left, gone.deletedBy});
     return true;
   });
   std::vector<std::pair<std::string, std::vector<Waiter>>> moved;
@@ -336,14 +336,13 @@ void DirectoryShard::loseExpected(const wire::GoneId& gone) {
 
 bool DirectoryShard::adoptGone(const wire::GoneId& gone, bool fromStandby) {
   if (entries_.count(gone.id)) return false;  // put (again) since: the entry is newer
-  rememberGone(gone.id, Gone{.code = gone.deleted ? Code::kDeleted : Code::kPeerFailed,
+  const Gone& now = rememberGone(gone.id, Gone{.code = gone.deleted ? Code::kDeleted : Code::kPeerFailed,
                              .rank = gone.lastHolder,
                              .left = gone.lastHolderLeft,
                              .fromStandby = fromStandby,
                              .deletedBy = gone.deletedBy});
   auto w = waiters_.find(gone.id);
   if (w == waiters_.end()) return true;
-  const Gone& now = *gone_.find(gone.id);
   std::vector<Waiter> answered, kept;
   for (auto& waiter : w->second) {
     // As in lookup(): a reduce's locate waits on for a lost input to be put again.
@@ -514,6 +513,6 @@ Status DirectoryShard::goneStatus(const std::string& id, const Gone& gone) {
                                (gone.left ? ", left (it shut down)" : ", failed"));
 }
 
-void DirectoryShard::rememberGone(const std::string& id, Gone gone) { gone_.remember(id, gone); }
+DirectoryShard::Gone& DirectoryShard::rememberGone(const std::string& id, Gone gone) { return gone_.remember(id, gone); }
 
 }  // namespace hoplite

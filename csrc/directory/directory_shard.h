@@ -162,7 +162,7 @@ class DirectoryShard {
   // Remembers why an id is gone (deleted, or lost with its last holder), so a
   // get of it fails at once instead of waiting. Bounded; forgotten once put again.
   struct Gone;
-  void rememberGone(const std::string& id, Gone gone);
+  Gone& rememberGone(const std::string& id, Gone gone);
   using Entries = std::unordered_map<std::string, DirectoryEntry>;
   // An entry with no copy left (see lost()): forgets it, and remembers it as
   // lost (last holder, or -1) unless its reduce computes it again.
@@ -209,9 +209,8 @@ class DirectoryShard {
     uint64_t deletedBy = 0;    // the delete's token (remove)
   };
   static Status goneStatus(const std::string& id, const Gone& gone);
-  // What a shard remembers of gone ids, and keeps as a standby, costs about
-  // 400 bytes an id (the 2026-11-27 soak): bounded so that a long run's memory
-  // levels off (at about 13 MiB each), not at what a shard sees in hours.
+  // What a shard remembers of gone ids, and keeps as a standby: bounded so
+  // that a long run's memory levels off, not at what a shard sees in hours.
   static constexpr size_t kMaxRememberedGone = 1u << 15;
   static constexpr size_t kMaxStandby = 1u << 15;
   RecentIds<Gone> gone_{kMaxRememberedGone};

@@ -6,6 +6,7 @@
 #include <memory_resource>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 
@@ -23,6 +24,8 @@ namespace hoplite {
 template <class Record>
 class RecentIds {
  public:
+  // The pool keeps what it took from malloc until destroyed: at most what
+  // `capacity` entries needed at once.
   explicit RecentIds(size_t capacity) : capacity_(capacity < 1 ? 1 : capacity) {}
   RecentIds(const RecentIds&) = delete;
   RecentIds& operator=(const RecentIds&) = delete;
@@ -31,7 +34,10 @@ class RecentIds {
     auto it = entries_.find(id);
     return it == entries_.end() ? nullptr : &it->second.record;
   }
-  const Record* find(std::string_view id) const { return const_cast<RecentIds*>(this)->find(id); }
+  const Record* find(std::string_view id) const {
+    auto it = entries_.find(id);
+    return it == entries_.end() ? nullptr : &it->second.record;
+  }
   bool contains(std::string_view id) const { return entries_.find(id) != entries_.end(); }
 
   // Remembers `record` for `id` as the newest entry, in place of what was

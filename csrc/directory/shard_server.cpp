@@ -241,7 +241,7 @@ void ShardServer::handleDelete(Connection& conn, const wire::Delete& msg) {
     dropCopyAt(holder, msg.id, msg.retract, [this, weak, request, waiting, warning, holder](const Status&) {
       waiting->erase(holder);  // (each drop is answered once: by its holder, or by its failure)
       if (!waiting->empty()) return;
-      if (*warning != 0) loop_.cancelTimer(*warning);
+      loop_.cancelTimer(*warning);
       if (auto c = weak.lock()) {
         c->sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{request, Status()}));
       }

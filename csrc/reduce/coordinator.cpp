@@ -2,6 +2,7 @@
 #include "reduce/coordinator.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "common/logging.h"
 #include "common/step_trace.h"
@@ -149,8 +150,8 @@ void ReduceCoordinator::armInputTimer(uint64_t key) {
       std::string waiting;
       for (const auto& p : c.positions) {
         if (p.registered) continue;
-        waiting += (waiting.empty() ? "" : ", ") + node_.peers().peerName(p.holder);
-        if (!p.waitsFor.empty()) waiting += " (" + p.waitsFor + ")";
+        waiting += (waiting.empty() ? "" : "; ") + node_.peers().peerName(p.holder);
+        if (!p.waitsFor.empty()) waiting += ": " + p.waitsFor;
       }
       return endReduce(key, Status(Code::kTimeout, "reduce into " + printableId(c.request.resultId) + " timed out after " +
                                                         printableSeconds(c.request.timeoutSeconds) +
@@ -418,6 +419,7 @@ void ReduceCoordinator::onTaskRegistered(uint64_t key, int position, int generat
   if (p.generation != generation) return;  // a task since replaced
   if (!status.ok()) return onTaskFailed(key, position, status);
   p.registered = true;
+  node_.directory().requests().forget(std::exchange(p.stallRequest, 0));  // (no note follows the answer)
   if (position == it->second->plan->tree.root) it->second->resultRegistered = true;
   maybeReturn(key);
 }
@@ -426,8 +428,8 @@ void ReduceCoordinator::onStallNote(uint64_t key, int position, int generation, 
   auto it = reduces_.find(key);
   if (it == reduces_.end()) return;
   ReducePosition& p = it->second->positions[position];
-  // (A failed holder's pending requests are answered too: its failure speaks for itself.)
-  if (p.generation != generation || status.code == Code::kPeerFailed) return;
+  // (Pending requests are also answered when the holder fails or this node shuts down.)
+  if (p.generation != generation || status.code != Code::kTimeout) return;
   p.waitsFor = status.message;
 }
 

@@ -44,8 +44,10 @@ struct ReducePosition {
   std::string output;       // what its task writes: the result's id at the root
   bool registered = false;  // its task registered `output`
   uint64_t endRequest = 0;  // the request of the task's end report
-  uint64_t stallRequest = 0;  // the request its task answers if it has not started in time
-  std::string waitsFor;       // what its task said it waits for (its stall note), if it did
+  // The request its task answers if it has not registered in time, until it
+  // did, and what it said it waits for (its stall note), if it did.
+  uint64_t stallRequest = 0;
+  std::string waitsFor;
 };
 
 struct ReduceCoordination {
@@ -114,8 +116,7 @@ struct ReduceTaskState {
   bool closing = false;      // a failed root, taking its registration back (closeRoot)
   Status endStatus;          // what a closing root reports at the end
   double started = 0;        // steady clock, for the debug log
-  std::string stage;         // what it waits for before it starts, for its stall note
-  EventLoop::TimerId stallNote = 0;
+  EventLoop::TimerId stallNote = 0;  // sends the stall note (wire::ReduceTask::stallRequest)
 };
 
 }  // namespace hoplite

@@ -96,17 +96,12 @@ void ReduceTaskRunner::handleTask(Connection& conn, const wire::ReduceTask& msg)
     counters_.abandoned++;
     return failTask(taskId, kAbandoned);
   }
-  task.stage = "fetching its input " + printableId(msg.inputId);
   if (msg.stallRequest && msg.stallNoteMs) {
     task.stallNote = loop_.addTimer(static_cast<double>(msg.stallNoteMs) / 1000.0, [this, taskId] {
       auto it = tasks_.find(taskId);
       if (it == tasks_.end()) return;
-      ReduceTaskState& late = *it->second;
-      late.stallNote = 0;
-      if (auto c = late.coordinator.lock()) {
-        Status note(Code::kTimeout, "still " + late.stage);
-        c->sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{late.msg.stallRequest, note}));
-      }
+      it->second->stallNote = 0;
+      sendStallNote(*it->second);
     });
   }
   if (msg.op > kMaxReduceOp) s = Status(Code::kInvalidArgument, "unknown reduce op");
@@ -153,9 +148,6 @@ void ReduceTaskRunner::startTask(uint64_t taskId, std::shared_ptr<LocalObject> i
   reg.recomputable = msg.root;
   reg.token = task.token;
   task.registration = ReduceTaskState::Registration::kRegistering;
-  const int shard = node_.directory().shardOf(msg.outputId);  // (named for the coordinator: not "self")
-  task.stage = "registering its output " + printableId(msg.outputId) + " at the directory shard on " +
-               (shard == rank_ ? "rank " + std::to_string(rank_) + " itself" : node_.peers().peerName(shard));
   node_.directory().requestRegister(std::move(reg), [this, taskId, state = tasks_.at(taskId)](const Status& s) {
     using Registration = ReduceTaskState::Registration;
     state->registration = s.ok() ? Registration::kRegistered : Registration::kUnregistered;
@@ -198,6 +190,21 @@ void ReduceTaskRunner::answerTask(ReduceTaskState& task, const Status& status) {
   if (auto c = task.coordinator.lock()) {
     c->sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{task.msg.request, status}));
   }
+}
+
+void ReduceTaskRunner::sendStallNote(const ReduceTaskState& task) {
+  auto c = task.coordinator.lock();
+  if (!c) return;
+  std::string stage;
+  if (task.registration == ReduceTaskState::Registration::kUnregistered) {
+    stage = "fetching its input " + printableId(task.msg.inputId);
+  } else {
+    const int shard = node_.directory().shardOf(task.msg.outputId);  // (named for the coordinator: not "self")
+    stage = "registering its output " + printableId(task.msg.outputId) + " at the directory shard on " +
+            (shard == rank_ ? "rank " + std::to_string(rank_) + " itself" : node_.peers().peerName(shard));
+  }
+  Status note(Code::kTimeout, "still " + stage);
+  c->sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{task.msg.stallRequest, note}));
 }
 
 void ReduceTaskRunner::reportTaskEnd(const ReduceTaskState& task, const Status& status) {

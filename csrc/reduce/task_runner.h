@@ -59,6 +59,8 @@ class ReduceTaskRunner {
   void startTaskInputs(uint64_t task);
   void answerTask(ReduceTaskState& task, const Status& status);
   void reportTaskEnd(const ReduceTaskState& task, const Status& status);
+  // Tells the coordinator what the task, not registered yet, waits for.
+  void sendStallNote(const ReduceTaskState& task);
   void watchTaskObject(uint64_t task, const std::shared_ptr<LocalObject>& obj);
   void progressTask(uint64_t task);
   // The task's output is valid up to `to`: traced, then its readers woken.

@@ -50,7 +50,7 @@ void testForgetAndForgetIf() {
   ids.forgetIf([](std::string_view, const int& v) { return v % 2 == 0; });
   CHECK(ids.size() == 4);  // 1, 5, 7, 9
   CHECK(ids.contains(longId(5)) && !ids.contains(longId(4)));
-  // What was forgotten leaves no trace in the order: 99 newer ids evict none of the four.
+  // What was forgotten leaves no trace in the order: 96 newer ids evict none of the four.
   for (int i = 100; i < 196; ++i) ids.remember(longId(i), i);
   CHECK(ids.size() == 100);
   CHECK(ids.contains(longId(1)) && ids.contains(longId(9)));
