@@ -604,3 +604,23 @@ def test_a_timeout_names_what_a_silent_task_waits_for():
         assert torch.equal(hop.get(result, timeout=30).wait(), torch.full((1024,), 3.0))
     finally:
         c.close()
+
+
+def test_a_get_from_a_stopped_sender_says_how_much_arrived():
+    """A get that times out in its transfer names the sender and how many of
+    the object's bytes came: none, from a sender stopped before it began."""
+    c = Cluster(3, options={"heartbeat_timeout": 30, "same_host": False})  # rank 1 is not declared failed
+    try:
+        (obj,) = ids_with_shard("stalled-sender", 1, 3, lambda s: s == 2)
+        c.call(1, workers.put_filled, obj, 1 << 20, 7)
+        c.freeze(1)
+        try:
+            with pytest.raises(hop.HopliteTimeoutError) as info:
+                hop.get(obj, timeout=2).wait()
+        finally:
+            os.kill(c.pids[1], signal.SIGCONT)
+        assert re.search(rf"get of object '{obj}' timed out after 2 s \(transfer from rank 1 at [^ ]+: "
+                         rf"0 of {4 << 20} bytes arrived\)", str(info.value)), str(info.value)
+        assert torch.equal(hop.get(obj, timeout=30).wait(), torch.full((1 << 20,), 7.0))
+    finally:
+        c.close()

@@ -125,6 +125,10 @@ Status TransferClient::timedOut(const GetOp& op, const std::string& directorySai
                ", which is gone: an object whose every copy was lost with it is not known there";
     }
     if (!directorySaid.empty()) stage += ": " + directorySaid;
+  } else if (op.object) {
+    // Nothing at all, or a stream that crawls: a silent sender, or a slow link (or its own sender's).
+    stage += ": " + std::to_string(op.object->watermark()) + " of " + std::to_string(op.object->size()) +
+             " bytes arrived";
   }
   return Status(Code::kTimeout, "get of object " + printableId(op.id) + " timed out after " +
                                     printableSeconds(op.timeoutSeconds) + " (" + stage + ")");
