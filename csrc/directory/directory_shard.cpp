@@ -336,7 +336,7 @@ void DirectoryShard::loseExpected(const wire::GoneId& gone) {
 
 bool DirectoryShard::adoptGone(const wire::GoneId& gone, bool fromStandby) {
   if (entries_.count(gone.id)) return false;  // put (again) since: the entry is newer
-  const Gone& now = rememberGone(gone.id, Gone{.code = gone.deleted ? Code::kDeleted : Code::kPeerFailed,
+  const Gone& now = gone_.remember(gone.id, Gone{.code = gone.deleted ? Code::kDeleted : Code::kPeerFailed,
                              .rank = gone.lastHolder,
                              .left = gone.lastHolderLeft,
                              .fromStandby = fromStandby,
@@ -481,7 +481,7 @@ Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<i
     if (gone_.contains(id) && !retract && ifToken == 0) {
       // Lost with its holders: the caller's delete stands all the same, so a
       // holder only taken for failed that lists its copy again loses it.
-      rememberGone(id, Gone{.code = Code::kDeleted, .deletedBy = deleteToken});
+      gone_.remember(id, Gone{.code = Code::kDeleted, .deletedBy = deleteToken});
       return Status();
     }
     return Status(Code::kNotFound, "object " + printableId(id) + " does not exist");
@@ -493,7 +493,7 @@ Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<i
     for (const auto& holder : it->second.holders) holders->push_back(holder.first);
     entries_.erase(it);
   }
-  if (!retract) rememberGone(id, Gone{.code = Code::kDeleted, .deletedBy = deleteToken});
+  if (!retract) gone_.remember(id, Gone{.code = Code::kDeleted, .deletedBy = deleteToken});
   tellSubscribers(id);
   return Status();
 }
@@ -501,7 +501,7 @@ Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<i
 DirectoryShard::Entries::iterator DirectoryShard::dropLost(Entries::iterator entry, int lastHolder, bool left) {
   // A reduce's result is computed again: its readers wait for it.
   if (!entry->second.recomputable) {
-    rememberGone(entry->first, Gone{.code = Code::kPeerFailed, .rank = lastHolder, .left = left});
+    gone_.remember(entry->first, Gone{.code = Code::kPeerFailed, .rank = lastHolder, .left = left});
   }
   return entries_.erase(entry);
 }
@@ -513,6 +513,5 @@ Status DirectoryShard::goneStatus(const std::string& id, const Gone& gone) {
                                (gone.left ? ", left (it shut down)" : ", failed"));
 }
 
-DirectoryShard::Gone& DirectoryShard::rememberGone(const std::string& id, Gone gone) { return gone_.remember(id, gone); }
 
 }  // namespace hoplite

@@ -159,10 +159,10 @@ class DirectoryShard {
     LookupCallback reply;
     EventLoop::TimerId timer;
   };
-  // Remembers why an id is gone (deleted, or lost with its last holder), so a
-  // get of it fails at once instead of waiting. Bounded; forgotten once put again.
+  // Why an id is gone (deleted, or lost with its last holder), remembered so
+  // that a get of it fails at once instead of waiting. Bounded (gone_);
+  // forgotten once put again.
   struct Gone;
-  Gone& rememberGone(const std::string& id, Gone gone);
   using Entries = std::unordered_map<std::string, DirectoryEntry>;
   // An entry with no copy left (see lost()): forgets it, and remembers it as
   // lost (last holder, or -1) unless its reduce computes it again.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 #include "common/logging.h"
 #include "common/step_trace.h"
@@ -185,8 +186,7 @@ void ReduceTaskRunner::startTaskInputs(uint64_t taskId) {
 void ReduceTaskRunner::answerTask(ReduceTaskState& task, const Status& status) {
   if (task.answered) return;
   task.answered = true;
-  if (task.stallNote) loop_.cancelTimer(task.stallNote);
-  task.stallNote = 0;
+  loop_.cancelTimer(std::exchange(task.stallNote, 0));
   if (auto c = task.coordinator.lock()) {
     c->sendControl(wire::MsgType::kStatusReply, wire::encode(wire::StatusReply{task.msg.request, status}));
   }
