@@ -624,3 +624,29 @@ def test_a_get_from_a_stopped_sender_says_how_much_arrived():
         assert torch.equal(hop.get(obj, timeout=30).wait(), torch.full((1 << 20,), 7.0))
     finally:
         c.close()
+
+
+def test_a_get_from_a_stalled_relay_names_the_relays_own_sender():
+    """A get assigned a relay (a rank still receiving the object) that times
+    out names the relay and whom the relay receives from: there the stall is."""
+    c = Cluster(4, options={"heartbeat_timeout": 30, "same_host": False})  # rank 1 is not declared failed
+    try:
+        (obj,) = ids_with_shard("stalled-relay", 1, 4, lambda s: s == 3)
+        c.call(1, workers.put_filled, obj, 1 << 20, 5)
+        c.freeze(1)
+        try:
+            # Rank 2 pulls from the stopped rank 1; the directory then lists it
+            # as an idle partial holder and assigns it to rank 0 (rank 1 is busy).
+            relay = in_thread(c.call, 2, workers.get, obj, 60)
+            time.sleep(1.0)
+            with pytest.raises(hop.HopliteTimeoutError) as info:
+                hop.get(obj, timeout=2).wait()
+        finally:
+            os.kill(c.pids[1], signal.SIGCONT)
+        assert re.search(rf"get of object '{obj}' timed out after 2 s \(transfer from rank 2 at [^ ]+, which was "
+                         rf"itself receiving it from rank 1 at [^ ]+: 0 of {4 << 20} bytes arrived\)",
+                         str(info.value)), str(info.value)
+        assert torch.equal(relay(60), torch.full((1 << 20,), 5.0))
+        assert torch.equal(hop.get(obj, timeout=30).wait(), torch.full((1 << 20,), 5.0))
+    finally:
+        c.close()

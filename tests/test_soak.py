@@ -72,7 +72,9 @@ def test_an_object_of_a_restarted_process_is_not_lost_with_its_predecessor():
           "error": "PeerFailedError: get of object 'soak.6.6.39' failed: object 'soak.6.6.39' was lost: its last "
                    "holder, rank 6, failed"}
     assert not explains(kill, op, until=2000.0, settle=2.0)
-    assert explains(dict(kill, kind="pause", incarnation=6), op, until=2000.0, settle=2.0)
+    # A pause of process 6 that ended shortly before does.
+    pause = dict(kill, kind="pause", incarnation=6, t=1005.0, restarted=1008.0, back=1008.0)
+    assert explains(pause, op, until=2000.0, settle=2.0)
 
 
 def test_a_kill_explains_others_failures_only_until_its_successor_is_back():
@@ -88,6 +90,24 @@ def test_a_kill_explains_others_failures_only_until_its_successor_is_back():
     soon = dict(late, start=505.0, dur=1.0)
     assert not explains(kill, late, until=2000.0, settle=2.0)
     assert explains(kill, soon, until=2000.0, settle=2.0)
+
+
+def test_a_healed_network_fault_does_not_explain_failures_long_after():
+    from torch_hoplite.bench.soak_report import explains
+
+    # From the 4dd7cbc run: rank 0's partition healed at 166.0 s; at 221.5 s a
+    # get on rank 3 timed out in its transfer from rank 0, which was itself
+    # receiving the object from rank 4, delayed since 225.4 s (times shifted).
+    cut = {"kind": "partition", "rank": 0, "incarnation": 0, "t": 163.2, "restarted": 166.0, "back": 166.0}
+    delay = {"kind": "delay", "rank": 4, "incarnation": 0, "t": 215.4, "restarted": 228.2, "back": 228.2}
+    op = {"op": "get", "rank": 3, "start": 221.5, "dur": 10.0, "objects": ["soak.5.1.1255"],
+          "error": "HopliteTimeoutError: get of object 'soak.5.1.1255' timed out after 10 s (transfer from rank 0 "
+                   "at 10.77.0.1:43363, which was itself receiving it from rank 4 at 10.77.0.5:40001: 0 of "
+                   "4194304 bytes arrived)"}
+    assert not explains(cut, op, until=1000.0, settle=10.0)
+    assert explains(delay, op, until=1000.0, settle=10.0)
+    # Begun within two heartbeat timeouts of the heal (the rank takes its share back), it still does.
+    assert explains(cut, dict(op, start=185.0), until=1000.0, settle=10.0)
 
 
 def test_a_reduce_whose_result_and_cleanup_each_time_out_is_not_a_hang(tmp_path, monkeypatch):

@@ -127,6 +127,11 @@ Holder& DirectoryShard::listHolder(DirectoryEntry& entry, int rank) {
   return it->second;
 }
 
+int DirectoryShard::sourceOf(const DirectoryEntry& entry, int holder) {
+  auto it = entry.holders.find(holder);
+  return it == entry.holders.end() || it->second.complete ? -1 : it->second.source;
+}
+
 bool DirectoryShard::feedsFrom(const DirectoryEntry& entry, int holder, int asker) {
   size_t steps = 0;
   for (int r = holder; r >= 0 && steps <= entry.holders.size(); ++steps) {

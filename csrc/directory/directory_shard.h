@@ -69,6 +69,9 @@ class DirectoryShard {
   // own copy exists; unless its supply runs through the asker.
   void lookup(const std::string& id, int asker, bool locate, double timeoutSeconds, LookupCallback reply,
               int failedHolder = -1, int preferred = -1);
+  // Whom `holder` still receives the entry's object from (-1: its copy is
+  // complete, not fed by a pull, or it is not listed).
+  static int sourceOf(const DirectoryEntry& entry, int holder);
   // `rank`'s subscription `request`: it is sent the object's locations now and
   // after every change (whether the object exists yet or not) until it
   // unsubscribes or is forgotten.

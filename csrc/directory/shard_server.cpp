@@ -205,6 +205,7 @@ void ShardServer::handleLookup(Connection& conn, const wire::Lookup& msg) {
           reply.hasInline = entry->hasInline;
           reply.inlineData = entry->inlineData;
           reply.sender = sender;
+          reply.senderSource = DirectoryShard::sourceOf(*entry, sender);
           reply.recomputable = entry->recomputable;
         }
         c->sendControl(wire::MsgType::kLookupReply, wire::encode(reply));

@@ -113,8 +113,22 @@ bool TransferClient::get(const std::string& id, double timeoutSeconds, bool copy
   return !posted;
 }
 
+std::string TransferClient::describePullOf(const LocalObject& object) const {
+  for (const auto& [request, pull] : pulls_) {
+    if (pull.object.get() != &object) continue;
+    std::string s = "transfer from " + peers_.peerName(pull.rank);
+    // A relay that crawls may only pass on its own sender's slowness.
+    if (pull.senderSource >= 0) s += ", which was itself receiving it from " + peers_.peerName(pull.senderSource);
+    return s;
+  }
+  return "";
+}
+
 Status TransferClient::timedOut(const GetOp& op, const std::string& directorySaid) const {
-  std::string stage = op.stage;
+  // The copy's pull as it is now (it may have resumed from another holder since the get began).
+  std::string stage = op.object ? describePullOf(*op.object) : "";
+  if (stage.empty()) stage = op.stage;
+  if (stage.empty() && op.object) stage = "this node's own copy, still being written";
   if (stage.empty()) {
     // The shard is named now: it may have moved since the lookup was sent.
     const int shard = directory_.shardOf(op.id), home = directory_.homeShardOf(op.id);
@@ -228,7 +242,7 @@ void TransferClient::onFetchLookup(const std::string& id, const Status& status, 
   obj->recomputable = reply->recomputable;
   server_.forgetHandedOver(id);  // pulls for this id wait for the new copy again
   counters_.remoteGets++;
-  startPull(sender, obj);
+  startPull(sender, reply->senderSource, obj);
   server_.serveParkedPulls(obj);  // later receivers that reached us first
   done(Status(), obj, sender);
 }

@@ -132,6 +132,8 @@ class TransferClient {
   // The get's timeout, naming what it waited for; `directorySaid`: the
   // lookup's own timeout message, when that ended the get.
   Status timedOut(const GetOp& op, const std::string& directorySaid = "") const;
+  // The pull that fills `object` now, as a timeout names it ("" if none).
+  std::string describePullOf(const LocalObject& object) const;
   void onFetchLookup(const std::string& id, const Status& status, const wire::LookupReply* reply,
                      const FetchCallback& done, bool forGet);
   // `sender`: the holder the fetch started a pull from for this get (-1: none).
@@ -173,6 +175,7 @@ class TransferClient {
     std::shared_ptr<LocalObject> object;
     uint64_t expected = 0;  // next offset the holder will send
     int resumes = 0;        // senders lost so far
+    int senderSource = -1;  // whom the holder itself received it from when assigned (LookupReply)
     PullState state = PullState::kActive;
     Status failure;  // kReadFailed: why
     bool firstBytesTraced = false;
@@ -181,7 +184,8 @@ class TransferClient {
     std::shared_ptr<same_host::PeerMemory> holderMemory;
     std::deque<SameHostRange> toRead;
   };
-  void startPull(int holder, const std::shared_ptr<LocalObject>& object, int resumes = 0);
+  // `senderSource`: whom `holder` itself still receives the object from (LookupReply).
+  void startPull(int holder, int senderSource, const std::shared_ptr<LocalObject>& object, int resumes = 0);
   // The pull's bytes up to `end` arrived: counted, traced, and its copy advanced.
   void advancePull(PullOp& pull, uint64_t end);
   void resumePull(std::shared_ptr<LocalObject> object, int deadRank, int resumes, Status why);

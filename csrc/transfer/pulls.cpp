@@ -47,10 +47,10 @@ void TransferClient::endPullsOf(const std::shared_ptr<LocalObject>& obj) {
   }
 }
 
-void TransferClient::startPull(int holder, const std::shared_ptr<LocalObject>& obj, int resumes) {
+void TransferClient::startPull(int holder, int senderSource, const std::shared_ptr<LocalObject>& obj, int resumes) {
   uint64_t request = directory_.newRequest();
   const uint64_t offset = obj->watermark();  // 0, or where a failed sender stopped
-  pulls_[request] = PullOp{holder, obj, offset, resumes};
+  pulls_[request] = PullOp{holder, obj, offset, resumes, senderSource};
   // Whether the holder's memory can be read is known once it is connected.
   peers_.whenConnected(holder, [this, request, holder, id = obj->id(), offset](Connection& conn) {
     auto it = pulls_.find(request);
@@ -171,7 +171,7 @@ void TransferClient::resumePull(std::shared_ptr<LocalObject> obj, int deadRank, 
                          peers_.peerName(reply->sender).c_str(), static_cast<unsigned long long>(obj->watermark()),
                          peers_.peerName(deadRank).c_str());
                   }
-                  startPull(reply->sender, obj, resumes);
+                  startPull(reply->sender, reply->senderSource, obj, resumes);
                 });
 }
 

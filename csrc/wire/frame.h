@@ -13,7 +13,7 @@ namespace hoplite {
 namespace wire {
 
 constexpr uint32_t kMagic = 0x544c5048;  // "HPLT" little-endian
-constexpr uint8_t kVersion = 18;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
+constexpr uint8_t kVersion = 19;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
                                   // 5: message kinds; 6: message withdrawal; 7: same-host reads;
                                   // 8: status kMoved (a copy handed to a get); 9: a lookup's preferred sender;
                                   // 10: the proofs cover the hello's listen address;
@@ -25,6 +25,7 @@ constexpr uint8_t kVersion = 18;  // 2: authenticated handshake; 3: recovery and
                                   // 16: a process back from a stall takes its share back (share epochs)
                                   // 17: a rank taken back lists its copies again where they were forgotten
                                   // 18: a reduce task that has not started says what it waits for
+                                  // 19: a lookup names the relay's own sender
 constexpr size_t kHeaderSize = 16;
 constexpr size_t kDataSubheaderSize = 16;
 

@@ -341,6 +341,7 @@ void LookupReply::encode(Writer& w) const {
   w.u8(hasInline);
   if (hasInline) w.str(inlineData);
   w.i32(sender);
+  w.i32(senderSource);
   w.u8(recomputable);
 }
 LookupReply LookupReply::decode(Reader& r, uint64_t maxInline) {
@@ -355,6 +356,7 @@ LookupReply LookupReply::decode(Reader& r, uint64_t maxInline) {
       if (m.inlineData.size() != m.meta.nbytes) throw DecodeError("inline object size does not match metadata");
     }
     m.sender = r.i32();
+    m.senderSource = r.i32();
     m.recomputable = decodeBool(r);
   }
   r.expectEnd("lookup reply");

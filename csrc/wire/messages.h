@@ -238,6 +238,9 @@ struct LookupReply {
   bool hasInline = false;
   std::string inlineData;
   int32_t sender = -1;  // who to pull from (-1 with inline data, or when no copy is left)
+  // Whom `sender` itself still receives the object from (-1: its copy is
+  // complete, or not fed by a pull): a timeout can then name a slow relay's source.
+  int32_t senderSource = -1;
   bool recomputable = false;  // see Register
   void encode(Writer& w) const;
   static LookupReply decode(Reader& r, uint64_t maxInline);

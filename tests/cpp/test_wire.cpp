@@ -125,13 +125,14 @@ static void testMessages() {
   lr.request = 9;
   lr.meta = sampleMeta();
   lr.sender = 2;
+  lr.senderSource = 5;
   lr.recomputable = true;
   checkTruncations(lr, [&](Reader& r) { LookupReply::decode(r, maxInline); }, "lookup reply");
   {
     std::string bytes = encode(lr);
     Reader lrr(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
     LookupReply lrBack = LookupReply::decode(lrr, maxInline);
-    CHECK(lrBack.sender == 2 && lrBack.recomputable);
+    CHECK(lrBack.sender == 2 && lrBack.senderSource == 5 && lrBack.recomputable);
   }
   LookupReply err;
   err.request = 9;

@@ -83,15 +83,23 @@ def is_collective(op: dict) -> bool:
     return op["op"].startswith("c10d ")
 
 
+def aftermath(fault: dict, settle: float) -> float:
+    """How long after its rank is back a fault still explains others'
+    failures: `settle` after a kill or leave (the successor has rejoined); two
+    of them after a pause or a network fault, since the rank takes its moved
+    share back only once two heartbeat timeouts passed without news of trouble."""
+    return settle if fault["kind"] in ENDS_PROCESS else 2 * settle
+
+
 def explains(fault: dict, op: dict, until: float, settle: float) -> bool:
     """Whether `fault` can explain the failed operation of another rank: it
     ended after the fault and before the next fault on that rank, and its
     error names that rank (or, naming none, it touched that rank's objects).
     A fault the rank lives through also explains its own operations begun
     before the fault ended or within `settle` seconds after. An object lost
-    is explained by its owner's faults alone. A process killed or gone
-    explains others' failures only until its successor is back, and
-    `settle` seconds more (its own objects' are not counted at all). Every rank is in
+    is explained by its owner's faults alone. A fault explains others'
+    failures begun only until its rank is back and its aftermath() more (a
+    killed process's own objects' are not counted at all). Every rank is in
     every c10d round: a fault anywhere explains the collectives that began
     before its rank was back (`back`) and `settle` seconds more."""
     end = op["start"] + op["dur"]
@@ -102,7 +110,7 @@ def explains(fault: dict, op: dict, until: float, settle: float) -> bool:
     if op["rank"] == fault["rank"]:
         ended = fault.get("restarted", until)
         return fault["kind"] in KEEPS_PROCESS and op["start"] < ended + settle
-    if fault["kind"] in ENDS_PROCESS and op["start"] >= fault.get("back", until) + settle:
+    if op["start"] >= fault.get("back", until) + aftermath(fault, settle):
         return False
     lost = lost_owners(op["error"])
     if lost:
