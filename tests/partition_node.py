@@ -2,14 +2,17 @@
 and reads objects before its link (or another rank's) is cut, waits out the
 cut, and then puts and reads again, retrying while the cluster reconciles."""
 
+import itertools
 import json
 import sys
 import time
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 import torch_hoplite as hop
+from torch_hoplite.bench.local_cluster import shard_of
 
 N = 1 << 16
 
@@ -27,6 +30,19 @@ def get_soon(obj_id: str, deadline: float) -> tuple[torch.Tensor, float]:
             time.sleep(0.2)
 
 
+def stale_copy_dropped_after(obj_id: str, deadline: float) -> Optional[float]:
+    """Seconds until a get of a deleted object this rank held a copy of fails
+    as deleted (None: its copy was still served at `deadline`)."""
+    start = time.monotonic()
+    while time.monotonic() < deadline:
+        try:
+            hop.get(obj_id, timeout=2).wait()
+        except hop.ObjectDeletedError:
+            return time.monotonic() - start
+        time.sleep(0.2)
+    return None
+
+
 def main() -> None:
     rank, world, store_host, port, host, out = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]),
                                                 sys.argv[5], sys.argv[6])
@@ -38,7 +54,23 @@ def main() -> None:
     store.wait([f"put-before/{r}" for r in range(world)])
     for r in range(world):  # every rank talks to every other: all are watched by heartbeats
         assert torch.equal(hop.get(f"before.{r}").wait(), torch.full((N,), float(r)))
+    # An object of the cut rank's, with its directory entry there, that rank 0
+    # holds a copy of: the cut rank deletes it while cut off, and rank 0's copy
+    # must go once they meet again.
+    held = next(f"held-{i}" for i in itertools.count() if shard_of(f"held-{i}", world) == world - 1)
+    if rank == world - 1:
+        hop.put(torch.full((N,), 7.0), held)
+    store.set(f"held/{rank}", "1")
+    store.wait([f"held/{world - 1}"])
+    if rank == 0:
+        assert torch.equal(hop.get(held, copy=False).wait(), torch.full((N,), 7.0))
     store.set(f"ready/{rank}", "1")
+    deleted = None
+    if rank == world - 1:
+        store.wait(["cut"])
+        time.sleep(2.5)  # past the heartbeat timeout: it took itself for cut off
+        hop.delete(held, timeout=10)
+        deleted = True
     store.wait(["healed"])
     hop.put(torch.full((N,), 10.0 + rank), f"after.{rank}")
     store.set(f"put-after/{rank}", "1")
@@ -48,7 +80,9 @@ def main() -> None:
     for name, value in [(f"after.{r}", 10.0 + r) for r in range(world)] + [(f"before.{r}", float(r)) for r in range(world)]:
         got, waited[name] = get_soon(name, deadline)
         right[name] = bool(torch.equal(got, torch.full((N,), value)))
-    result = {"right": right, "waited": waited, "cut_offs": hop.stats()["cut_offs"]}
+    result = {"right": right, "waited": waited, "cut_offs": hop.stats()["cut_offs"], "deleted": deleted}
+    if rank == 0:
+        result["stale_copy_dropped_after"] = stale_copy_dropped_after(held, time.monotonic() + 20)
     store.set(f"done/{rank}", "1")
     store.wait([f"done/{r}" for r in range(world)])
     hop.shutdown()

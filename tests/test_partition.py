@@ -2,7 +2,8 @@
 ways, for longer than the heartbeat timeout, then healed. The cut-off rank
 takes itself for cut off (it declares no one failed) while the others declare
 it failed; once the link is back the two sides find each other again, with no
-rank restarted, and every object, old and new, can be read everywhere."""
+rank restarted, and every object, old and new, can be read everywhere, but
+for one the cut-off rank deleted meanwhile: a copy of it elsewhere goes too."""
 
 import datetime
 import json
@@ -37,6 +38,7 @@ def test_a_rank_cut_off_and_healed_rejoins_its_peers_without_a_restart(tmp_path)
         try:
             store.wait([f"ready/{r}" for r in range(world)])
             cluster.cut(cut)
+            store.set("cut", "1")
             time.sleep(4)  # heartbeat timeout 1.5 s: both sides have given up on each other
             cluster.heal(cut)
             store.set("healed", "1")
@@ -46,5 +48,9 @@ def test_a_rank_cut_off_and_healed_rejoins_its_peers_without_a_restart(tmp_path)
     for r, result in enumerate(results):
         assert all(result["right"].values()), (r, result, logs[r][-3000:])
         assert max(result["waited"].values()) < 15, (r, result)
+    # The cut rank deleted an object while cut off; rank 0's copy of it went
+    # once they met again (it listed its copies at the shard taken back).
+    assert results[cut]["deleted"], results[cut]
+    assert results[0]["stale_copy_dropped_after"] is not None, (results[0], logs[0][-3000:])
     # Only the rank whose link was cut took itself for cut off.
     assert [result["cut_offs"] for result in results] == [0, 0, 0, 1], logs[cut][-3000:]

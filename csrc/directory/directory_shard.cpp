@@ -18,6 +18,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
     // previous shard failed, and also re-announced its copy) is no conflict.
     const bool again = entry.holders.count(msg.holder) && sameContents(entry.meta, msg.meta);
     if (!msg.reannounce && !again) return Status(Code::kAlreadyExists, "object " + printableId(msg.id) + " already exists");
+    entry.relisted = entry.relisted && msg.reannounce;  // a put's registration (re-sent here) is no listing again
     Holder& h = listHolder(entry, msg.holder);
     if (entry.token == 0) entry.token = msg.token;  // its origin re-registered it here after a move
     h.complete = h.complete || msg.complete;
@@ -42,6 +43,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
   entry.inlineData = msg.inlineData;
   entry.recomputable = msg.recomputable && !msg.complete;
   entry.token = msg.token;
+  entry.relisted = msg.reannounce;
 
   auto it = waiters_.find(msg.id);
   if (it != waiters_.end()) {
@@ -339,8 +341,14 @@ void DirectoryShard::loseExpected(const wire::GoneId& gone) {
   adoptGone(gone, /*fromStandby=*/true);
 }
 
-bool DirectoryShard::adoptGone(const wire::GoneId& gone, bool fromStandby) {
-  if (entries_.count(gone.id)) return false;  // put (again) since: the entry is newer
+bool DirectoryShard::adoptGone(const wire::GoneId& gone, bool fromStandby, std::vector<int>* staleHolders) {
+  if (auto entry = entries_.find(gone.id); entry != entries_.end()) {
+    // Put (again) since: the entry is newer.
+    if (!gone.deleted || !entry->second.relisted || staleHolders == nullptr) return false;
+    for (const auto& holder : entry->second.holders) staleHolders->push_back(holder.first);
+    entries_.erase(entry);
+    tellSubscribers(gone.id);
+  }
   const Gone& now = gone_.remember(gone.id, Gone{.code = gone.deleted ? Code::kDeleted : Code::kPeerFailed,
                              .rank = gone.lastHolder,
                              .left = gone.lastHolderLeft,

@@ -36,6 +36,9 @@ struct DirectoryEntry {
   bool recomputable = false;  // see wire::Register
   uint64_t token = 0;         // its registration's (wire::Register::token), once one named it
   int standbyHolder = -1;     // the holder the standby was told of (ShardServer::tellStandby)
+  // Made by holders listing again copies they had before the share moved
+  // here, not by a put (see adoptGone).
+  bool relisted = false;
 };
 
 class DirectoryShard {
@@ -113,8 +116,12 @@ class DirectoryShard {
   std::vector<wire::GoneId> handOver(const std::function<bool(const std::string& id)>& leaves, int leaving = -1);
   // What the previous host remembered of an id that is gone, unless it was
   // registered here since: gets of it fail at once, also those parked now.
-  // (`fromStandby`: see adoptStandby.) Returns whether it was adopted.
-  bool adoptGone(const wire::GoneId& gone, bool fromStandby = false);
+  // A delete there stands over an entry that only copies listed again made
+  // here (they predate the move, so the delete too): the entry goes, and
+  // its holders are added to `staleHolders`, whose copies must go as well
+  // (without it, such an entry is kept). (`fromStandby`: see adoptStandby.)
+  // Returns whether it was adopted.
+  bool adoptGone(const wire::GoneId& gone, bool fromStandby = false, std::vector<int>* staleHolders = nullptr);
   // Whether the id is remembered as deleted.
   bool isDeleted(const std::string& id) const;
   // Remembered as lost: its last holder was taken for failed or left.

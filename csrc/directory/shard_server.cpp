@@ -118,8 +118,11 @@ void ShardServer::handleHandOver(const wire::ShardHandOver& msg) {
   }
   for (const auto& gone : msg.gone) {
     // (members disagreeing: dropped) This node's standby learns it too.
-    if (directory_.hosts(gone.id) && shard_.adoptGone(gone)) {
-      tellStandby(gone.id, gone.deleted, gone.lastHolder, gone.deletedBy);
+    std::vector<int> stale;
+    if (!directory_.hosts(gone.id) || !shard_.adoptGone(gone, /*fromStandby=*/false, &stale)) continue;
+    tellStandby(gone.id, gone.deleted, gone.lastHolder, gone.deletedBy);
+    for (int holder : stale) {
+      if (!peers_.hasFailed(holder)) dropCopyAt(holder, gone.id, /*retract=*/false, [](const Status&) {});
     }
   }
 }
