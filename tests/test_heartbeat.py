@@ -638,13 +638,14 @@ def test_a_get_from_a_stalled_relay_names_the_relays_own_sender():
             # Rank 2 pulls from the stopped rank 1; the directory then lists it
             # as an idle partial holder and assigns it to rank 0 (rank 1 is busy).
             relay = in_thread(c.call, 2, workers.get, obj, 60)
-            time.sleep(1.0)
+            with hop.subscribe(obj) as sub:
+                sub.wait_for(lambda loc: 2 in loc.partial, timeout=10)
             with pytest.raises(hop.HopliteTimeoutError) as info:
                 hop.get(obj, timeout=2).wait()
         finally:
             os.kill(c.pids[1], signal.SIGCONT)
-        assert re.search(rf"get of object '{obj}' timed out after 2 s \(transfer from rank 2 at [^ ]+, which was "
-                         rf"itself receiving it from rank 1 at [^ ]+: 0 of {4 << 20} bytes arrived\)",
+        assert re.search(rf"get of object '{obj}' timed out after 2 s \(transfer from rank 2 at [^ ]+, a relay still "
+                         rf"receiving it from rank 1 at [^ ]+ when assigned: 0 of {4 << 20} bytes arrived\)",
                          str(info.value)), str(info.value)
         assert torch.equal(relay(60), torch.full((1 << 20,), 5.0))
         assert torch.equal(hop.get(obj, timeout=30).wait(), torch.full((1 << 20,), 5.0))

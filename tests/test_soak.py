@@ -97,13 +97,13 @@ def test_a_healed_network_fault_does_not_explain_failures_long_after():
 
     # From the 4dd7cbc run: rank 0's partition healed at 166.0 s; at 221.5 s a
     # get on rank 3 timed out in its transfer from rank 0, which was itself
-    # receiving the object from rank 4, delayed since 225.4 s (times shifted).
+    # receiving the object from rank 4, delayed from 225.4 s to 238.2 s.
     cut = {"kind": "partition", "rank": 0, "incarnation": 0, "t": 163.2, "restarted": 166.0, "back": 166.0}
-    delay = {"kind": "delay", "rank": 4, "incarnation": 0, "t": 215.4, "restarted": 228.2, "back": 228.2}
+    delay = {"kind": "delay", "rank": 4, "incarnation": 0, "t": 225.4, "restarted": 238.2, "back": 238.2}
     op = {"op": "get", "rank": 3, "start": 221.5, "dur": 10.0, "objects": ["soak.5.1.1255"],
           "error": "HopliteTimeoutError: get of object 'soak.5.1.1255' timed out after 10 s (transfer from rank 0 "
-                   "at 10.77.0.1:43363, which was itself receiving it from rank 4 at 10.77.0.5:40001: 0 of "
-                   "4194304 bytes arrived)"}
+                   "at 10.77.0.1:43363, a relay still receiving it from rank 4 at 10.77.0.5:40001 when assigned: "
+                   "0 of 4194304 bytes arrived)"}
     assert not explains(cut, op, until=1000.0, settle=10.0)
     assert explains(delay, op, until=1000.0, settle=10.0)
     # Begun within two heartbeat timeouts of the heal (the rank takes its share back), it still does.

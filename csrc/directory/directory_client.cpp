@@ -234,6 +234,7 @@ void DirectoryClient::reRegisterCopies(const std::function<bool(const std::strin
     reg.recomputable = obj->recomputable;
     reg.reannounce = true;
     reg.primary = obj->primary();
+    reg.putPending = obj->registering;
     reg.token = obj->registrationToken;
     if (reg.complete && obj->size() <= config_.inlineThresholdBytes) {
       reg.hasInline = true;

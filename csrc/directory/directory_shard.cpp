@@ -18,7 +18,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
     // previous shard failed, and also re-announced its copy) is no conflict.
     const bool again = entry.holders.count(msg.holder) && sameContents(entry.meta, msg.meta);
     if (!msg.reannounce && !again) return Status(Code::kAlreadyExists, "object " + printableId(msg.id) + " already exists");
-    entry.relisted = entry.relisted && msg.reannounce;  // a put's registration (re-sent here) is no listing again
+    entry.relisted = entry.relisted && msg.reannounce && !msg.putPending;  // a put's is no listing again
     Holder& h = listHolder(entry, msg.holder);
     if (entry.token == 0) entry.token = msg.token;  // its origin re-registered it here after a move
     h.complete = h.complete || msg.complete;
@@ -32,7 +32,10 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
     return Status();
   }
   if (const Gone* gone = gone_.find(msg.id)) {
-    if (msg.reannounce && gone->code == Code::kDeleted && !gone->fromStandby) return goneStatus(msg.id, *gone);
+    // (A put waiting for its answer is of a new object, deleted or not before.)
+    if (msg.reannounce && !msg.putPending && gone->code == Code::kDeleted && !gone->fromStandby) {
+      return goneStatus(msg.id, *gone);
+    }
     gone_.forget(msg.id);  // put again: a new object from now on
   }
   forgetExpected(msg.id);
@@ -43,7 +46,7 @@ Status DirectoryShard::registerObject(const wire::Register& msg) {
   entry.inlineData = msg.inlineData;
   entry.recomputable = msg.recomputable && !msg.complete;
   entry.token = msg.token;
-  entry.relisted = msg.reannounce;
+  entry.relisted = msg.reannounce && !msg.putPending;
 
   auto it = waiters_.find(msg.id);
   if (it != waiters_.end()) {
@@ -343,17 +346,20 @@ void DirectoryShard::loseExpected(const wire::GoneId& gone) {
 
 bool DirectoryShard::adoptGone(const wire::GoneId& gone, bool fromStandby, std::vector<int>* staleHolders) {
   if (auto entry = entries_.find(gone.id); entry != entries_.end()) {
-    // Put (again) since: the entry is newer.
+    // The previous host remembers an id as deleted only while no put has
+    // registered it there since. An entry that a put registered here is
+    // newer; copies only listed here again after the move are ones that
+    // host's drops did not reach.
     if (!gone.deleted || !entry->second.relisted || staleHolders == nullptr) return false;
     for (const auto& holder : entry->second.holders) staleHolders->push_back(holder.first);
     entries_.erase(entry);
-    tellSubscribers(gone.id);
   }
   const Gone& now = gone_.remember(gone.id, Gone{.code = gone.deleted ? Code::kDeleted : Code::kPeerFailed,
                              .rank = gone.lastHolder,
                              .left = gone.lastHolderLeft,
                              .fromStandby = fromStandby,
                              .deletedBy = gone.deletedBy});
+  tellSubscribers(gone.id);
   auto w = waiters_.find(gone.id);
   if (w == waiters_.end()) return true;
   std::vector<Waiter> answered, kept;

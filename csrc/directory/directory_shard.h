@@ -116,11 +116,11 @@ class DirectoryShard {
   std::vector<wire::GoneId> handOver(const std::function<bool(const std::string& id)>& leaves, int leaving = -1);
   // What the previous host remembered of an id that is gone, unless it was
   // registered here since: gets of it fail at once, also those parked now.
-  // A delete there stands over an entry that only copies listed again made
-  // here (they predate the move, so the delete too): the entry goes, and
-  // its holders are added to `staleHolders`, whose copies must go as well
-  // (without it, such an entry is kept). (`fromStandby`: see adoptStandby.)
-  // Returns whether it was adopted.
+  // A delete made there also stands over an entry made here only by copies
+  // listed again after the move (`relisted`): the entry goes, and its
+  // holders are added to `staleHolders`, to drop their copies (without
+  // `staleHolders`, such an entry is kept). (`fromStandby`: see
+  // adoptStandby.) Returns whether it was adopted.
   bool adoptGone(const wire::GoneId& gone, bool fromStandby = false, std::vector<int>* staleHolders = nullptr);
   // Whether the id is remembered as deleted.
   bool isDeleted(const std::string& id) const;

@@ -121,6 +121,10 @@ void ShardServer::handleHandOver(const wire::ShardHandOver& msg) {
     std::vector<int> stale;
     if (!directory_.hosts(gone.id) || !shard_.adoptGone(gone, /*fromStandby=*/false, &stale)) continue;
     tellStandby(gone.id, gone.deleted, gone.lastHolder, gone.deletedBy);
+    if (!stale.empty()) {
+      HLOG(kInfo, "%s was deleted by the previous host of its share: the %zu copies listed here again are dropped",
+           printableId(gone.id).c_str(), stale.size());
+    }
     for (int holder : stale) {
       if (!peers_.hasFailed(holder)) dropCopyAt(holder, gone.id, /*retract=*/false, [](const Status&) {});
     }

@@ -67,7 +67,9 @@ Status Node::put(const std::string& id, const ObjectMeta& meta, const uint8_t* s
   auto registered = startOnLoop(loop_, [this, reg = std::move(reg), obj, decided](std::function<void(Status)> done) mutable {
     if (reg.complete) obj->advance(obj->size());
     std::string id = reg.id;
-    directory_->requestRegister(std::move(reg), [this, id, decided, done](const Status& s) {
+    obj->registering = true;
+    directory_->requestRegister(std::move(reg), [this, id, obj, decided, done](const Status& s) {
+      obj->registering = false;
       traceStep(Step::kPutRegistered, id);
       if (decided->exchange(1) == 2 && s.ok()) directory_->deleteEverywhere(id);  // the put timed out before this answer came
       done(s);

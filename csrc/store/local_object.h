@@ -54,6 +54,8 @@ class LocalObject {
   bool recomputable = false;
   // A reduce output's registration token (wire::Register::token; loop thread only).
   uint64_t registrationToken = 0;
+  // A put's copy whose registration is not answered yet (wire::Register::putPending; loop thread only).
+  bool registering = false;
   // The get that pulled this copy and may take its buffer when the pull ends
   // (0: none); see TransferClient::handOver (loop thread only).
   uint64_t handOverTo = 0;

@@ -114,20 +114,25 @@ bool TransferClient::get(const std::string& id, double timeoutSeconds, bool copy
 }
 
 std::string TransferClient::describePullOf(const LocalObject& object) const {
+  if (auto it = resuming_.find(&object); it != resuming_.end()) {
+    return "asking the directory for another holder than " + peers_.peerName(it->second);
+  }
   for (const auto& [request, pull] : pulls_) {
     if (pull.object.get() != &object) continue;
     std::string s = "transfer from " + peers_.peerName(pull.rank);
     // A relay that crawls may only pass on its own sender's slowness.
-    if (pull.senderSource >= 0) s += ", which was itself receiving it from " + peers_.peerName(pull.senderSource);
+    if (pull.senderSource >= 0) {
+      s += ", a relay still receiving it from " + peers_.peerName(pull.senderSource) + " when assigned";
+    }
     return s;
   }
   return "";
 }
 
 Status TransferClient::timedOut(const GetOp& op, const std::string& directorySaid) const {
-  // The copy's pull as it is now (it may have resumed from another holder since the get began).
-  std::string stage = op.object ? describePullOf(*op.object) : "";
-  if (stage.empty()) stage = op.stage;
+  // The copy's pull as it is now (it may have resumed from another holder since the get began);
+  // no pull: the copy is this node's own, being written (a put or a reduce's output).
+  std::string stage = op.object ? describePullOf(*op.object) : op.stage;
   if (stage.empty() && op.object) stage = "this node's own copy, still being written";
   if (stage.empty()) {
     // The shard is named now: it may have moved since the lookup was sent.
@@ -166,7 +171,6 @@ void TransferClient::startGet(uint64_t token) {
                            : Status(status.code, "get of object " + printableId(op.id) + " failed: " + status.message));
       return;
     }
-    if (sender >= 0) op.stage = "transfer from " + peers_.peerName(sender);
     waitForLocal(token, std::move(obj), sender);
   }, preferred, /*forGet=*/true);
 }

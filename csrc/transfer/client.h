@@ -118,7 +118,7 @@ class TransferClient {
     ObjectMeta meta;                      // once known
     std::shared_ptr<LocalObject> object;  // once a local copy exists
     uint64_t listener = 0;
-    std::string stage;                    // for timeout messages; empty: waiting at the directory
+    std::string stage;                    // before a local copy exists, for timeout messages; empty: at the directory
     // copy=true: the caller's own buffer, filled behind the object's watermark.
     std::shared_ptr<Buffer> result;
     GetTarget target;  // where `result` must be, when the caller chose it
@@ -219,6 +219,8 @@ class TransferClient {
   bool closing_ = false;
   std::unordered_map<uint64_t, GetOp> gets_;    // by the caller's token
   std::unordered_map<uint64_t, PullOp> pulls_;    // by request id
+  // Copies whose pull lost its sender, while the directory names another: the rank lost.
+  std::unordered_map<const LocalObject*, int> resuming_;
   Counters counters_;
 };
 

@@ -152,8 +152,10 @@ void TransferClient::failPull(uint64_t request, const Status& why) {
 // through this node) and continue from the bytes already here, so only what
 // was in flight moves again.
 void TransferClient::resumePull(std::shared_ptr<LocalObject> obj, int deadRank, int resumes, Status why) {
+  resuming_[obj.get()] = deadRank;
   directory_.requestLookup(obj->id(), config_.resumeTimeoutSeconds, /*locate=*/false, deadRank,
                 [this, obj, deadRank, resumes, why](const Status& s, const wire::LookupReply* reply) {
+                  resuming_.erase(obj.get());
                   if (store_.find(obj->id()) != obj) return;  // dropped meanwhile
                   if (!s.ok() || reply == nullptr || reply->sender < 0 || reply->sender == config_.rank ||
                       reply->sender >= config_.worldSize) {

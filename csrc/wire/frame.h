@@ -25,7 +25,7 @@ constexpr uint8_t kVersion = 19;  // 2: authenticated handshake; 3: recovery and
                                   // 16: a process back from a stall takes its share back (share epochs)
                                   // 17: a rank taken back lists its copies again where they were forgotten
                                   // 18: a reduce task that has not started says what it waits for
-                                  // 19: a lookup names the relay's own sender
+                                  // 19: a lookup names the relay's own sender; copies listed again say if their put is pending
 constexpr size_t kHeaderSize = 16;
 constexpr size_t kDataSubheaderSize = 16;
 

@@ -259,6 +259,7 @@ void Register::encode(Writer& w) const {
   w.u8(recomputable);
   w.u8(reannounce);
   w.u8(primary);
+  w.u8(putPending);
   w.u64(token);
   w.u8(hasInline);
   if (hasInline) w.str(inlineData);
@@ -273,6 +274,7 @@ Register Register::decode(Reader& r, uint64_t maxInline) {
   m.recomputable = decodeBool(r);
   m.reannounce = decodeBool(r);
   m.primary = decodeBool(r);
+  m.putPending = decodeBool(r);
   m.token = r.u64();
   m.hasInline = decodeBool(r);
   if (m.hasInline) {

@@ -179,6 +179,9 @@ struct Register {
   // to an existing entry instead of failing (`primary`: it holds the put's copy).
   bool reannounce = false;
   bool primary = true;
+  // With `reannounce`: the put of this copy is still waiting for its answer
+  // (its own request lists it too): a new object, not a copy listed again.
+  bool putPending = false;
   // Names a reduce result's registration (0: none): a cleanup of one
   // computation of it removes no later one's entry (IdRequest::ifToken).
   uint64_t token = 0;

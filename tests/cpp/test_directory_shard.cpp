@@ -8,7 +8,8 @@
 // as does one of an object lost with its holder;
 // what a standby adopted survives a second failover; a new standby host
 // gets all that a shard knows for it, and a standby's stale records go;
-// watches leave with their ids.
+// watches leave with their ids; a handed-over delete stands over copies
+// listed again after a move, not over a put.
 #include <memory>
 #include <string>
 #include <vector>
@@ -319,6 +320,43 @@ void testStandbyRecords(EventLoop& loop) {
   CHECK(away.adoptStandby(everything, alive, 0).empty());
 }
 
+void testRelistedCopiesGiveWayToAHandedOverDelete(EventLoop& loop) {
+  // A host deleted these ids while cut off; meanwhile their holders, which
+  // had taken it for failed, listed their copies at this interim host.
+  constexpr uint64_t kDelete = 0x71;
+  std::vector<wire::Locations> told;
+  DirectoryShard interim(loop, [&](int, const wire::Locations& m) { told.push_back(m); });
+  auto deleted = [&](const std::string& id) { return wire::GoneId{id, /*deleted=*/true, -1, false, kDelete}; };
+  CHECK(interim.registerObject(registration("stale", 2, 0, /*reannounce=*/true)).ok());
+  CHECK(interim.registerObject(registration("stale", 3, 0, /*reannounce=*/true)).ok());
+  interim.subscribe("stale", 5, 1);
+  std::vector<int> stale;
+  CHECK(interim.adoptGone(deleted("stale"), false, &stale));
+  CHECK((stale == std::vector<int>{2, 3}));
+  CHECK(interim.isDeleted("stale"));
+  CHECK(lookUp(interim, "stale")->status.code == Code::kDeleted);
+  CHECK(!told.empty() && told.back().state == wire::LocationState::kDeleted);
+  // Kept: an entry a put registered here; one listed again and then
+  // registered by its put (re-sent after the move); one listed while its
+  // put waits for its answer; and any, when the caller drops no copies.
+  std::vector<wire::Register> kept{registration("put", 2, 0), registration("re-sent", 2, 0, true),
+                                   registration("pending", 2, 0, true), registration("no-drops", 2, 0, true)};
+  kept[2].putPending = true;
+  for (const auto& reg : kept) CHECK(interim.registerObject(reg).ok());
+  CHECK(interim.registerObject(registration("re-sent", 2, 0)).ok());
+  for (const auto& reg : kept) {
+    stale.clear();
+    CHECK(!interim.adoptGone(deleted(reg.id), false, reg.id == "no-drops" ? nullptr : &stale));
+    CHECK(stale.empty() && lookUp(interim, reg.id)->status.ok());
+  }
+  // A put waiting for its answer lists its copy of an id deleted before: a new object.
+  CHECK(interim.registerObject(registration("stale", 4, 0, /*reannounce=*/true)).code == Code::kDeleted);
+  wire::Register pending = registration("stale", 4, 0, /*reannounce=*/true);
+  pending.putPending = true;
+  CHECK(interim.registerObject(pending).ok());
+  CHECK(!interim.isDeleted("stale"));
+}
+
 }  // namespace
 
 int main() {
@@ -330,5 +368,6 @@ int main() {
   testDeleteAskedAgain(loop);
   testSecondFailover(loop);
   testStandbyRecords(loop);
+  testRelistedCopiesGiveWayToAHandedOverDelete(loop);
   return finish("test_directory_shard");
 }
