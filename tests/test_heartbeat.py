@@ -651,3 +651,31 @@ def test_a_get_from_a_stalled_relay_names_the_relays_own_sender():
         assert torch.equal(hop.get(obj, timeout=30).wait(), torch.full((1 << 20,), 5.0))
     finally:
         c.close()
+
+
+def test_a_reduce_waited_for_past_its_timeout_names_its_unfinished_tasks():
+    """wait_reduce's timeout says which tasks have not finished and whom they
+    read from: here the root, on rank 0, still reading rank 1's input when
+    rank 1 is stopped (and not yet taken for failed)."""
+    c = Cluster(2, options={"heartbeat_timeout": 30, "same_host": False})
+    numel = 64 << 20  # 256 MiB: the root is still reading when rank 1 stops
+    try:
+        a, b = ids_with_shard("slow-in", 2, 2, lambda s: True)
+        (result_id,) = ids_with_shard("slow-out", 1, 2, lambda s: s == 0)
+        hop.put(torch.ones(numel), a, copy=False)
+        c.call(1, workers.put_filled, b, numel, 2)
+        ref, _ = hop.reduce([a, b], id=result_id, timeout=60)
+        c.freeze(1)
+        try:
+            with pytest.raises(hop.HopliteTimeoutError) as info:
+                hop.wait_reduce(ref, timeout=2)
+        finally:
+            os.kill(c.pids[1], signal.SIGCONT)
+        assert ref.reduce_plan.holders[ref.reduce_plan.root] == 0, ref.reduce_plan
+        assert re.search(rf"waiting for the reduce into '{result_id}' timed out after 2 s \(tasks not finished: "
+                         rf"rank 0 \(self\), reading from rank 1 at [^ ]+\)", str(info.value)), str(info.value)
+        hop.wait_reduce(ref, timeout=60)
+        out = hop.get(ref, timeout=60).wait()
+        assert out.shape == (numel,) and bool((out == 3.0).all())
+    finally:
+        c.close()

@@ -80,10 +80,19 @@ Status ReduceCoordinator::reduce(const ReduceRequest& request, ReducePlan* plan)
 Status ReduceCoordinator::reduceOutcome(const std::string& resultId, double timeoutSeconds, ReducePlan* plan) {
   if (node_.stopped()) return Status(Code::kShutdown, "node is shut down");
   auto result = std::make_shared<ReducePlan>();
-  auto ended = startOnLoop(loop_, [this, resultId, result](std::function<void(Status)> done) {
+  auto ended = startOnLoop(loop_, [this, resultId, result, timeoutSeconds](std::function<void(Status)> done) {
     for (auto& [key, c] : reduces_) {
       if (c->request.resultId != resultId) continue;
-      c->waiters.push_back([result, done](const Status& s, const ReducePlan& plan) {
+      // Timed out on the loop, so that the error can say what the reduce still waits for.
+      auto timer = std::make_shared<EventLoop::TimerId>();
+      *timer = loop_.addTimer(timeoutSeconds, [this, key = key, resultId, timeoutSeconds, done] {
+        auto it = reduces_.find(key);
+        const std::string progress = it == reduces_.end() ? "" : " (" + describeProgress(*it->second) + ")";
+        done(Status(Code::kTimeout, "waiting for the reduce into " + printableId(resultId) + " timed out after " +
+                                        printableSeconds(timeoutSeconds) + progress));
+      });
+      c->waiters.push_back([this, result, done, timer](const Status& s, const ReducePlan& plan) {
+        loop_.cancelTimer(*timer);
         *result = plan;
         done(s);
       });
@@ -97,9 +106,37 @@ Status ReduceCoordinator::reduceOutcome(const std::string& resultId, double time
     *result = it->second.second;
     done(it->second.first);
   });
-  Status s = awaitStatus(ended, timeoutSeconds, "waiting for the reduce into " + printableId(resultId));
+  Status s = awaitStatus(ended, timeoutSeconds + kLoopAnswerGraceSeconds,
+                         "waiting for the reduce into " + printableId(resultId));
   if (s.ok()) *plan = *result;
   return s;
+}
+
+std::string ReduceCoordinator::describeProgress(const ReduceCoordination& c) const {
+  using Recovery = ReduceCoordination::Recovery;
+  using State = ReducePosition::State;
+  if (c.recovery != Recovery::kNone) {
+    return std::string(c.recovery == Recovery::kRollCall ? "asking its participants which of them are alive"
+                                                         : "taking the result back from its readers") +
+           ", after: " + c.failure.message;
+  }
+  int placed = 0;
+  for (const auto& p : c.positions) placed += p.state != State::kVacant;
+  if (!c.planned || placed < c.request.count) {
+    return std::to_string(placed) + " of the " + std::to_string(c.request.count) + " inputs it needs are placed";
+  }
+  // A task ends once its output is complete: name the ranks it reads its children's from.
+  std::string unfinished;
+  for (size_t p = 0; p < c.positions.size(); ++p) {
+    if (c.positions[p].state == State::kFinished) continue;
+    std::string from;
+    for (int child : c.plan->tree.children[p]) {
+      from += (from.empty() ? "" : ", ") + node_.peers().peerName(c.positions[child].holder);
+    }
+    unfinished += (unfinished.empty() ? "" : "; ") + node_.peers().peerName(c.positions[p].holder) +
+                  (from.empty() ? "" : ", reading from " + from);
+  }
+  return "tasks not finished: " + unfinished;
 }
 
 void ReduceCoordinator::startReduce(uint64_t key) {

@@ -70,6 +70,8 @@ class ReduceCoordinator {
   void onTaskEnd(uint64_t key, int position, int generation, const Status& status);
   void onTaskFailed(uint64_t key, int position, const Status& status);
   void maybeReturn(uint64_t key);
+  // What a reduce still waits for, for a timeout's message.
+  std::string describeProgress(const ReduceCoordination& c) const;
   void endReduce(uint64_t key, const Status& outcome);  // complete (ok) or failed
   void remember(ReduceCoordination& c, const Status& outcome);
   // Recovery: after a task failed because a participant died, ask every
