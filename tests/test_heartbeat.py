@@ -658,24 +658,30 @@ def test_a_reduce_waited_for_past_its_timeout_names_its_unfinished_tasks():
     read from: here the root, on rank 0, still reading rank 1's input when
     rank 1 is stopped (and not yet taken for failed)."""
     c = Cluster(2, options={"heartbeat_timeout": 30, "same_host": False})
-    numel = 64 << 20  # 256 MiB: the root is still reading when rank 1 stops
+    numel = 64 << 20  # 256 MiB: the root is most likely still reading when rank 1 stops
     try:
         a, b = ids_with_shard("slow-in", 2, 2, lambda s: True)
-        (result_id,) = ids_with_shard("slow-out", 1, 2, lambda s: s == 0)
         hop.put(torch.ones(numel), a, copy=False)
         c.call(1, workers.put_filled, b, numel, 2)
-        ref, _ = hop.reduce([a, b], id=result_id, timeout=60)
-        c.freeze(1)
-        try:
-            with pytest.raises(hop.HopliteTimeoutError) as info:
+        message = None
+        # A loaded host may let the root finish before the stop: tried again, at most three times.
+        for result_id in ids_with_shard("slow-out", 3, 2, lambda s: s == 0):
+            ref, _ = hop.reduce([a, b], id=result_id, timeout=60)
+            c.freeze(1)
+            try:
                 hop.wait_reduce(ref, timeout=2)
-        finally:
-            os.kill(c.pids[1], signal.SIGCONT)
-        assert ref.reduce_plan.holders[ref.reduce_plan.root] == 0, ref.reduce_plan
+            except hop.HopliteTimeoutError as e:
+                message = str(e)
+            finally:
+                os.kill(c.pids[1], signal.SIGCONT)
+            assert ref.reduce_plan.holders[ref.reduce_plan.root] == 0, ref.reduce_plan
+            hop.wait_reduce(ref, timeout=60)
+            out = hop.get(ref, timeout=60).wait()
+            assert out.shape == (numel,) and bool((out == 3.0).all())
+            if message is not None:
+                break
+        assert message is not None, "the reduce finished before rank 1 stopped, three times"
         assert re.search(rf"waiting for the reduce into '{result_id}' timed out after 2 s \(tasks not finished: "
-                         rf"rank 0 \(self\), reading from rank 1 at [^ ]+\)", str(info.value)), str(info.value)
-        hop.wait_reduce(ref, timeout=60)
-        out = hop.get(ref, timeout=60).wait()
-        assert out.shape == (numel,) and bool((out == 3.0).all())
+                         rf"rank 0 \(self\), reading from rank 1 at [^ ]+\)", message), message
     finally:
         c.close()

@@ -127,8 +127,14 @@ std::string ReduceCoordinator::describeProgress(const ReduceCoordination& c) con
   }
   // A task ends once its output is complete: name the ranks it reads its children's from.
   std::string unfinished;
+  int shown = 0, more = 0;
   for (size_t p = 0; p < c.positions.size(); ++p) {
     if (c.positions[p].state == State::kFinished) continue;
+    if (shown == 8) {
+      ++more;
+      continue;
+    }
+    ++shown;
     std::string from;
     for (int child : c.plan->tree.children[p]) {
       from += (from.empty() ? "" : ", ") + node_.peers().peerName(c.positions[child].holder);
@@ -136,7 +142,7 @@ std::string ReduceCoordinator::describeProgress(const ReduceCoordination& c) con
     unfinished += (unfinished.empty() ? "" : "; ") + node_.peers().peerName(c.positions[p].holder) +
                   (from.empty() ? "" : ", reading from " + from);
   }
-  return "tasks not finished: " + unfinished;
+  return "tasks not finished: " + unfinished + (more ? "; and " + std::to_string(more) + " more" : "");
 }
 
 void ReduceCoordinator::startReduce(uint64_t key) {
