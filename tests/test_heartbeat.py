@@ -681,7 +681,8 @@ def test_a_reduce_waited_for_past_its_timeout_names_its_unfinished_tasks():
             if message is not None:
                 break
         assert message is not None, "the reduce finished before rank 1 stopped, three times"
+        # (Rank 1's leaf may have stopped before its end report left: then it is listed too.)
         assert re.search(rf"waiting for the reduce into '{result_id}' timed out after 2 s \(tasks not finished: "
-                         rf"rank 0 \(self\), reading from rank 1 at [^ ]+\)", message), message
+                         rf"(rank 1 at [^ ]+; )?rank 0 \(self\), reading from rank 1 at [^ ]+\)", message), message
     finally:
         c.close()
