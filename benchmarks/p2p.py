@@ -19,6 +19,9 @@ take the buffers they free).
              "hoplite-ucx", "hoplite-ucx-zero-copy": the same over the UCX
              transport (HOPLITE_SAME_HOST=0, UCX_TLS=tcp unless set), in a
              pair of their own; listed when this build has UCX.
+             "hoplite-ucx-shm", "hoplite-ucx-shm-zero-copy": the same with
+             UCX_TLS=sm,self (UCX's shared-memory transports), in a pair of
+             their own.
              Objects are deleted after each trial, outside the timed region.
              "hoplite-completer-wait": hoplite with each get's future
              waited for as a plain torch future, which the node's
@@ -66,7 +69,18 @@ SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-completer-wait", "hoplite-ke
            "hoplite-tcp-zero-copy", "torch-rpc"]
 TCP_ONLY = ("hoplite-tcp", "hoplite-tcp-zero-copy")  # nodes started with same_host=False
 FRESH_MEMORY = ("hoplite-kept", "gloo-fresh", "gloo-kept")  # receive into memory not used before
-UCX = ("hoplite-ucx", "hoplite-ucx-zero-copy")  # nodes started with transport="ucx", same_host=False
+UCX_TCP = ("hoplite-ucx", "hoplite-ucx-zero-copy")  # nodes started with transport="ucx", same_host=False
+UCX_SHM = ("hoplite-ucx-shm", "hoplite-ucx-shm-zero-copy")  # the same, UCX_TLS=sm,self
+UCX = UCX_TCP + UCX_SHM
+
+
+USER_UCX_TLS = os.environ.get("UCX_TLS", "tcp")
+
+
+def ucx_tls(system: str) -> str:
+    """UCX_TLS of a UCX system's processes: sm,self for the -shm ones, the
+    user's (tcp if unset) for the others."""
+    return "sm,self" if system in UCX_SHM else USER_UCX_TLS
 
 
 def known_systems() -> list[str]:
@@ -277,7 +291,7 @@ def measure(systems: list[str], sizes: list[int], warmup: int, minimum: int,
             _, cores1, moved1 = results[1][(system, size)]
             median = statistics.median(times)
             if system.startswith("hoplite"):
-                network = f"UCX ({os.environ['UCX_TLS']})" if system in UCX else "loopback TCP"
+                network = f"UCX ({ucx_tls(system)})" if system in UCX else "loopback TCP"
                 path = common.data_path(network, moved0[0] + moved1[0], moved0[1] + moved1[1])
             else:  # TensorPipe picks its own transport and channel (shared memory and CMA where it can)
                 path = "loopback TCP" if system.startswith("gloo") else "TensorPipe's choice"
@@ -340,15 +354,16 @@ def main() -> None:
     unknown = set(systems) - set(known)
     if unknown:
         parser.error(f"unknown systems {sorted(unknown)}; this build has {known}")
-    os.environ.setdefault("UCX_TLS", "tcp")  # what the UCX systems use, inherited by their processes
 
     records, traces = [], {}
     own_pair = ("torch-rpc",) + TCP_ONLY + UCX + FRESH_MEMORY
     groups = [[s for s in systems if s not in own_pair], [s for s in systems if s in FRESH_MEMORY],
-              [s for s in systems if s in TCP_ONLY],
-              [s for s in systems if s in UCX], [s for s in systems if s == "torch-rpc"]]
+              [s for s in systems if s in TCP_ONLY], [s for s in systems if s in UCX_TCP],
+              [s for s in systems if s in UCX_SHM], [s for s in systems if s == "torch-rpc"]]
     for group in filter(None, groups):
         print(f"measuring {', '.join(group)} at {', '.join(map(common.human_size, sizes))} ...", flush=True)
+        if group[0] in UCX:  # inherited by the pair's processes
+            os.environ["UCX_TLS"] = ucx_tls(group[0])
         group_records, group_traces = measure(group, sizes, args.warmup, args.trials, args.trace)
         records += group_records
         traces.update(group_traces)
@@ -363,8 +378,9 @@ def main() -> None:
          ("GB/s", "gbps", ".2f"), ("x gloo time", "time_vs_gloo", ".2f"), ("cpu cores", "cpu_cores", ".2f"),
          ("path", "path", "")],
     )
+    os.environ["UCX_TLS"] = USER_UCX_TLS  # what the settings record
     settings = {"sizes": sizes, "systems": systems, "warmup": args.warmup, "min_trials": args.trials,
-                "ucx_env": common.ucx_env()}
+                "ucx_env": common.ucx_env(), "ucx_tls": {s: ucx_tls(s) for s in systems if s in UCX}}
     common.write_json(args.out + ".json", "p2p", records, settings)
     plot(records, args.out + ".png")
     print(f"wrote {args.out}.json and {args.out}.png")

@@ -1,9 +1,11 @@
 """The UCX transport (``transport="ucx"``): its own shared object, loaded when
-asked for, and the transport-independent tests run over it (UCX_TLS=tcp)."""
+asked for, and the transport-independent tests run over it (UCX_TLS=tcp, and
+UCX's shared memory: UCX_TLS=sm,self)."""
 
 import glob
 import json
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -33,6 +35,17 @@ OVER_UCX = [
     "tests/test_heartbeat.py",
     "tests/test_rejoin.py",
     "tests/test_lifecycle.py",
+    "tests/test_c10d_backend.py",
+    "tests/test_bad_peers.py::test_nodes_with_different_secrets_cannot_talk",
+]
+# Over shared memory, what issue #29 names (put/get, broadcast, reduce and
+# allreduce, the c10d ops, a peer's failure, a bad handshake) and the stalls.
+OVER_UCX_SHARED_MEMORY = [
+    "tests/test_object_store.py",
+    "tests/test_broadcast.py",
+    "tests/test_reduce.py",
+    "tests/test_peer_failure.py",
+    "tests/test_heartbeat.py",
     "tests/test_c10d_backend.py",
     "tests/test_bad_peers.py::test_nodes_with_different_secrets_cannot_talk",
 ]
@@ -118,6 +131,30 @@ def test_ucx_tcp_segments_are_ours_unless_the_user_sets_them(user_sets):
 
 
 @needs_ucx
+def test_shared_memory_carries_the_traffic_when_ucx_tls_names_it():
+    """UCX's shared-memory transports take part in peer error handling only
+    when told to: with UCX_TLS=sm,self the transport tells them, so the
+    endpoints use them, and leaves out tcp's settings (UCX would warn that
+    nothing took them)."""
+    env = {**os.environ, "UCX_TLS": "sm,self", "UCX_LOG_LEVEL": "debug"}
+    script = ("import sys, torch; sys.path.insert(0, 'tests'); from cluster import Cluster; import workers\n"
+              "import torch_hoplite as hop\n"
+              "if __name__ == '__main__':\n"
+              "    c = Cluster(2, options={'transport': 'ucx', 'same_host': False})\n"
+              "    x = torch.arange(5_000_000, dtype=torch.float32)\n"
+              "    ok = torch.equal(hop.get(c.call(1, workers.put, x, 'shm'), timeout=60).wait(), x)\n"
+              "    c.close()\n"
+              "    print('round trip', ok)\n")
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    log = run.stdout + run.stderr
+    assert "round trip True" in log
+    assert "apply UCT configuration MM_ERROR_HANDLING=y" in log
+    assert re.search(r"ep_cfg\[\d+\]: .*am\((sysv|posix)/memory\)", log), log[-3000:]
+    assert "SEG_SIZE" not in log and "invalid configuration" not in log
+
+
+@needs_ucx
 def test_tcp_options_are_refused_over_ucx():
     with pytest.raises(ValueError, match="tcp_congestion applies to the tcp transport, not to ucx"):
         Cluster(1, options={"transport": "ucx", "tcp_congestion": "reno"})
@@ -185,9 +222,9 @@ def test_the_bootstrap_tells_nothing_to_a_stranger_and_refuses_it(monkeypatch):
 
 
 @needs_ucx
-@pytest.mark.parametrize("tests", OVER_UCX)
-def test_transport_independent_tests_pass_over_ucx(tests):
-    env = {**os.environ, "HOPLITE_TRANSPORT": "ucx", "UCX_TLS": "tcp"}
+@pytest.mark.parametrize("tls,tests", [("tcp", t) for t in OVER_UCX] + [("sm,self", t) for t in OVER_UCX_SHARED_MEMORY])
+def test_transport_independent_tests_pass_over_ucx(tls, tests):
+    env = {**os.environ, "HOPLITE_TRANSPORT": "ucx", "UCX_TLS": tls}
     run = subprocess.run(
         # (The GPU tests run over UCX on a GPU machine: HOPLITE_TRANSPORT=ucx pytest -m gpu.)
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", tests],

@@ -423,11 +423,7 @@ void UcxConnection::closeEndpoint() {
   if (endpointClosed_) return;
   endpointClosed_ = true;
   worker_->remove(localId_, ep_);
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  ucs_status_ptr_t request = ucp_ep_close_nbx(ep_, &param);
-  if (UCS_PTR_IS_PTR(request)) worker_->closing(request);
+  worker_->closeEndpoint(ep_);
 }
 
 void UcxConnection::flushThenCloseEndpoint() {

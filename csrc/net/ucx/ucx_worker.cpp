@@ -3,8 +3,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "common/logging.h"
 #include "common/step_trace.h"
@@ -18,13 +22,56 @@ std::string ucxError(const char* what, ucs_status_t status) {
 
 namespace {
 
-// Progress calls in one turn of the loop before its other work (posted
-// calls, timers, other sockets) gets a turn.
-constexpr int kPassesPerTurn = 64;
+// ucp_worker_progress calls in one turn of the loop before its other work
+// (posted calls, timers, other sockets) gets a turn.
+constexpr int kCallsPerTurn = 64;
 
-// UCX's tcp segment sizes (sends, receives), unless UCX_TCP_TX_SEG_SIZE /
-// UCX_TCP_RX_SEG_SIZE say otherwise.
-constexpr std::pair<const char*, const char*> kTcpSegments[] = {{"TX_SEG_SIZE", "32k"}, {"RX_SEG_SIZE", "256k"}};
+// What UCX_TLS asks for: unset (or "all"), every transport UCX has; "^a,b",
+// all but those; "a,b", those alone.
+class TlsChoice {
+ public:
+  explicit TlsChoice(const char* env) {
+    std::string_view rest = env == nullptr ? std::string_view() : std::string_view(env);
+    if (!rest.empty() && rest.front() == '^') {
+      excluding_ = true;
+      rest.remove_prefix(1);
+    }
+    while (!rest.empty()) {
+      const size_t comma = rest.find(',');
+      items_.emplace_back(rest.substr(0, comma));
+      rest.remove_prefix(comma == std::string_view::npos ? rest.size() : comma + 1);
+    }
+  }
+  // One of `names` may carry traffic.
+  bool allows(std::initializer_list<std::string_view> names) const {
+    if (excluding_) return !listsAny(names);
+    return items_.empty() || listsAny({"all"}) || listsAny(names);
+  }
+  // One of `names` is asked for by name, not merely left in.
+  bool names(std::initializer_list<std::string_view> names) const { return !excluding_ && listsAny(names); }
+
+ private:
+  bool listsAny(std::initializer_list<std::string_view> names) const {
+    for (const std::string& item : items_) {
+      for (std::string_view name : names) {
+        if (item == name) return true;
+      }
+    }
+    return false;
+  }
+  bool excluding_ = false;
+  std::vector<std::string> items_;
+};
+
+// Sets a UCX setting unless the user set one of `userVariables`.
+void setUnlessUserSet(ucp_config_t* config, const char* key, const char* value,
+                      std::initializer_list<const char*> userVariables) {
+  for (const char* variable : userVariables) {
+    if (std::getenv(variable) != nullptr) return;
+  }
+  const ucs_status_t s = ucp_config_modify(config, key, value);
+  if (s != UCS_OK) HLOG(kWarn, "UCX: could not set %s=%s: %s", key, value, ucs_status_string(s));
+}
 
 void check(ucs_status_t status, const char* what) {
   if (status != UCS_OK) throw std::runtime_error(ucxError(what, status));
@@ -43,10 +90,23 @@ UcxWorker::UcxWorker(EventLoop& loop, const TransportOptions& options)
   // on a 16-core host that held a pull to a third of our TCP's rate. Larger
   // sends help there but cost over 1 Gbit/s links (64 KiB: a 16 MB broadcast
   // 29% slower; 1 MiB: a 256 MB allreduce 14%); benchmarks/README.md, "UCX".
-  for (const auto& [key, value] : kTcpSegments) {
-    if (std::getenv((std::string("UCX_TCP_") + key).c_str()) != nullptr) continue;
-    const ucs_status_t s = ucp_config_modify(config, key, value);
-    if (s != UCS_OK) HLOG(kWarn, "UCX: could not set %s: %s", key, ucs_status_string(s));
+  // (Set only where tcp may be used: UCX warns of settings nothing took.)
+  const TlsChoice tls(std::getenv("UCX_TLS"));
+  if (tls.allows({"tcp"})) {
+    setUnlessUserSet(config, "TX_SEG_SIZE", "32k", {"UCX_TCP_TX_SEG_SIZE"});
+    setUnlessUserSet(config, "RX_SEG_SIZE", "256k", {"UCX_TCP_RX_SEG_SIZE"});
+  }
+  // Every endpoint reports its peer's failure, and UCX's shared-memory
+  // transports take part in that only if told to expose error handling
+  // (off by default): then a dead peer is found by UCX's keepalive, which
+  // checks that the peer's process still exists. Every 1 s instead of UCX's
+  // 20, as TCP learns of a dead peer's closed socket at once. Shared memory
+  // is used when UCX_TLS names it; left to choose, UCX would take it over tcp
+  // for peers on one host, slower for 1 MB objects (benchmarks/README.md, "UCX").
+  if (tls.names({"sm", "shm", "mm", "posix", "sysv"})) {
+    setUnlessUserSet(config, "MM_ERROR_HANDLING", "y",
+                     {"UCX_MM_ERROR_HANDLING", "UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING"});
+    setUnlessUserSet(config, "KEEPALIVE_INTERVAL", "1s", {"UCX_KEEPALIVE_INTERVAL"});
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
@@ -137,8 +197,16 @@ void UcxWorker::progressSoon() {
   });
 }
 
+unsigned UcxWorker::progressOnce() {
+  insideProgress_ = true;
+  const unsigned events = ucp_worker_progress(worker_);
+  insideProgress_ = false;
+  for (ucp_ep_h ep : std::exchange(toClose_, {})) closeEndpoint(ep);
+  return events;
+}
+
 void UcxWorker::progressQuietly() {
-  while (ucp_worker_progress(worker_) != 0) {
+  for (int calls = 0; calls < kCallsPerTurn && progressOnce() != 0; ++calls) {
   }
 }
 
@@ -146,30 +214,44 @@ void UcxWorker::progress() {
   if (progressing_ || stopping_) return;  // a pass is under way further up this stack: it goes on
   progressing_ = true;
   traceStep(Step::kUcxProgress, std::string());
+  // Frames are handed over between calls, not once UCX has nothing left: a
+  // rendezvous starts only when its frame is delivered, and a stream of them
+  // keeps ucp_worker_progress busy until the window drains.
+  int calls = 0;
   for (;;) {
-    // Frames are handed over between passes, not once UCX has nothing left:
-    // a rendezvous starts only when its frame is delivered, and a stream of
-    // them keeps ucp_worker_progress busy until the window drains.
-    int passes = 0;
-    while (passes < kPassesPerTurn && ucp_worker_progress(worker_) != 0) {
+    while (calls < kCallsPerTurn) {
+      ++calls;
+      if (progressOnce() == 0) break;
       deliver();
-      ++passes;
     }
     reapClosed();
     deliver();
-    if (passes == kPassesPerTurn) {  // a long stream: the loop's other work goes first, then more of it
+    if (calls >= kCallsPerTurn) {
+      // A long stream, or an arm that stays busy (UCX 1.13 retries a
+      // keepalive to a stopped shared-memory peer at every call): the loop's
+      // timers and other sockets go first, then more of it.
       loop_.post([weak = weak_from_this()] {
         if (auto self = weak.lock()) self->progress();
       });
       break;
     }
-    // Busy: events came in since the last progress; progress again before sleeping.
+    // Busy: events came in since the last call; progress again before sleeping.
     if (ucp_worker_arm(worker_) != UCS_ERR_BUSY) break;
   }
   progressing_ = false;
 }
 
-void UcxWorker::closing(void* request) { closing_.push_back(request); }
+void UcxWorker::closeEndpoint(ucp_ep_h ep) {
+  if (insideProgress_) {
+    toClose_.push_back(ep);
+    return;
+  }
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
+  if (UCS_PTR_IS_PTR(request)) closing_.push_back(request);
+}
 
 void UcxWorker::reapClosed() {
   std::erase_if(closing_, [](void* request) {

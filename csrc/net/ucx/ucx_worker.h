@@ -64,11 +64,15 @@ class UcxWorker : public EventHandler, public std::enable_shared_from_this<UcxWo
   // After posting operations: one progress pass before the loop waits again
   // (the worker must be progressed before it can be armed).
   void progressSoon();
-  // Progresses without handing anything to the observers (abandonData waits so).
+  // Up to one turn of progress calls, handing nothing to the observers
+  // (abandonData and shutdown call it until their deadlines).
   void progressQuietly();
 
-  // An endpoint's close under way: the worker is not destroyed before it completes.
-  void closing(void* request);
+  // Closes `ep` by force (operations under way are cancelled); the worker is
+  // not destroyed before the close completes. Asked from inside a progress
+  // call (a callback), it waits until that call returns: UCX aborts when an
+  // endpoint is closed while its pending sends are being dispatched.
+  void closeEndpoint(ucp_ep_h ep);
   // Messages naming `id` go to `conn`; errors of `ep` too.
   void add(uint64_t id, ucp_ep_h ep, const std::shared_ptr<UcxConnection>& conn);
   void remove(uint64_t id, ucp_ep_h ep);
@@ -82,6 +86,8 @@ class UcxWorker : public EventHandler, public std::enable_shared_from_this<UcxWo
 
  private:
   void progress();
+  // One ucp_worker_progress call, then the closes its callbacks asked for.
+  unsigned progressOnce();
   void deliver();
   void reapClosed();  // frees the close requests that completed
   UcxConnection* connectionOf(uint64_t id);
@@ -106,7 +112,9 @@ class UcxWorker : public EventHandler, public std::enable_shared_from_this<UcxWo
   std::unordered_map<uint64_t, std::weak_ptr<UcxConnection>> connections_;
   std::unordered_map<ucp_ep_h, uint64_t> endpoints_;  // -> connection id, for errors
   std::vector<std::shared_ptr<UcxConnection>> ready_;
-  std::vector<void*> closing_;  // close requests not yet complete
+  bool insideProgress_ = false;        // in ucp_worker_progress
+  std::vector<ucp_ep_h> toClose_;      // asked for inside it
+  std::vector<void*> closing_;         // close requests not yet complete
   std::array<AmRoute, 3> amRoutes_;
 };
 
