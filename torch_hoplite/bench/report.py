@@ -36,6 +36,7 @@ P2P_UCX = "p2p_ucx.json"  # the UCX transport against ours, loopback, UCX_TLS=tc
 P2P_UCX_H100 = "p2p_ucx_h100.json"  # the same on the 16 cores of the GPU machine, UCX 1.22, without gloo
 P2P_UCX_H100_BEFORE = "p2p_ucx_h100_dc298f9.json"  # that, before frames were delivered between progress calls
 P2P_UCX_H200_BEFORE = "p2p_ucx_h200_a5bc0e1.json"  # 16 cores of an H200 machine, before tcp segments of 1 MiB
+P2P_UCX_SHM = "p2p_ucx_shm.json"  # UCX's shared memory against our same-host reads, loopback
 # The emulated cluster, the same command with --transport tcp and then ucx ({} = the transport).
 UCX_EMULATED = "ucx_vs_tcp_{}_emulated_1gbit.json"
 RPC = "rpc_emulated_1gbit.json"
@@ -275,6 +276,20 @@ def ucx_p2p_table(name: str) -> list[str]:
             ucx = run.one(system=theirs, size_bytes=size)["median_s"]
             cells += [_ms(tcp), f"{_ms(ucx)} ({_x(ucx / tcp)})"]
         lines.append(_row([_size(size)] + cells))
+    return _sourced(run, lines, ", round trip, median")
+
+
+def ucx_shm_table() -> list[str]:
+    """UCX's shared memory (UCX_TLS=sm,self) against our same-host path, copying and zero-copy, with gloo's and UCX over tcp for scale."""
+    run = result(P2P_UCX_SHM)
+    lines = _head(["size", "gloo", "hoplite (same-host)", "hoplite-ucx-shm (x same-host)", "hoplite-ucx (tcp)",
+                   "hoplite-zero-copy (same-host)", "hoplite-ucx-shm-zero-copy (x same-host)"])
+    for size in sorted({r["size_bytes"] for r in run.records}):
+        t = {r["system"]: r["median_s"] for r in run.records if r["size_bytes"] == size}
+        lines.append(_row([_size(size), _ms(t["gloo"]), _ms(t["hoplite"]),
+                           f"{_ms(t['hoplite-ucx-shm'])} ({_x(t['hoplite-ucx-shm'] / t['hoplite'])})",
+                           _ms(t["hoplite-ucx"]), _ms(t["hoplite-zero-copy"]),
+                           f"{_ms(t['hoplite-ucx-shm-zero-copy'])} ({_x(t['hoplite-ucx-shm-zero-copy'] / t['hoplite-zero-copy'])})"]))
     return _sourced(run, lines, ", round trip, median")
 
 
@@ -699,6 +714,7 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("BENCH_README", "ucx-p2p-h100-before", functools.partial(ucx_p2p_table, P2P_UCX_H100_BEFORE)),
     ("BENCH_README", "ucx-p2p-h100", functools.partial(ucx_p2p_table, P2P_UCX_H100)),
     ("BENCH_README", "ucx-p2p-h200-before", functools.partial(ucx_p2p_table, P2P_UCX_H200_BEFORE)),
+    ("BENCH_README", "ucx-shm", ucx_shm_table),
     ("BENCH_README", "ucx-emulated", ucx_emulated_table),
     ("BENCH_README", "same-host", same_host_table),
     ("BENCH_README", "loopback-tcp", loopback_tcp_table),
