@@ -314,6 +314,23 @@ def measure(systems: list[str], sizes: list[int], warmup: int, minimum: int,
     return records, traces
 
 
+def measure_with_ucx_tls(systems: list[str], sizes: list[int], warmup: int, minimum: int,
+                         trace: bool) -> tuple[list[dict], dict]:
+    """measure(), with the UCX_TLS of the group's UCX systems in the
+    environment that its processes inherit."""
+    if systems[0] not in UCX:
+        return measure(systems, sizes, warmup, minimum, trace)
+    before = os.environ.get("UCX_TLS")
+    os.environ["UCX_TLS"] = ucx_tls(systems[0])
+    try:
+        return measure(systems, sizes, warmup, minimum, trace)
+    finally:
+        if before is None:
+            del os.environ["UCX_TLS"]
+        else:
+            os.environ["UCX_TLS"] = before
+
+
 def plot(records: list[dict], path: str) -> None:
     import matplotlib
 
@@ -362,9 +379,7 @@ def main() -> None:
               [s for s in systems if s in UCX_SHM], [s for s in systems if s == "torch-rpc"]]
     for group in filter(None, groups):
         print(f"measuring {', '.join(group)} at {', '.join(map(common.human_size, sizes))} ...", flush=True)
-        if group[0] in UCX:  # inherited by the pair's processes
-            os.environ["UCX_TLS"] = ucx_tls(group[0])
-        group_records, group_traces = measure(group, sizes, args.warmup, args.trials, args.trace)
+        group_records, group_traces = measure_with_ucx_tls(group, sizes, args.warmup, args.trials, args.trace)
         records += group_records
         traces.update(group_traces)
     gloo = {r["size_bytes"]: r["median_s"] for r in records if r["system"] == "gloo"}
@@ -378,7 +393,6 @@ def main() -> None:
          ("GB/s", "gbps", ".2f"), ("x gloo time", "time_vs_gloo", ".2f"), ("cpu cores", "cpu_cores", ".2f"),
          ("path", "path", "")],
     )
-    os.environ["UCX_TLS"] = USER_UCX_TLS  # what the settings record
     settings = {"sizes": sizes, "systems": systems, "warmup": args.warmup, "min_trials": args.trials,
                 "ucx_env": common.ucx_env(), "ucx_tls": {s: ucx_tls(s) for s in systems if s in UCX}}
     common.write_json(args.out + ".json", "p2p", records, settings)

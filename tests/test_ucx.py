@@ -131,6 +131,28 @@ def test_ucx_tcp_segments_are_ours_unless_the_user_sets_them(user_sets):
 
 
 @needs_ucx
+@pytest.mark.parametrize("tls,tcp_settings,shm_settings", [
+    (None, True, False), ("all", True, False), ("tcp", True, False), ("^sm", True, False),
+    ("sm,self", False, True), ("tcp,shm,self", True, True), ("^tcp", False, False), ("posix,self", False, True),
+])
+def test_ucx_settings_follow_what_ucx_tls_asks_for(tls, tcp_settings, shm_settings):
+    """tcp's segment sizes where tcp may carry traffic; shared memory's error
+    handling only where UCX_TLS names it (left in by "all" or an exclusion,
+    UCX would take it over tcp on one host)."""
+    env = {k: v for k, v in os.environ.items() if k != "UCX_TLS"} | {"UCX_LOG_LEVEL": "debug"}
+    if tls is not None:
+        env["UCX_TLS"] = tls
+    script = ("import sys; sys.path.insert(0, 'tests'); from cluster import Cluster; "
+              "Cluster(1, options={'transport': 'ucx', 'same_host': False}).close()")
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    log = run.stdout + run.stderr
+    assert ("apply UCT configuration TX_SEG_SIZE=32k" in log) == tcp_settings
+    assert ("apply UCT configuration MM_ERROR_HANDLING=y" in log) == shm_settings
+    assert "invalid configuration" not in log
+
+
+@needs_ucx
 def test_shared_memory_carries_the_traffic_when_ucx_tls_names_it():
     """UCX's shared-memory transports take part in peer error handling only
     when told to: with UCX_TLS=sm,self the transport tells them, so the
@@ -149,7 +171,6 @@ def test_shared_memory_carries_the_traffic_when_ucx_tls_names_it():
     assert run.returncode == 0, run.stderr[-3000:]
     log = run.stdout + run.stderr
     assert "round trip True" in log
-    assert "apply UCT configuration MM_ERROR_HANDLING=y" in log
     assert re.search(r"ep_cfg\[\d+\]: .*am\((sysv|posix)/memory\)", log), log[-3000:]
     assert "SEG_SIZE" not in log and "invalid configuration" not in log
 
@@ -230,7 +251,10 @@ def test_transport_independent_tests_pass_over_ucx(tls, tests):
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", tests],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    # A crash's cause (UCX's fatal message, a failed assertion) comes before the stacks that end stderr.
+    causes = [line for line in run.stderr.splitlines()
+              if re.search(r"UCX +(ERROR|FATAL)|Assertion|terminate called|Fatal Python error|hoplite E ", line)]
+    assert run.returncode == 0, run.stdout[-6000:] + "\n".join(causes[-40:]) + "\n" + run.stderr[-3000:]
     assert " passed" in run.stdout and " skipped" not in run.stdout, run.stdout[-2000:]
 
 

@@ -25,6 +25,9 @@ namespace {
 // ucp_worker_progress calls in one turn of the loop before its other work
 // (posted calls, timers, other sockets) gets a turn.
 constexpr int kCallsPerTurn = 64;
+// How soon a worker whose arm stayed busy through a turn without events is
+// progressed again.
+constexpr double kBusyArmRetrySeconds = 0.001;
 
 // What UCX_TLS asks for: unset (or "all"), every transport UCX has; "^a,b",
 // all but those; "a,b", those alone.
@@ -42,19 +45,21 @@ class TlsChoice {
       rest.remove_prefix(comma == std::string_view::npos ? rest.size() : comma + 1);
     }
   }
-  // One of `names` may carry traffic.
-  bool allows(std::initializer_list<std::string_view> names) const {
-    if (excluding_) return !listsAny(names);
-    return items_.empty() || listsAny({"all"}) || listsAny(names);
+  // One of `transports` may carry traffic.
+  bool allows(std::initializer_list<std::string_view> transports) const {
+    if (excluding_) return !listsAny(transports);
+    return items_.empty() || listsAny({"all"}) || listsAny(transports);
   }
-  // One of `names` is asked for by name, not merely left in.
-  bool names(std::initializer_list<std::string_view> names) const { return !excluding_ && listsAny(names); }
+  // One of `transports` is asked for by name, not merely left in.
+  bool names(std::initializer_list<std::string_view> transports) const {
+    return !excluding_ && listsAny(transports);
+  }
 
  private:
-  bool listsAny(std::initializer_list<std::string_view> names) const {
+  bool listsAny(std::initializer_list<std::string_view> transports) const {
     for (const std::string& item : items_) {
-      for (std::string_view name : names) {
-        if (item == name) return true;
+      for (std::string_view transport : transports) {
+        if (item == transport) return true;
       }
     }
     return false;
@@ -103,9 +108,10 @@ UcxWorker::UcxWorker(EventLoop& loop, const TransportOptions& options)
   // 20, as TCP learns of a dead peer's closed socket at once. Shared memory
   // is used when UCX_TLS names it; left to choose, UCX would take it over tcp
   // for peers on one host, slower for 1 MB objects (benchmarks/README.md, "UCX").
-  if (tls.names({"sm", "shm", "mm", "posix", "sysv"})) {
+  if (tls.names({"sm", "shm", "mm", "posix", "sysv", "xpmem"})) {
     setUnlessUserSet(config, "MM_ERROR_HANDLING", "y",
-                     {"UCX_MM_ERROR_HANDLING", "UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING"});
+                     {"UCX_MM_ERROR_HANDLING", "UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING",
+                      "UCX_XPMEM_ERROR_HANDLING"});
     setUnlessUserSet(config, "KEEPALIVE_INTERVAL", "1s", {"UCX_KEEPALIVE_INTERVAL"});
   }
   ucp_params_t params{};
@@ -164,10 +170,11 @@ void UcxWorker::shutdown() {
   // Cancelled operations complete (their callbacks see closed connections),
   // and the closes finish, bounded: a close waits on nothing remote.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  bool idle = false;
   do {
-    progressQuietly();
+    idle = progressQuietly();
     reapClosed();
-  } while (!closing_.empty() && std::chrono::steady_clock::now() < deadline);
+  } while ((!idle || !closing_.empty()) && std::chrono::steady_clock::now() < deadline);
   if (!closing_.empty()) HLOG(kWarn, "UCX: %zu endpoint closes did not finish", closing_.size());
   if (eventFd_ >= 0) loop_.removeFd(eventFd_);
   eventFd_ = -1;
@@ -198,16 +205,20 @@ void UcxWorker::progressSoon() {
 }
 
 unsigned UcxWorker::progressOnce() {
+  const bool outer = !insideProgress_;
   insideProgress_ = true;
   const unsigned events = ucp_worker_progress(worker_);
+  if (!outer) return events;
   insideProgress_ = false;
   for (ucp_ep_h ep : std::exchange(toClose_, {})) closeEndpoint(ep);
   return events;
 }
 
-void UcxWorker::progressQuietly() {
-  for (int calls = 0; calls < kCallsPerTurn && progressOnce() != 0; ++calls) {
+bool UcxWorker::progressQuietly() {
+  for (int calls = 0; calls < kCallsPerTurn; ++calls) {
+    if (progressOnce() == 0) return true;
   }
+  return false;
 }
 
 void UcxWorker::progress() {
@@ -218,27 +229,44 @@ void UcxWorker::progress() {
   // rendezvous starts only when its frame is delivered, and a stream of them
   // keeps ucp_worker_progress busy until the window drains.
   int calls = 0;
+  bool worked = false;
   for (;;) {
     while (calls < kCallsPerTurn) {
       ++calls;
       if (progressOnce() == 0) break;
+      worked = true;
       deliver();
     }
     reapClosed();
     deliver();
     if (calls >= kCallsPerTurn) {
-      // A long stream, or an arm that stays busy (UCX 1.13 retries a
-      // keepalive to a stopped shared-memory peer at every call): the loop's
-      // timers and other sockets go first, then more of it.
-      loop_.post([weak = weak_from_this()] {
-        if (auto self = weak.lock()) self->progress();
-      });
+      resumeLater(worked);
       break;
     }
     // Busy: events came in since the last call; progress again before sleeping.
     if (ucp_worker_arm(worker_) != UCS_ERR_BUSY) break;
   }
   progressing_ = false;
+}
+
+void UcxWorker::resumeLater(bool streaming) {
+  if (resumeQueued_ || stopping_) return;
+  resumeQueued_ = true;
+  auto resume = [weak = weak_from_this()] {
+    if (auto self = weak.lock()) {
+      self->resumeQueued_ = false;
+      self->progress();
+    }
+  };
+  // A stream: the loop's timers and other sockets go first, then more of it.
+  // An arm that stays busy with nothing to do (UCX 1.13 retries a keepalive
+  // to a stopped shared-memory peer at every call): asked again shortly,
+  // not spun on.
+  if (streaming) {
+    loop_.post(std::move(resume));
+  } else {
+    loop_.addTimer(kBusyArmRetrySeconds, std::move(resume));
+  }
 }
 
 void UcxWorker::closeEndpoint(ucp_ep_h ep) {

@@ -65,8 +65,9 @@ class UcxWorker : public EventHandler, public std::enable_shared_from_this<UcxWo
   // (the worker must be progressed before it can be armed).
   void progressSoon();
   // Up to one turn of progress calls, handing nothing to the observers
-  // (abandonData and shutdown call it until their deadlines).
-  void progressQuietly();
+  // (abandonData and shutdown call it until their deadlines); true if UCX
+  // had nothing left to do.
+  bool progressQuietly();
 
   // Closes `ep` by force (operations under way are cancelled); the worker is
   // not destroyed before the close completes. Asked from inside a progress
@@ -86,8 +87,12 @@ class UcxWorker : public EventHandler, public std::enable_shared_from_this<UcxWo
 
  private:
   void progress();
-  // One ucp_worker_progress call, then the closes its callbacks asked for.
+  // One ucp_worker_progress call, then (unless nested in another) the
+  // closes its callbacks asked for.
   unsigned progressOnce();
+  // Progresses again after the loop's other work: at once for a stream,
+  // after a moment for an arm that stays busy with nothing to do.
+  void resumeLater(bool streaming);
   void deliver();
   void reapClosed();  // frees the close requests that completed
   UcxConnection* connectionOf(uint64_t id);
@@ -107,6 +112,7 @@ class UcxWorker : public EventHandler, public std::enable_shared_from_this<UcxWo
   bool stopping_ = false;
   bool progressing_ = false;
   bool progressQueued_ = false;
+  bool resumeQueued_ = false;
   std::string address_;
   std::mt19937_64 ids_;
   std::unordered_map<uint64_t, std::weak_ptr<UcxConnection>> connections_;
