@@ -120,8 +120,7 @@ std::string ReduceCoordinator::describeProgress(const ReduceCoordination& c) con
                                                          : "taking the result back from its readers") +
            ", after: " + c.failure.message;
   }
-  int placed = 0;
-  for (const auto& p : c.positions) placed += p.state != State::kVacant;
+  const int placed = c.placedPositions();
   if (!c.planned || placed < c.request.count) {
     return std::to_string(placed) + " of the " + std::to_string(c.request.count) + " inputs it needs are placed";
   }
@@ -186,8 +185,7 @@ void ReduceCoordinator::armInputTimer(uint64_t key) {
     if (it == reduces_.end()) return;
     ReduceCoordination& c = *it->second;
     c.timer = 0;
-    int placed = 0;
-    for (const auto& p : c.positions) placed += p.state != ReducePosition::State::kVacant;
+    const int placed = c.placedPositions();
     if (c.planned && placed == c.request.count && c.filled == c.request.count) {
       // Every position has an input, but not every task registered in time.
       std::string waiting;
@@ -330,9 +328,7 @@ void ReduceCoordinator::launchReadyInputs(uint64_t key) {
     assignInput(key, c.filled, ready);
     if (!sendTask(key, c.filled++)) return;
   }
-  bool vacant = c.filled < k;
-  for (const auto& p : c.positions) vacant = vacant || p.state == State::kVacant;
-  if (vacant) {
+  if (c.filled < k || c.placedPositions() < static_cast<int>(c.positions.size())) {
     armInputTimer(key);
   } else if (c.timer && !c.returned) {  // until reduce() returned, its timeout holds
     loop_.cancelTimer(c.timer);

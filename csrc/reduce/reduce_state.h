@@ -73,6 +73,12 @@ struct ReduceCoordination {
   std::string partialPrefix;
   int filled = 0;  // positions given an input by the first pass (in arrival order)
   std::vector<ReducePosition> positions;  // by tree position, once planned
+  // Positions given an input (not vacant).
+  int placedPositions() const {
+    int placed = 0;
+    for (const auto& p : positions) placed += p.state != ReducePosition::State::kVacant;
+    return placed;
+  }
   bool resultRegistered = false;  // a root task registered the result (its id is this reduce's)
   // After a failure: kRollCall while asking the participants who is alive
   // (startRollCall), then kRetracting while the result's readers are sent
