@@ -137,6 +137,11 @@ def allreduce(tensor, obj_id, kwargs):
     return hop.allreduce(tensor, obj_id, **kwargs)
 
 
+def allreduce_after(delay, tensor, obj_id, kwargs):
+    time.sleep(delay)
+    return hop.allreduce(tensor, obj_id, **kwargs)
+
+
 
 def put_zero_copy(tensor, obj_id):
     return hop.put(tensor, obj_id, copy=False)

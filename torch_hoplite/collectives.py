@@ -209,22 +209,37 @@ def allreduce(
     timeout: Optional[float] = None,
 ) -> torch.Tensor:
     """Reduces `tensor` over the ranks of `group` (default: all) and returns the
-    result, a new tensor, on each of them; every member calls it with the same `id`.
+    result, a new tensor, on each of them; every member calls it with the same
+    `id`, tensor size, dtype and `op`.
 
-    The group is chosen per call, not set up in advance. The tensor is split into
-    `shards` pieces (default: one per member, or fewer so that each piece has
-    at least 1 MiB; a small tensor is one piece). Member ``j % len(group)`` reduces piece ``j``
-    of every member's tensor with a streaming reduce rooted at itself, and every
-    member fetches every reduced piece while it is computed, so the broadcast of
-    the first chunks overlaps the reduce. With one piece each process receives
-    twice the tensor; with one piece per member, 2(N-1)/N of it, as in a ring
-    allreduce. The members form a ring (group order): every piece's reduce is
-    a chain that ends at its root, and its result travels on around the ring,
-    so each member pulls everything from the member before it and each link
-    carries one connection, shared by bytes between the pieces' streams.
-    `degree` other than 1 uses reduce trees placed as inputs become ready and
-    the directory's broadcast trees instead. The objects it creates (ids
-    starting with `id`) are deleted once every member has the result.
+    The group is chosen per call, not set up in advance: `id` names the call's
+    messages, so calls with different ids, in any groups, never mix. By default
+    the members run the static algorithms of the ``"hoplite"`` c10d backend over
+    the node's messages: a pipelined ring (reduce-scatter, then allgather;
+    2(N-1)/N of the tensor on each link) from 128 KiB, recursive doubling below.
+    A member that calls early sends its first pieces at once; the others' nodes
+    keep them until they call (benchmarks/README.md compares it with the
+    composition below).
+
+    `shards` or `degree` choose that composition instead: the tensor is put as
+    `shards` objects (default: one per member, fewer so that each has at least
+    1 MiB), member ``j % len(group)`` reduces piece ``j`` of every member with a
+    streaming reduce rooted at itself, and every member gets every reduced
+    piece while it is computed. With `degree` 1 (or only `shards` given) each
+    piece's reduce is a chain around the ring of members that ends at its root
+    and its result travels on around the ring; another `degree` places reduce
+    trees as inputs become ready and gets through the directory's broadcast
+    trees. Its objects (ids starting with `id`) are deleted once every member
+    has the result.
+
+    Raises:
+        ValueError: this rank is not in `group`, or an argument is invalid.
+        HopliteTimeoutError: a member did not take part within `timeout`
+            (default ``HOPLITE_TIMEOUT``); names the member waited for.
+        PeerFailedError: a member failed; names it.
+        HopliteError: the members disagree on the tensor's size, dtype or op.
+            After a failure, call again with a new `id`: the failed call's
+            messages still on their way are dropped.
     """
     rt = api._rt()
     members = sorted(set(range(rt.world_size) if group is None else group))
@@ -238,6 +253,13 @@ def allreduce(
         raise TypeError(f"allreduce expects a torch.Tensor, got {type(tensor).__name__}")
     n, me = len(members), members.index(rt.rank)
     flat = tensor.detach().contiguous().view(-1)
+    code = _op_code(op)
+    if shards is None and degree is None:
+        host = flat if flat.device.type == "cpu" else flat.cpu()
+        status, message, result = rt.node.allreduce(id_bytes(id), members, host, int(code), rt.timeout(timeout))
+        if status != 0:
+            raise error_from_status(status, message)
+        return result.view(tensor.shape).to(tensor.device)
     if shards is None:  # each member's link then carries 2(N-1)/N of the tensor, not twice it
         shards = max(1, min(n, flat.numel() * flat.element_size() // _MIN_SHARD_BYTES))
     pieces = flat.tensor_split(max(1, min(shards, flat.numel())))

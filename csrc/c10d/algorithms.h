@@ -24,8 +24,12 @@ struct Elements {
 size_t pieceBytes(size_t bytes, int hops);
 
 // --- ring.cpp: bandwidth-optimal, 2(N-1)/N of the data per rank on the wire ---
-// In-place allreduce of `count` elements: pipelined reduce-scatter then allgather.
-void ringAllreduce(Channel& ch, uint8_t* data, size_t count, const Elements& e);
+// Allreduce of `count` elements from `input` into `data` (the same memory:
+// in place): the butterfly below 128 KiB, the ring from there.
+void allreduce(Channel& ch, const uint8_t* input, uint8_t* data, size_t count, const Elements& e);
+// Allreduce of `count` elements from `input` into `data` (or in place):
+// pipelined reduce-scatter then allgather.
+void ringAllreduce(Channel& ch, const uint8_t* input, uint8_t* data, size_t count, const Elements& e);
 // `data` holds N blocks of `blockCount` elements; afterwards block `rank` is the
 // reduction of everyone's block `rank` (the other blocks are clobbered).
 void ringReduceScatter(Channel& ch, uint8_t* data, size_t blockCount, const Elements& e);

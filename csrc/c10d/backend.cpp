@@ -20,10 +20,6 @@ namespace {
 
 using Tensors = HopliteBackend::Tensors;
 
-// Allreduce sizes below this take the butterfly (log2 N rounds), above the ring
-// (2(N-1) steps but 2(N-1)/N of the data): the crossover of the two cost models
-// for N = 8 at 100 us and 1 Gbit/s is ~100 KB.
-constexpr size_t kRingAllreduceBytes = 128u << 10;
 // Tags: a collective's are (seq << 40 | sub-tag), send/recv's (1 << 62 | tag).
 constexpr int kSeqShift = 40;
 constexpr uint64_t kSeqMask = (1ull << 22) - 1;
@@ -145,11 +141,7 @@ Reduction reductionFor(const ::c10d::ReduceOp& op, const at::Tensor& t, const ch
 
 void allreduceInPlace(Channel& ch, const at::Tensor& t, const Reduction& red) {
   const size_t count = t.numel();
-  if (nbytes(t) < kRingAllreduceBytes) {
-    butterflyAllreduce(ch, bytesOf(t), count, red.elements);
-  } else {
-    ringAllreduce(ch, bytesOf(t), count, red.elements);
-  }
+  allreduce(ch, bytesOf(t), bytesOf(t), count, red.elements);
   if (red.divide) red.divide(bytesOf(t), count, ch.size());
 }
 

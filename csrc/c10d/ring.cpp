@@ -5,6 +5,7 @@
 // step t+1, so each piece is forwarded as soon as it is combined: the pass is
 // pipelined across steps, not just within one.
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "c10d/algorithms.h"
@@ -13,6 +14,11 @@ namespace hoplite::c10d {
 namespace {
 
 constexpr int kPieceBits = 20;  // sub-tag = step << 20 | piece
+
+// Allreduce sizes below this take the butterfly (log2 N rounds), above the ring
+// (2(N-1) steps but 2(N-1)/N of the data): the crossover of the two cost models
+// for N = 8 at 100 us and 1 Gbit/s is ~100 KB.
+constexpr size_t kRingAllreduceBytes = 128u << 10;
 
 // Bytes per message of a segment. The pass is pipelined across steps, so
 // filling it costs about one piece whatever their number, and a piece is
@@ -25,8 +31,11 @@ constexpr int kPieceBits = 20;  // sub-tag = step << 20 | piece
 // 8 MiB (a quarter) was 7 ms slower.
 size_t ringPieceBytes(size_t segmentBytes) { return std::clamp<size_t>(segmentBytes / 8, 256u << 10, 4u << 20); }
 
-void ringPass(Channel& ch, uint8_t* data, const std::vector<size_t>& begin, const Elements& e, int reduceSteps,
-              int steps, int shift) {
+// `input`: where step 0's sends and the combines read this rank's own
+// elements (`data` itself, or the input of an out-of-place allreduce: every
+// segment of `data` is then written once, by a combine or a receive).
+void ringPass(Channel& ch, const uint8_t* input, uint8_t* data, const std::vector<size_t>& begin, const Elements& e,
+              int reduceSteps, int steps, int shift) {
   const int n = ch.size();
   const int r = ch.rank();
   if (n == 1 || steps == 0) return;
@@ -57,7 +66,7 @@ void ringPass(Channel& ch, uint8_t* data, const std::vector<size_t>& begin, cons
     const int s = segment(t, 0);
     const size_t first = begin[s] + j * per;
     const size_t len = std::min(per, begin[s + 1] - first);
-    sends.push_back(ch.send(right, tag(t, j), data + first * isz, len * isz));
+    sends.push_back(ch.send(right, tag(t, j), (t == 0 ? input : data) + first * isz, len * isz));
   };
 
   for (size_t j = 0; j < pieces(segment(0, -1)); ++j) postRecv(0, j);
@@ -71,7 +80,7 @@ void ringPass(Channel& ch, uint8_t* data, const std::vector<size_t>& begin, cons
       if (t < reduceSteps) {
         const size_t first = begin[s] + j * per;
         const size_t len = std::min(per, begin[s + 1] - first);
-        e.combine(data + first * isz, data + first * isz, tmp + j * per * isz, len);
+        e.combine(data + first * isz, input + first * isz, tmp + j * per * isz, len);
       }
       if (t + 1 < steps) {
         if (j < next) postRecv(t + 1, j);  // its scratch piece was just consumed
@@ -91,21 +100,31 @@ std::vector<size_t> equalBlocks(int n, size_t blockCount) {
 
 }  // namespace
 
-void ringAllreduce(Channel& ch, uint8_t* data, size_t count, const Elements& e) {
+void allreduce(Channel& ch, const uint8_t* input, uint8_t* data, size_t count, const Elements& e) {
+  const size_t bytes = count * e.itemsize;
+  if (bytes >= kRingAllreduceBytes && ch.size() > 1) {
+    ringAllreduce(ch, input, data, count, e);
+    return;
+  }
+  if (input != data && bytes > 0) std::memcpy(data, input, bytes);
+  butterflyAllreduce(ch, data, count, e);
+}
+
+void ringAllreduce(Channel& ch, const uint8_t* input, uint8_t* data, size_t count, const Elements& e) {
   const int n = ch.size();
   std::vector<size_t> begin(n + 1);
   for (int i = 0; i <= n; ++i) begin[i] = count * i / n;
-  ringPass(ch, data, begin, e, n - 1, 2 * (n - 1), 0);
+  ringPass(ch, input, data, begin, e, n - 1, 2 * (n - 1), 0);
 }
 
 void ringReduceScatter(Channel& ch, uint8_t* data, size_t blockCount, const Elements& e) {
   const int n = ch.size();
-  ringPass(ch, data, equalBlocks(n, blockCount), e, n - 1, n - 1, -1);
+  ringPass(ch, data, data, equalBlocks(n, blockCount), e, n - 1, n - 1, -1);
 }
 
 void ringAllgather(Channel& ch, uint8_t* data, size_t blockBytes) {
   const int n = ch.size();
-  ringPass(ch, data, equalBlocks(n, blockBytes), Elements{1, nullptr}, 0, n - 1, 0);
+  ringPass(ch, data, data, equalBlocks(n, blockBytes), Elements{1, nullptr}, 0, n - 1, 0);
 }
 
 }  // namespace hoplite::c10d

@@ -138,6 +138,8 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "add_peer", [](NodeHandle& h, int rank, const std::string& host, int port) { h.node().addPeer(rank, host, port); },
           py::arg("rank"), py::arg("host"), py::arg("port"))
+      .def("allreduce", &NodeHandle::allreduce, py::arg("id"), py::arg("members"), py::arg("tensor"), py::arg("op"),
+           py::arg("timeout"))
       .def("put", &NodeHandle::put, py::arg("id"), py::arg("dtype"), py::arg("tensor"), py::arg("timeout"),
            py::arg("blocking"), py::arg("copy"))
       .def("get", &NodeHandle::get, py::arg("id"), py::arg("timeout"), py::arg("copy"), py::arg("future"),

@@ -1,5 +1,7 @@
 #include "python/node_handle.h"
 
+#include "c10d/call_group.h"
+
 #include "common/scalar_types.h"
 #include "common/step_trace.h"
 #include "store/tensor_target.h"
@@ -238,6 +240,35 @@ py::tuple NodeHandle::put(const py::bytes& id, const std::string& dtype, const p
     }
   }
   return py::make_tuple(static_cast<int>(s.code), s.message);
+}
+
+py::tuple NodeHandle::allreduce(const py::bytes& id, std::vector<int> members, const py::object& tensorObj, int op,
+                                double timeout) {
+  if (!THPVariable_Check(tensorObj.ptr())) throw py::type_error("allreduce expects a tensor");
+  at::Tensor input = THPVariable_Unpack(tensorObj.ptr());
+  if (!input.device().is_cpu() || !input.is_contiguous()) {
+    throw py::value_error("allreduce expects a contiguous CPU tensor (torch_hoplite.allreduce prepares it)");
+  }
+  if (op < 0 || op > kMaxReduceOp) throw py::value_error("allreduce: unknown reduce op " + std::to_string(op));
+  const size_t count = static_cast<size_t>(input.numel());
+  const size_t itemsize = input.element_size();
+  const size_t nbytes = count * itemsize;
+  std::shared_ptr<Buffer> result = nbytes ? node_->allocate(nbytes) : nullptr;
+  std::string key = id;
+  Status s;
+  {
+    py::gil_scoped_release release;
+    std::shared_ptr<TaggedMessenger> messenger(node_, &node_->messenger());
+    auto allocate = [node = node_](size_t bytes) { return node->allocate(bytes); };
+    // A failed call's sends may still read the input after this returns.
+    auto keep = std::make_shared<std::pair<at::Tensor, std::shared_ptr<Buffer>>>(input, result);
+    s = c10d::allreduceAmong(std::move(messenger), std::move(allocate), key, std::move(members), node_->rank(),
+                             static_cast<const uint8_t*>(input.data_ptr()), result ? result->data() : nullptr, count,
+                             itemsize, nameOf(input.scalar_type()), static_cast<ReduceOp>(op), timeout, std::move(keep));
+  }
+  if (!s.ok()) return py::make_tuple(static_cast<int>(s.code), s.message, py::none());
+  at::Tensor tensor = tensorOver(result, {input.numel()}, at::TensorOptions().dtype(input.scalar_type()), nbytes);
+  return py::make_tuple(0, std::string(), py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(tensor))));
 }
 
 py::object NodeHandle::empty(int64_t numel, const std::string& dtype) {

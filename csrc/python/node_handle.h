@@ -8,6 +8,7 @@
 #include <pybind11/pybind11.h>
 
 #include <memory>
+#include <vector>
 
 #include "node/node.h"
 
@@ -35,6 +36,12 @@ class NodeHandle {
                const pybind11::object& out, const std::string& outDtype, int cudaDevice, int source);
   // What a get's future waits with (it does not keep the node alive).
   class GetWaiter getWaiter() const;
+  // Allreduce of `tensor` (contiguous, CPU) among node ranks `members`
+  // (ascending) with the static algorithms of c10d/ (c10d/call_group.h).
+  // Returns (code, message, result): a new 1-D tensor over a pool buffer, or
+  // None when code is not 0.
+  pybind11::tuple allreduce(const pybind11::bytes& id, std::vector<int> members, const pybind11::object& tensor, int op,
+                            double timeout);
   // A 1-D CPU tensor of `numel` elements of `dtype` over a buffer of the
   // node's pool (returned to it when the tensor is freed): contents undefined.
   pybind11::object empty(int64_t numel, const std::string& dtype);

@@ -21,10 +21,12 @@ Open MPI's MPI_Bcast / MPI_Reduce / MPI_Allreduce (mpi_peer.c, compiled with
 mpicc), run after the torch systems of each node count: it busy-polls, each
 waiting rank taking a core; "mpi-yield" is the same with mpi_yield_when_idle=1.
 "hoplite-zero-copy" puts and gets with copy=False (broadcast, reduce, gather);
-"hoplite" allreduce cuts tensors of N MiB or more into N pieces (N reduces of
-1/N each, one rooted at every rank, every rank gets every piece, all around a
-ring); "hoplite-one-piece" is allreduce(shards=1): one reduce, whose result
-every rank gets. Reduce-tree ablation: "hoplite-d1"
+"hoplite" allreduce runs its default, the static ring (recursive doubling
+under 128 KiB) over the nodes' messages; "hoplite-pieces" is allreduce(degree=1),
+the object-store composition: tensors of N MiB or more cut into N pieces (N
+reduces of 1/N each, one rooted at every rank, every rank gets every piece,
+all around a ring); "hoplite-one-piece" is allreduce(shards=1): one reduce,
+whose result every rank gets. Reduce-tree ablation: "hoplite-d1"
 (chain), "hoplite-d2" (binary), "hoplite-dn" (flat: one node receives from all)
 force the degree that the cost model otherwise picks ("hoplite").
 All systems run in the same processes, interleaved trial by trial; time = from
@@ -70,11 +72,12 @@ import torch.distributed as dist
 from torch_hoplite.bench import common, latency_budget, mpi_peer
 
 OPS = ["broadcast", "reduce", "allreduce", "gather", "allgather"]
-SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-one-piece", "hoplite-d1", "hoplite-d2", "hoplite-dn",
+SYSTEMS = ["hoplite", "hoplite-zero-copy", "hoplite-pieces", "hoplite-one-piece", "hoplite-d1", "hoplite-d2", "hoplite-dn",
            "hoplite-c10d", "gloo", *mpi_peer.SYSTEMS]
 DEFAULT_SYSTEMS = "hoplite,gloo"
 ONLY_FOR = {
     "hoplite-zero-copy": {"broadcast", "reduce", "gather"},
+    "hoplite-pieces": {"allreduce"},
     "hoplite-one-piece": {"allreduce"},
     "hoplite-d1": {"reduce"},
     "hoplite-d2": {"reduce"},
@@ -120,7 +123,8 @@ def run_op(op: str, system: str, rank: int, world: int, x: torch.Tensor, buf: to
             return None
         return hop.get(tag, copy=copy).wait()
     if op == "allreduce":
-        return hop.allreduce(x, tag, shards=1 if system == "hoplite-one-piece" else None)
+        composed = {"hoplite-pieces": {"degree": 1}, "hoplite-one-piece": {"shards": 1}}
+        return hop.allreduce(x, tag, **composed.get(system, {}))
     hop.put(x, f"{tag}/{rank}", copy=copy)
     ids = [f"{tag}/{r}" for r in range(world)]
     if op == "allgather":
