@@ -134,7 +134,7 @@ def handshake_as_rank_1(s: socket.socket, secret: bytes, prove_port_offset: int 
     named another port (as if the hello had been altered on the way)."""
     rt = api._rt()
     cluster = rt._rendezvous.cluster_id().encode()
-    rank1_host, rank1_port = rt._rendezvous.store.get("addr/1").decode().rsplit(":", 1)
+    rank1_host, rank1_port = rt._rendezvous.store.get("addr/1").decode().split("\n")[0].rsplit(":", 1)
     nonce = os.urandom(16)
     s.sendall(hello(1, cluster, nonce, rank1_host.encode(), int(rank1_port)))
     msg_type, payload = read_frame(s)

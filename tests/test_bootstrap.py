@@ -98,8 +98,8 @@ def _learns_rank_2_late(rank: int, port: int, queue) -> None:
         store = dist.TCPStore("127.0.0.1", port, 3, is_master=rank == 0, timeout=datetime.timedelta(seconds=60))
         exchange = bootstrap.Rendezvous.exchange_addresses
 
-        def exchange_then_stall(self, host, port):
-            peers = exchange(self, host, port)
+        def exchange_then_stall(self, host, port, host_identity):
+            peers = exchange(self, host, port, host_identity)
             store.set("rank1-listens", "1")
             store.wait(["put-listed"])  # (the node runs meanwhile: its shard hears of the put)
             return peers

@@ -170,14 +170,17 @@ class Rendezvous:
         value = self.store.compare_set("secret", "", secrets.token_hex(32))
         return value.decode() if isinstance(value, bytes) else str(value)
 
-    def exchange_addresses(self, host: str, port: int) -> dict[int, tuple[str, int]]:
-        self.store.set(f"addr/{self.rank}", f"{host}:{port}")
+    def exchange_addresses(self, host: str, port: int, host_identity: str) -> dict[int, tuple[str, int, str]]:
+        """Publishes this rank's address and host identity (empty: same-host
+        reads off) and returns every rank's."""
+        self.store.set(f"addr/{self.rank}", f"{host}:{port}\n{host_identity}")
         peers = {}
         for r in range(self.world_size):
             key = f"addr/{r}"
             self._wait(key, f"rank {r} to publish its address")
-            peer_host, peer_port = self.store.get(key).decode().rsplit(":", 1)
-            peers[r] = (peer_host, int(peer_port))
+            address, identity = self.store.get(key).decode().split("\n", 1)
+            peer_host, peer_port = address.rsplit(":", 1)
+            peers[r] = (peer_host, int(peer_port), identity)
         return peers
 
     def barrier(self, timeout: float) -> None:

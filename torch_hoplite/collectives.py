@@ -212,25 +212,27 @@ def allreduce(
     result, a new tensor, on each of them; every member calls it with the same
     `id`, tensor size, dtype and `op`.
 
-    The group is chosen per call, not set up in advance: `id` names the call's
-    messages, so calls with different ids, in any groups, never mix. By default
-    the members run the static algorithms of the ``"hoplite"`` c10d backend over
-    the node's messages: a pipelined ring (reduce-scatter, then allgather;
-    2(N-1)/N of the tensor on each link) from 128 KiB, recursive doubling below.
-    A member that calls early sends its first pieces at once; the others' nodes
-    keep them until they call (benchmarks/README.md compares it with the
-    composition below).
+    The group is chosen per call, not set up in advance. Members on different
+    hosts (or with same-host reads off) run the static algorithms of the
+    ``"hoplite"`` c10d backend over the node's messages, in a context of the
+    call's own (named by `id`, so calls with different ids never mix): a
+    pipelined ring (reduce-scatter, then allgather; 2(N-1)/N of the tensor on
+    each link) from 128 KiB, recursive doubling below. A member that calls
+    early sends its first pieces at once; the others' nodes keep them until
+    they call.
 
-    `shards` or `degree` choose that composition instead: the tensor is put as
-    `shards` objects (default: one per member, fewer so that each has at least
-    1 MiB), member ``j % len(group)`` reduces piece ``j`` of every member with a
-    streaming reduce rooted at itself, and every member gets every reduced
-    piece while it is computed. With `degree` 1 (or only `shards` given) each
-    piece's reduce is a chain around the ring of members that ends at its root
-    and its result travels on around the ring; another `degree` places reduce
-    trees as inputs become ready and gets through the directory's broadcast
-    trees. Its objects (ids starting with `id`) are deleted once every member
-    has the result.
+    Members all on one host, or a call with `shards` or `degree`, compose the
+    object store instead, whose gets read each other's memory there: the
+    tensor is put as `shards` objects (default: one per member, fewer so that
+    each has at least 1 MiB), member ``j % len(group)`` reduces piece ``j`` of
+    every member with a streaming reduce rooted at itself, and every member
+    gets every reduced piece while it is computed. With `degree` 1 (the
+    default) each piece's reduce is a chain around the ring of members that
+    ends at its root, and its result travels on around the ring; another
+    `degree` places reduce trees as inputs become ready and gets through the
+    directory's broadcast trees. Its objects (ids starting with `id`) are
+    deleted once every member has the result. benchmarks/README.md compares
+    the two.
 
     Raises:
         ValueError: this rank is not in `group`, or an argument is invalid.
@@ -254,7 +256,7 @@ def allreduce(
     n, me = len(members), members.index(rt.rank)
     flat = tensor.detach().contiguous().view(-1)
     code = _op_code(op)
-    if shards is None and degree is None:
+    if shards is None and degree is None and not rt.on_one_host(members):
         host = flat if flat.device.type == "cpu" else flat.cpu()
         status, message, result = rt.node.allreduce(id_bytes(id), members, host, int(code), rt.timeout(timeout))
         if status != 0:

@@ -67,9 +67,13 @@ class Runtime:
         )
         self._get_waiter = self.node.get_waiter()  # what get futures wait with, without holding the node
         self.address = (self.node.host, self.node.port)
+        # Each rank's host identity as it joined (empty: same-host reads off).
+        self.host_identities: list[str] = [""] * self.world_size
         try:
-            for r, (peer_host, peer_port) in rendezvous.exchange_addresses(*self.address).items():
+            peers = rendezvous.exchange_addresses(*self.address, self.node.host_identity)
+            for r, (peer_host, peer_port, identity) in peers.items():
                 self.node.add_peer(r, peer_host, peer_port)
+                self.host_identities[r] = identity
             if config.rejoin:
                 code, message = self.node.announce(config.connect_timeout)
                 if code != 0:
@@ -128,6 +132,11 @@ class Runtime:
 
     def shutdown(self) -> None:
         self.node.shutdown()
+
+    def on_one_host(self, ranks: list[int]) -> bool:
+        """Whether `ranks` all read each other's memory (one host, same-host reads on)."""
+        mine = self.host_identities[self.rank]
+        return bool(mine) and all(self.host_identities[r] == mine for r in ranks)
 
     # ------------------------------------------------------------------ internals
 

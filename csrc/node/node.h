@@ -87,6 +87,8 @@ class Node : private PeerEvents, private ReduceServices {
 
   const std::string& host() const { return config_.host; }
   int port() const { return peers_->port(); }
+  // Processes with the same non-empty identity read each other's memory (net/same_host/).
+  const std::string& hostIdentity() const { return peers_->hostIdentity(); }
   int rank() const { return config_.rank; }
 
   void addPeer(int rank, const std::string& host, int port) { peers_->addPeer(rank, host, port); }

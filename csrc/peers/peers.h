@@ -110,6 +110,8 @@ class Peers : public PeerLinks, public ConnectionObserver {
   bool settled() const;
   bool hasConnection(int rank) const;  // dialed, or being dialed
   bool sameHostEnabled() const { return !hostIdentity_.empty(); }
+  // This process's host as same_host::hostIdentity() tells it; empty when same-host reads are off.
+  const std::string& hostIdentity() const { return hostIdentity_; }
   // The memory of a ready peer on this host that this node can read; null otherwise.
   std::shared_ptr<same_host::PeerMemory> memoryOf(int rank) const;
   // Peers that could not prove they know the secret, in the handshake or

@@ -134,6 +134,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](const py::dict& config) { return std::make_unique<NodeHandle>(configFromDict(config)); }))
       .def_property_readonly("host", [](NodeHandle& h) { return h.node().host(); })
       .def_property_readonly("port", [](NodeHandle& h) { return h.node().port(); })
+      .def_property_readonly("host_identity", [](NodeHandle& h) { return h.node().hostIdentity(); })
       .def_property_readonly("rank", [](NodeHandle& h) { return h.node().rank(); })
       .def(
           "add_peer", [](NodeHandle& h, int rank, const std::string& host, int port) { h.node().addPeer(rank, host, port); },
