@@ -44,6 +44,10 @@ WORKLOADS = "workloads_emulated_1gbit.json"
 DLRM_SERVING = "workloads-dlrm-serving_emulated_1gbit.json"
 LOOPBACK_TCP = "collectives.json"  # one host, every byte over loopback TCP, with the reduce-tree ablation
 RING = "allreduce_ring_emulated_1gbit.json"
+# allreduce on the static ring (its default between hosts) beside the composition it replaced there
+ALLREDUCE_RING = "allreduce-ring_n8_emulated_1gbit.json"  # 1 and 16 MB, N = 8, with broadcast and reduce
+ALLREDUCE_RING_256MB = "allreduce-ring_256mb_emulated_1gbit.json"  # N = 4 and 8
+ALLREDUCE_RING_ARRIVALS = "allreduce-ring_asynchrony_emulated_1gbit.json"  # 64 MB, ranks ready 0.1 s apart
 PEERS_N4_N8 = "peers_emulated_1gbit.json"
 C10D = "c10d_emulated_1gbit.json"
 C10D_ALLGATHER = "c10d_allgather_emulated_1gbit.json"
@@ -553,11 +557,13 @@ def _sourced(res: Result | list[Result], lines: list[str], what: str = "") -> li
 
 
 def _ideal_grid(name: str, systems: list[tuple[str, str]], timed: Optional[tuple[str, str]],
-                cores: tuple[str, list[str]]) -> list[str]:
+                cores: tuple[str, list[str]], spread: bool = False) -> list[str]:
     """The emulated-cluster run `name` by op (where it ran more than one), N and size: each of `systems`' time
-    over the ideal, the `timed` system's time over gloo's, and the CPU cores of all ranks of each `cores`
-    system, under the file's name."""
+    over the ideal (median; with `spread`, the fastest–slowest trial too; "—" where it did not run), the
+    `timed` system's time over gloo's, and the CPU cores of all ranks of each `cores` system, under the
+    file's name."""
     res = result(name)
+    cell = _spread if spread else (lambda r: _x(r["ratio_to_ideal"]))
     ops = [op for op in OPS if res.where(op=op)]
     keys = (["op"] if len(ops) > 1 else []) + ["N", "size"]
     lines = _head(keys + [label for _, label in systems] + ([timed[1]] if timed else []) + [cores[0]])
@@ -567,7 +573,7 @@ def _ideal_grid(name: str, systems: list[tuple[str, str]], timed: Optional[tuple
             for size in sorted({r["size_bytes"] for r in runs}):
                 at = {r["system"]: r for r in res.where(op=op, nodes=nodes, size_bytes=size)}
                 cells = ([op] if len(ops) > 1 else []) + [str(nodes), _size(size)]
-                cells += [_x(at[system]["ratio_to_ideal"]) for system, _ in systems]
+                cells += [cell(at[system]) if system in at else "—" for system, _ in systems]
                 if timed:
                     cells.append(f"{at[timed[0]]['time_vs_gloo']:.2f}")
                 lines.append(_row(cells + [" / ".join(f"{at[system]['cpu_cores']:.2f}" for system in cores[1])]))
@@ -595,6 +601,19 @@ def ring_table() -> list[str]:
     systems = [("hoplite", "hoplite (N pieces)"), ("hoplite-one-piece", "hoplite-one-piece"), ("gloo", "gloo")]
     return _ideal_grid(RING, systems, ("hoplite", "hoplite / gloo time"),
                        ("cores (hoplite / gloo)", ["hoplite", "gloo"]))
+
+
+def allreduce_ring_table() -> list[str]:
+    systems = [("hoplite", "hoplite"), ("hoplite-pieces", "hoplite-pieces (composition)"),
+               ("hoplite-c10d", "hoplite-c10d"), ("gloo", "gloo")]
+    cores = ("cores (hoplite / composition / gloo)", ["hoplite", "hoplite-pieces", "gloo"])
+    lines = _ideal_grid(ALLREDUCE_RING, systems, None, ("cores (hoplite / gloo)", ["hoplite", "gloo"]), spread=True)
+    lines += [""] + _ideal_grid(ALLREDUCE_RING_256MB, systems, None, cores, spread=True)
+    arrivals = result(ALLREDUCE_RING_ARRIVALS)
+    after = ", ".join(f"{label} {arrivals.value('median_s', op='allreduce', system=system):.3g} s"
+                      for system, label in systems)
+    return lines + ["", f"Ranks ready 0.1 s apart (64 MB, N = 8), {arrivals.source()}: time from the last "
+                        f"arrival to the slowest participant's end, median: {after}."]
 
 
 def peers_n4_n8_table() -> list[str]:
@@ -683,7 +702,7 @@ def emulated_collectives_table() -> list[str]:
 
 def small_objects_line() -> list[str]:
     """The object store at 1 and 16 MB, N = 8, beside gloo: time over the ideal."""
-    res = result(FRAMES128_AFTER)
+    res = result(ALLREDUCE_RING)
     cells = []
     for size in (MiB, 16 * MiB):
         at = ", ".join(f"{op} {_x(res.value('ratio_to_ideal', op=op, system='hoplite', nodes=8, size_bytes=size))} "
@@ -720,6 +739,7 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("BENCH_README", "loopback-tcp", loopback_tcp_table),
     ("BENCH_README", "reduce-tree", reduce_tree_table),
     ("BENCH_README", "ring", ring_table),
+    ("BENCH_README", "allreduce-ring", allreduce_ring_table),
     ("BENCH_README", "issue6-targets", issue6_targets_table),
     ("BENCH_README", "peers-n4-n8", peers_n4_n8_table),
     ("BENCH_README", "peers", peers_table),
