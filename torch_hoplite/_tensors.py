@@ -48,20 +48,21 @@ def require_cuda(what: str) -> None:
         raise RuntimeError(f"{what}: no CUDA device is available")
 
 
-def prepare_for_put(tensor: torch.Tensor) -> torch.Tensor:
+def prepare_for_put(tensor: torch.Tensor, what: str = "put") -> torch.Tensor:
     """Checks a tensor can be stored and returns a dense, contiguous view of it
-    (on its own device: CUDA tensors are copied to the store by the core)."""
+    (on its own device: CUDA tensors are copied to the store by the core).
+    `what` names the operation in errors."""
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"put expects a torch.Tensor, got {type(tensor).__name__}")
+        raise TypeError(f"{what} expects a torch.Tensor, got {type(tensor).__name__}")
     if tensor.layout != torch.strided:
-        raise TypeError(f"put supports dense (strided) tensors, got layout {tensor.layout}")
+        raise TypeError(f"{what} supports dense (strided) tensors, got layout {tensor.layout}")
     if tensor.is_quantized:
-        raise TypeError("put does not support quantized tensors")
+        raise TypeError(f"{what} does not support quantized tensors")
     if tensor.device.type == "cuda":
-        require_cuda("put of a CUDA tensor")
+        require_cuda(f"{what} of a CUDA tensor")
     elif tensor.device.type != "cpu":
         raise NotImplementedError(
-            f"put of a {tensor.device.type} tensor: torch_hoplite stores CPU and CUDA tensors "
+            f"{what} of a {tensor.device.type} tensor: torch_hoplite stores CPU and CUDA tensors "
             "(move it with .cpu() first)"
         )
     dtype_name(tensor.dtype)

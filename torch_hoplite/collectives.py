@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from torch_hoplite import api
-from torch_hoplite._tensors import _DTYPES, dtype_name
+from torch_hoplite._tensors import _DTYPES, dtype_name, prepare_for_put
 from torch_hoplite.errors import ObjectNotFoundError, error_from_status
 from torch_hoplite.object_ref import ObjectId, ObjectRef, id_bytes, id_of
 
@@ -210,7 +210,7 @@ def allreduce(
 ) -> torch.Tensor:
     """Reduces `tensor` over the ranks of `group` (default: all) and returns the
     result, a new tensor, on each of them; every member calls it with the same
-    `id`, tensor size, dtype and `op`.
+    `id`, `group`, tensor size, dtype, `op`, `shards` and `degree`.
 
     The group is chosen per call, not set up in advance. Members on different
     hosts (or with same-host reads off) run the static algorithms of the
@@ -219,7 +219,8 @@ def allreduce(
     pipelined ring (reduce-scatter, then allgather; 2(N-1)/N of the tensor on
     each link) from 128 KiB, recursive doubling below. A member that calls
     early sends its first pieces at once; the others' nodes keep them until
-    they call.
+    they call. A member whose call fails tells the others, which then fail at
+    once too.
 
     Members all on one host, or a call with `shards` or `degree`, compose the
     object store instead, whose gets read each other's memory there: the
@@ -239,7 +240,8 @@ def allreduce(
         HopliteTimeoutError: a member did not take part within `timeout`
             (default ``HOPLITE_TIMEOUT``); names the member waited for.
         PeerFailedError: a member failed; names it.
-        HopliteError: the members disagree on the tensor's size, dtype or op.
+        HopliteError: the members disagree on the group or the tensor's size,
+            dtype or op (between hosts; on one host they time out).
             After a failure, call again with a new `id`: the failed call's
             messages still on their way are dropped.
     """
@@ -251,10 +253,8 @@ def allreduce(
         raise ValueError(f"allreduce group {members} has ranks outside [0, {rt.world_size})")
     if shards is not None and (not isinstance(shards, int) or isinstance(shards, bool) or shards < 1):
         raise ValueError(f"shards must be a positive int, got {shards!r}")
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"allreduce expects a torch.Tensor, got {type(tensor).__name__}")
     n, me = len(members), members.index(rt.rank)
-    flat = tensor.detach().contiguous().view(-1)
+    flat = prepare_for_put(tensor, "allreduce").view(-1)
     code = _op_code(op)
     if shards is None and degree is None and not rt.on_one_host(members):
         host = flat if flat.device.type == "cpu" else flat.cpu()

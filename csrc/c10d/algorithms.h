@@ -24,11 +24,11 @@ struct Elements {
 size_t pieceBytes(size_t bytes, int hops);
 
 // --- ring.cpp: bandwidth-optimal, 2(N-1)/N of the data per rank on the wire ---
-// Allreduce of `count` elements from `input` into `data` (the same memory:
-// in place): the butterfly below 128 KiB, the ring from there.
+// Allreduce of `count` elements from `input` into `data` (which may be the
+// same memory): the butterfly below 128 KiB, the ring from there.
 void allreduce(Channel& ch, const uint8_t* input, uint8_t* data, size_t count, const Elements& e);
-// Allreduce of `count` elements from `input` into `data` (or in place):
-// pipelined reduce-scatter then allgather.
+// Allreduce of `count` elements from `input` into `data` (which may be the
+// same memory): pipelined reduce-scatter then allgather.
 void ringAllreduce(Channel& ch, const uint8_t* input, uint8_t* data, size_t count, const Elements& e);
 // `data` holds N blocks of `blockCount` elements; afterwards block `rank` is the
 // reduction of everyone's block `rank` (the other blocks are clobbered).

@@ -276,6 +276,7 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::enqueue(::c10d::OpType type, co
   worker_.submit([this, work, seq, seconds, owner, label, kind = std::string(name), staging = std::move(staging),
                   body = std::move(body)] {
     std::exception_ptr error;
+    Status failure;  // what the other members are told
     try {
       channel_.begin(label, kind, (seq & kSeqMask) << kSeqShift, seconds, owner);
       if (staging) staging->awaitCopiesIn();
@@ -283,10 +284,15 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::enqueue(::c10d::OpType type, co
       if (staging) staging->copyOut();
     } catch (const CommError& e) {
       error = asBackendError(e.what());
+      failure = Status(e.code(), e.what());
+    } catch (const std::exception& e) {
+      error = std::current_exception();
+      failure = Status(Code::kInternal, label + " on rank " + std::to_string(getRank()) + ": " + e.what());
     } catch (...) {
       error = std::current_exception();
+      failure = Status(Code::kInternal, label + " on rank " + std::to_string(getRank()) + " failed");
     }
-    channel_.end(error != nullptr);
+    channel_.end(failure);
     noteOutcome(seq, error != nullptr);  // after a failure, what peers sent for it would wait forever
     work->complete(error);
   });

@@ -29,18 +29,25 @@ Status allreduceAmong(std::shared_ptr<TaggedMessenger> messenger, Channel::Alloc
   const int size = static_cast<int>(members.size());
   // Members that disagree on what they reduce meet a receive of another kind,
   // which fails naming the exchange instead of mixing their bytes.
+  std::string group;
+  for (int m : members) group += (group.empty() ? "" : ",") + std::to_string(m);
+  if (members.size() > 8) group = std::to_string(size) + " ranks, " + std::to_string(fnv1a(group) % 10000);
   const std::string kind = "allreduce of " + std::to_string(count) + " " + dtype + " (" + reduceOpName(op) + ") among " +
-                           std::to_string(size);
+                           group;
   Channel ch(messenger, std::move(allocate), context, rank, std::move(members));
+  ch.nameNodeRanks();  // the object-store API names ranks so
   try {
     ch.begin(name, kind, 0, timeoutSeconds, std::move(keep));
     allreduce(ch, input, output, count, Elements{itemsize, kernel.combine});
-    ch.end(false);
-  } catch (const CommError& e) {
-    ch.end(true);
+    ch.end(Status());
+  } catch (const std::exception& e) {
+    const auto* comm = dynamic_cast<const CommError*>(&e);
+    const Status failure = comm ? Status(comm->code(), e.what())
+                                : Status(Code::kInternal, name + " on rank " + std::to_string(self) + ": " + e.what());
+    ch.end(failure);
     // Peers' late messages for this call would wait for a receive forever.
     messenger->discard(context, [](uint64_t) { return true; });
-    return Status(e.code(), e.what());
+    return failure;
   }
   if (kernel.divide) kernel.divide(output, count, static_cast<uint64_t>(size));
   return Status();

@@ -1,11 +1,25 @@
 #include "c10d/channel.h"
 
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <unordered_map>
+
 #include "common/object_meta.h"
 
 namespace hoplite::c10d {
 
 namespace {
 constexpr std::chrono::seconds kCancelGrace{5};
+// Aborts: a fixed size (a receive takes one message of its own size), the
+// failure's code then its text, zero-padded. The sub-tag is above every one
+// an algorithm uses (they stay under 2^40, the sequence shift of the backend).
+constexpr size_t kAbortBytes = 512;
+constexpr uint64_t kAbortSubTag = (1ull << 40) - 1;
+const std::string kAbortKind = "abort";
+// An abort goes to a member's mailbox at once (it is small); this bounds its
+// send where the member is gone.
+constexpr double kAbortSendSeconds = 5.0;
 }  // namespace
 
 struct Channel::Memory {
@@ -39,6 +53,47 @@ void Channel::begin(const std::string& name, const std::string& kind, uint64_t t
   memory_ = std::make_shared<Memory>();
   memory_->owner = std::move(owner);
   outcome_ = std::make_shared<Outcome>();
+  if (size() > 1) watchForAborts();
+}
+
+void Channel::watchForAborts() {
+  auto buffer = std::make_shared<std::array<char, kAbortBytes>>();
+  memory_->held.push_back(buffer);
+  std::weak_ptr<Outcome> weak = outcome_;
+  const std::string where = name_ + " on " + memberName(rank_);
+  // Member names by node rank, for the callback (which may outlive the channel).
+  std::unordered_map<int, std::string> names;
+  for (int member = 0; member < size(); ++member) names[globalRank(member)] = memberName(member);
+  abortWatch_ = messenger_->receive(
+      -1, context_, tagBase_ | kAbortSubTag, kAbortKind, reinterpret_cast<uint8_t*>(buffer->data()), kAbortBytes,
+      memory_, [weak, buffer, where, names = std::move(names)](const Status& status, int source) {
+        auto outcome = weak.lock();
+        if (!outcome || !status.ok()) return;  // the collective ended first (its cancel), or is gone
+        const auto code = static_cast<Code>(static_cast<uint8_t>((*buffer)[0]));
+        const std::string reason(buffer->data() + 1, strnlen(buffer->data() + 1, kAbortBytes - 1));
+        auto named = names.find(source);
+        const std::string who = named != names.end() ? named->second : "rank " + std::to_string(source);
+        {
+          std::lock_guard<std::mutex> lock(outcome->mutex);
+          if (!outcome->failure.ok()) return;
+          outcome->failure = Status(code == Code::kOk ? Code::kInternal : code, who + " gave up: " + reason);
+          outcome->failedOp = where;
+          outcome->aborted = true;
+        }
+        outcome->cv.notify_all();
+      });
+}
+
+void Channel::sendAborts(const Status& why) {
+  auto payload = std::make_shared<std::array<uint8_t, kAbortBytes>>();
+  payload->fill(0);
+  (*payload)[0] = static_cast<uint8_t>(why.code);
+  std::memcpy(payload->data() + 1, why.message.data(), std::min(why.message.size(), kAbortBytes - 2));
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank_) continue;
+    messenger_->send(globalRank(peer), context_, tagBase_ | kAbortSubTag, kAbortKind, payload->data(), kAbortBytes,
+                     payload, [](const Status&, int) {}, kAbortSendSeconds);
+  }
 }
 
 uint8_t* Channel::scratch(size_t bytes) {
@@ -50,16 +105,29 @@ uint8_t* Channel::scratch(size_t bytes) {
 
 void Channel::hold(std::shared_ptr<const void> memory) { memory_->held.push_back(std::move(memory)); }
 
-void Channel::end(bool failed) {
+void Channel::end(const Status& why) {
+  const bool failed = !why.ok();
+  if (abortWatch_ != 0) {
+    if (failed) {
+      bool aborted;
+      {
+        std::lock_guard<std::mutex> lock(outcome_->mutex);
+        aborted = outcome_->aborted;
+      }
+      if (!aborted) sendAborts(why);  // an abort already reached every member
+    }
+    messenger_->cancelReceive(abortWatch_, Status(Code::kInternal, name_ + " ended"));
+    abortWatch_ = 0;
+  }
   if (failed && outcome_) {
-    const Status why(Code::kInternal, name_ + " was abandoned after a failure");
+    const Status abandoned(Code::kInternal, name_ + " was abandoned after a failure");
     {
       std::lock_guard<std::mutex> lock(outcome_->mutex);
       for (auto& op : sends_) {
-        if (!op->done) messenger_->cancelSend(op->handle, why);  // its peer will not ask for it now
+        if (!op->done) messenger_->cancelSend(op->handle, abandoned);  // its peer will not ask for it now
       }
     }
-    for (auto& op : receives_) requestCancel(op, why);
+    for (auto& op : receives_) requestCancel(op, abandoned);
     const auto until = std::chrono::steady_clock::now() + kCancelGrace;
     for (auto& op : receives_) awaitCancel(op, until);
   }
@@ -88,6 +156,12 @@ double Channel::secondsLeft() const {
   return std::max(left, 1e-3);
 }
 
+std::string Channel::memberName(int groupRank) const {
+  const int node = globalRank(groupRank);
+  if (nameNodeRanks_ || node == groupRank) return "rank " + std::to_string(node);
+  return "rank " + std::to_string(groupRank) + " (global rank " + std::to_string(node) + ")";
+}
+
 Channel::Pending Channel::start(int peer, uint64_t subTag, bool isSend) {
   if (peer < 0 || peer >= size() || peer == rank_) {
     throw CommError(Code::kInvalidArgument, name_ + ": no peer " + std::to_string(peer) + " in a group of " +
@@ -98,9 +172,7 @@ Channel::Pending Channel::start(int peer, uint64_t subTag, bool isSend) {
   op->peer = peer;
   op->subTag = subTag;
   op->outcome = outcome_;
-  std::string name = "rank " + std::to_string(peer);
-  if (globalRank(peer) != peer) name += " (global rank " + std::to_string(globalRank(peer)) + ")";
-  op->where = name_ + " on rank " + std::to_string(rank_) + ": " + (isSend ? "sending to " : "receiving from ") + name;
+  op->where = name_ + " on " + memberName(rank_) + ": " + (isSend ? "sending to " : "receiving from ") + memberName(peer);
   return op;
 }
 
@@ -165,7 +237,10 @@ void Channel::wait(const Pending& op) {
     // Else it ended on its own (completed, or failed) before the cancel reached it.
   }
   if (op->done && !op->status.ok()) throw CommError(op->status.code, op->where + " failed: " + op->status.message);
-  // Another op failed: this one would wait for a peer that has given up, or is gone.
+  // Another op failed, or another member gave up: this one would wait for a
+  // peer that has given up, or is gone. After an abort, the op waited for is
+  // named too: the member that gave up may only have waited for this one.
+  if (!op->done && outcome.aborted) throw CommError(outcome.failure.code, op->where + " stopped: " + outcome.failure.message);
   if (!op->done) throw CommError(outcome.failure.code, outcome.failedOp + " failed: " + outcome.failure.message);
 }
 

@@ -45,6 +45,9 @@ class Channel {
   Channel(std::shared_ptr<TaggedMessenger> messenger, Allocator allocate, uint64_t context, int rank,
           std::vector<int> globalRanks);
 
+  // Errors name members by node rank ("rank 3") instead of group rank ("rank
+  // 2 (global rank 3)"): for callers whose users name members so.
+  void nameNodeRanks() { nameNodeRanks_ = true; }
   int rank() const { return rank_; }
   int size() const { return static_cast<int>(globalRanks_->size()); }
   int globalRank(int groupRank) const { return globalRanks_->at(groupRank); }
@@ -68,10 +71,14 @@ class Channel {
   // collective's messages: a failure can end the collective while they still
   // read or write it.
   void hold(std::shared_ptr<const void> memory);
-  // Ends the collective. After a failure, what it left unfinished is
-  // cancelled: its receives (returns once their memory is no longer written)
-  // and its deferred sends that no receive asked for yet.
-  void end(bool failed);
+  // Ends the collective. After a failure (`why`, not OK), what it left
+  // unfinished is cancelled: its receives (returns once their memory is no
+  // longer written) and its deferred sends that no receive asked for yet; and
+  // unless the failure was another member's abort, every other member is sent
+  // one, which fails the collective there at once instead of at its deadline
+  // (a member that waits on a neighbour that gave up would otherwise wait for
+  // its whole timeout).
+  void end(const Status& why);
 
   Pending send(int peer, uint64_t subTag, const void* data, size_t bytes);
   Pending recv(int peer, uint64_t subTag, void* data, size_t bytes);
@@ -86,6 +93,9 @@ class Channel {
   Pending start(int peer, uint64_t subTag, bool isSend);
   // Asks the messenger to cancel a receive that has not completed; awaitCancel
   // returns once its memory is no longer written (or at `until`).
+  // Posts the receive of other members' aborts (any source, the last sub-tag).
+  void watchForAborts();
+  void sendAborts(const Status& why);
   void requestCancel(const Pending& op, const Status& why);
   void awaitCancel(const Pending& op, std::chrono::steady_clock::time_point until);
   double secondsLeft() const;
@@ -106,6 +116,10 @@ class Channel {
   std::shared_ptr<Outcome> outcome_;
   std::vector<Pending> receives_;  // of this collective, to cancel what a failure leaves
   std::vector<Pending> sends_;
+  uint64_t abortWatch_ = 0;  // the messenger's handle of the abort receive (0: none)
+  bool nameNodeRanks_ = false;
+  // "rank p" (group) or "rank g" (node) as errors name a member.
+  std::string memberName(int groupRank) const;
 };
 
 // What the ops of one collective share; its mutex guards their state too.
@@ -114,6 +128,7 @@ struct Channel::Outcome {
   std::condition_variable cv;
   Status failure;  // the first op's that failed
   std::string failedOp;  // which one, for the error
+  bool aborted = false;  // the failure is another member's abort
   // The op the collective's thread waits for (null: none): the others'
   // completions do not wake it, only this one's or a failure.
   const Op* awaited = nullptr;

@@ -32,8 +32,9 @@ constexpr size_t kRingAllreduceBytes = 128u << 10;
 size_t ringPieceBytes(size_t segmentBytes) { return std::clamp<size_t>(segmentBytes / 8, 256u << 10, 4u << 20); }
 
 // `input`: where step 0's sends and the combines read this rank's own
-// elements (`data` itself, or the input of an out-of-place allreduce: every
-// segment of `data` is then written once, by a combine or a receive).
+// elements: `data` itself, or the input of an out-of-place allreduce, which
+// reads it only so (every segment of `data` is written by a combine or a
+// receive before anything reads it there).
 void ringPass(Channel& ch, const uint8_t* input, uint8_t* data, const std::vector<size_t>& begin, const Elements& e,
               int reduceSteps, int steps, int shift) {
   const int n = ch.size();
@@ -102,7 +103,7 @@ std::vector<size_t> equalBlocks(int n, size_t blockCount) {
 
 void allreduce(Channel& ch, const uint8_t* input, uint8_t* data, size_t count, const Elements& e) {
   const size_t bytes = count * e.itemsize;
-  if (bytes >= kRingAllreduceBytes && ch.size() > 1) {
+  if (bytes >= kRingAllreduceBytes) {
     ringAllreduce(ch, input, data, count, e);
     return;
   }
@@ -112,6 +113,7 @@ void allreduce(Channel& ch, const uint8_t* input, uint8_t* data, size_t count, c
 
 void ringAllreduce(Channel& ch, const uint8_t* input, uint8_t* data, size_t count, const Elements& e) {
   const int n = ch.size();
+  if (n == 1 && input != data && count > 0) std::memcpy(data, input, count * e.itemsize);
   std::vector<size_t> begin(n + 1);
   for (int i = 0; i <= n; ++i) begin[i] = count * i / n;
   ringPass(ch, input, data, begin, e, n - 1, 2 * (n - 1), 0);

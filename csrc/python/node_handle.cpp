@@ -246,8 +246,9 @@ py::tuple NodeHandle::allreduce(const py::bytes& id, std::vector<int> members, c
                                 double timeout) {
   if (!THPVariable_Check(tensorObj.ptr())) throw py::type_error("allreduce expects a tensor");
   at::Tensor input = THPVariable_Unpack(tensorObj.ptr());
-  if (!input.device().is_cpu() || !input.is_contiguous()) {
-    throw py::value_error("allreduce expects a contiguous CPU tensor (torch_hoplite.allreduce prepares it)");
+  if (!input.device().is_cpu() || !input.is_contiguous() || input.is_conj() || input.is_neg()) {
+    throw py::value_error("allreduce expects a contiguous CPU tensor, conjugation and negation resolved "
+                          "(torch_hoplite.allreduce prepares it)");
   }
   if (op < 0 || op > kMaxReduceOp) throw py::value_error("allreduce: unknown reduce op " + std::to_string(op));
   const size_t count = static_cast<size_t>(input.numel());
@@ -255,17 +256,26 @@ py::tuple NodeHandle::allreduce(const py::bytes& id, std::vector<int> members, c
   const size_t nbytes = count * itemsize;
   std::shared_ptr<Buffer> result = nbytes ? node_->allocate(nbytes) : nullptr;
   std::string key = id;
+  // The node holds both memories as long as its messages may touch them; a
+  // failed call's sends may read the input after the call returns.
+  auto keep = std::make_shared<std::pair<at::Tensor, std::shared_ptr<Buffer>>>(input, result);
   Status s;
   {
     py::gil_scoped_release release;
     std::shared_ptr<TaggedMessenger> messenger(node_, &node_->messenger());
     auto allocate = [node = node_](size_t bytes) { return node->allocate(bytes); };
-    // A failed call's sends may still read the input after this returns.
-    auto keep = std::make_shared<std::pair<at::Tensor, std::shared_ptr<Buffer>>>(input, result);
     s = c10d::allreduceAmong(std::move(messenger), std::move(allocate), key, std::move(members), node_->rank(),
                              static_cast<const uint8_t*>(input.data_ptr()), result ? result->data() : nullptr, count,
-                             itemsize, nameOf(input.scalar_type()), static_cast<ReduceOp>(op), timeout, std::move(keep));
+                             itemsize, nameOf(input.scalar_type()), static_cast<ReduceOp>(op), timeout, keep);
+    // The node lets go of them just after its last message completes. The
+    // tensor is released here, with the GIL, rather than by the loop thread,
+    // which would have to take the GIL to do it.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (keep.use_count() > 1 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
+  keep.reset();
   if (!s.ok()) return py::make_tuple(static_cast<int>(s.code), s.message, py::none());
   at::Tensor tensor = tensorOver(result, {input.numel()}, at::TensorOptions().dtype(input.scalar_type()), nbytes);
   return py::make_tuple(0, std::string(), py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(tensor))));
