@@ -93,7 +93,8 @@ class Channel {
   Pending start(int peer, uint64_t subTag, bool isSend);
   // Asks the messenger to cancel a receive that has not completed; awaitCancel
   // returns once its memory is no longer written (or at `until`).
-  // Posts the receive of other members' aborts (any source, the last sub-tag).
+  // Posts the receive of other members' aborts (any source, the last
+  // sub-tag), from the collective's thread.
   void watchForAborts();
   void sendAborts(const Status& why);
   void requestCancel(const Pending& op, const Status& why);
