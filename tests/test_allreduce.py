@@ -115,3 +115,4 @@ def test_allreduce_edge_cases_between_hosts(cluster4_apart):
 
     alone = hop.allreduce(kept, uid("alone"), group=[0])
     assert torch.equal(alone, kept) and alone.data_ptr() != kept.data_ptr()
+

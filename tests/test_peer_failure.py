@@ -1,8 +1,12 @@
-"""A peer that dies mid-transfer makes the get raise, naming object and peer."""
+"""A peer that dies mid-transfer makes the get raise, naming object and peer;
+one that dies during an allreduce fails every other member soon."""
 
+import threading
 import time
+import uuid
 
 import pytest
+import torch
 
 import torch_hoplite as hop
 import workers
@@ -40,3 +44,29 @@ def test_get_raises_when_the_holder_dies_mid_transfer(slow_pair):
     assert hop.stats()["store_objects"] == objects - 1
     with pytest.raises(hop.PeerFailedError):
         hop.get(ref, timeout=10).wait()
+
+
+def test_a_member_killed_during_allreduce_fails_every_other_member_soon():
+    """Rank 2 comes late, so the ring stalls; rank 3 dies meanwhile. Rank 0,
+    which receives from it, fails when its connection closes, and its abort
+    fails ranks 1 and 2 (which wait on their neighbours) long before the
+    call's 60 s timeout."""
+    c = Cluster(4, options={"same_host": False})
+    try:
+        tag = f"killed-{uuid.uuid4().hex[:8]}"
+        n = (4 << 20) // 4
+        pending = {1: c.submit(1, workers.allreduce, torch.ones(n), tag, {"timeout": 60}),
+                   2: c.submit(2, workers.allreduce_after, 2.0, torch.ones(n), tag, {"timeout": 60})}
+        c.submit(3, workers.allreduce, torch.ones(n), tag, {"timeout": 60})
+        start = time.monotonic()
+        threading.Timer(0.5, c.kill, args=(3,)).start()
+        with pytest.raises(hop.PeerFailedError, match=f"allreduce '{tag}' on rank 0: receiving from rank 3"):
+            hop.allreduce(torch.ones(n), tag, timeout=60)
+        for r, p in pending.items():
+            with pytest.raises(hop.PeerFailedError, match=f"allreduce '{tag}' on rank {r}") as info:
+                p.result()
+            # (rank 2 may find rank 3 gone itself, sending to it)
+            assert "rank 0 gave up" in str(info.value) or "rank 3" in str(info.value), str(info.value)
+        assert time.monotonic() - start < 15
+    finally:
+        c.close()

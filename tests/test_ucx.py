@@ -30,6 +30,7 @@ OVER_UCX = [
     "tests/test_object_store.py",
     "tests/test_broadcast.py",
     "tests/test_reduce.py",
+    "tests/test_allreduce.py",
     "tests/test_peer_failure.py",
     "tests/test_directory_failover.py",
     "tests/test_heartbeat.py",
