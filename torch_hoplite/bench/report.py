@@ -36,6 +36,7 @@ P2P_UCX = "p2p_ucx.json"  # the UCX transport against ours, loopback, UCX_TLS=tc
 P2P_UCX_H100 = "p2p_ucx_h100.json"  # the same on the 16 cores of the GPU machine, UCX 1.22, without gloo
 P2P_UCX_H100_BEFORE = "p2p_ucx_h100_dc298f9.json"  # that, before frames were delivered between progress calls
 P2P_UCX_H200_BEFORE = "p2p_ucx_h200_a5bc0e1.json"  # 16 cores of an H200 machine, before tcp segments of 1 MiB
+P2P_UCX_NOW = "p2p_ucx_2026-11-29.json"  # the same pairs again, with the segments of 3da759b and f1f8945
 P2P_UCX_SHM = "p2p_ucx_shm.json"  # UCX's shared memory against our same-host reads, loopback
 # The emulated cluster, the same command with --transport tcp and then ucx ({} = the transport).
 UCX_EMULATED = "ucx_vs_tcp_{}_emulated_1gbit.json"
@@ -730,6 +731,7 @@ BLOCKS: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("BENCH_README", "p2p", p2p_table),
     ("BENCH_README", "p2p-fresh-memory", p2p_fresh_memory_table),
     ("BENCH_README", "ucx-p2p", functools.partial(ucx_p2p_table, P2P_UCX)),
+    ("BENCH_README", "ucx-p2p-now", functools.partial(ucx_p2p_table, P2P_UCX_NOW)),
     ("BENCH_README", "ucx-p2p-h100-before", functools.partial(ucx_p2p_table, P2P_UCX_H100_BEFORE)),
     ("BENCH_README", "ucx-p2p-h100", functools.partial(ucx_p2p_table, P2P_UCX_H100)),
     ("BENCH_README", "ucx-p2p-h200-before", functools.partial(ucx_p2p_table, P2P_UCX_H200_BEFORE)),
