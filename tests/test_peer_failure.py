@@ -51,7 +51,8 @@ def test_a_member_killed_during_allreduce_fails_every_other_member_soon():
     which receives from it, fails when its connection closes, and its abort
     fails ranks 1 and 2 (which wait on their neighbours) long before the
     call's 60 s timeout."""
-    c = Cluster(4, options={"same_host": False})
+    # Short heartbeats: where the kill shows only through them (UCX's shared memory).
+    c = Cluster(4, options={"same_host": False, "heartbeat_interval": 0.2, "heartbeat_timeout": 2.0})
     try:
         tag = f"killed-{uuid.uuid4().hex[:8]}"
         n = (4 << 20) // 4
@@ -65,8 +66,9 @@ def test_a_member_killed_during_allreduce_fails_every_other_member_soon():
         for r, p in pending.items():
             with pytest.raises(hop.PeerFailedError, match=f"allreduce '{tag}' on rank {r}") as info:
                 p.result()
-            # (rank 2 may find rank 3 gone itself, sending to it)
-            assert "rank 0 gave up" in str(info.value) or "rank 3" in str(info.value), str(info.value)
+            # Rank 1 exchanges nothing with rank 3; rank 2 may find it gone itself, sending to it.
+            told = "rank 0 gave up" in str(info.value)
+            assert told or (r == 2 and "sending to rank 3" in str(info.value)), str(info.value)
         assert time.monotonic() - start < 15
     finally:
         c.close()

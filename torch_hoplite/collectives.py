@@ -219,8 +219,8 @@ def allreduce(
     pipelined ring (reduce-scatter, then allgather; 2(N-1)/N of the tensor on
     each link) from 128 KiB, recursive doubling below. A member that calls
     early sends its first pieces at once; the others' nodes keep them until
-    they call. A member whose call fails tells the others, which then fail at
-    once too.
+    they call. A member whose call fails tells the others, which then fail
+    soon too instead of at their timeout.
 
     Members all on one host, or a call with `shards` or `degree`, compose the
     object store instead, whose gets read each other's memory there: the

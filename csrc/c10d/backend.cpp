@@ -278,7 +278,7 @@ c10::intrusive_ptr<::c10d::Work> HopliteBackend::enqueue(::c10d::OpType type, co
     std::exception_ptr error;
     Status failure;  // what the other members are told
     try {
-      channel_.begin(label, kind, (seq & kSeqMask) << kSeqShift, seconds, owner);
+      channel_.begin(label, kind, (seq & kSeqMask) << kSeqShift, seconds, owner, seq);
       if (staging) staging->awaitCopiesIn();
       body(channel_);
       if (staging) staging->copyOut();

@@ -11,19 +11,21 @@ namespace hoplite::c10d {
 
 namespace {
 constexpr std::chrono::seconds kCancelGrace{5};
-// Aborts: a fixed size (a receive takes one message of its own size), the
-// failure's code then its text, zero-padded. The sub-tag is above every one
-// an algorithm uses (they stay under 2^40, the sequence shift of the backend).
+// Aborts: a fixed size (a receive takes one message of its own size): the
+// failure's code, the collective's generation (8 bytes, little-endian), then
+// its text, zero-padded. The sub-tag is above every one an algorithm uses
+// (they stay under 2^40, the sequence shift of the backend).
 constexpr size_t kAbortBytes = 512;
+constexpr size_t kAbortText = 9;  // where the text starts
 constexpr uint64_t kAbortSubTag = (1ull << 40) - 1;
 const std::string kAbortKind = "abort";
-// An abort goes to a member's mailbox at once (it is small); this bounds its
-// send where the member is gone.
+// An abort's send waits at least this long for a member that has not asked
+// for it yet (when the sender's eager window to it is full).
 constexpr double kAbortSendSeconds = 5.0;
 // A collective watches for aborts once one of its waits lasts this long:
-// posting and cancelling the receive costs a short one (a 1 KB allreduce
-// among 4 on loopback) about 10%, and an abort that waited that long in the
-// mailbox is taken at once.
+// posting and cancelling the receive in every collective made a 1 KB
+// allreduce among 4 on loopback 13% slower (benchmarks/README.md), and an
+// abort that waited that long in the mailbox is taken at once.
 constexpr std::chrono::milliseconds kWatchAfter{5};
 }  // namespace
 
@@ -48,7 +50,7 @@ int groupRankOf(const std::vector<int>& globalRanks, int global) {
 }
 
 void Channel::begin(const std::string& name, const std::string& kind, uint64_t tagBase, double timeoutSeconds,
-                    std::shared_ptr<const void> owner) {
+                    std::shared_ptr<const void> owner, uint64_t generation) {
   name_ = name;
   kind_ = kind;
   tagBase_ = tagBase;
@@ -58,6 +60,7 @@ void Channel::begin(const std::string& name, const std::string& kind, uint64_t t
   memory_ = std::make_shared<Memory>();
   memory_->owner = std::move(owner);
   outcome_ = std::make_shared<Outcome>();
+  generation_ = generation;
 }
 
 void Channel::watchForAborts() {
@@ -70,11 +73,16 @@ void Channel::watchForAborts() {
   for (int member = 0; member < size(); ++member) names[globalRank(member)] = memberName(member);
   abortWatch_ = messenger_->receive(
       -1, context_, tagBase_ | kAbortSubTag, kAbortKind, reinterpret_cast<uint8_t*>(buffer->data()), kAbortBytes,
-      memory_, [weak, buffer, where, names = std::move(names)](const Status& status, int source) {
+      memory_, [weak, buffer, where, names = std::move(names), generation = generation_](const Status& status,
+                                                                                        int source) {
         auto outcome = weak.lock();
         if (!outcome || !status.ok()) return;  // the collective ended first (its cancel), or is gone
+        uint64_t theirs = 0;
+        for (size_t i = 0; i < 8; ++i) theirs |= uint64_t{static_cast<uint8_t>((*buffer)[1 + i])} << (8 * i);
+        if (theirs != generation) return;  // an earlier collective's, with the same tags
         const auto code = static_cast<Code>(static_cast<uint8_t>((*buffer)[0]));
-        const std::string reason(buffer->data() + 1, strnlen(buffer->data() + 1, kAbortBytes - 1));
+        const std::string reason(buffer->data() + kAbortText,
+                                 strnlen(buffer->data() + kAbortText, kAbortBytes - kAbortText));
         auto named = names.find(source);
         const std::string who = named != names.end() ? named->second : "rank " + std::to_string(source);
         {
@@ -92,11 +100,13 @@ void Channel::sendAborts(const Status& why) {
   auto payload = std::make_shared<std::array<uint8_t, kAbortBytes>>();
   payload->fill(0);
   (*payload)[0] = static_cast<uint8_t>(why.code);
-  std::memcpy(payload->data() + 1, why.message.data(), std::min(why.message.size(), kAbortBytes - 2));
+  for (size_t i = 0; i < 8; ++i) (*payload)[1 + i] = static_cast<uint8_t>(generation_ >> (8 * i));
+  std::memcpy(payload->data() + kAbortText, why.message.data(),
+              std::min(why.message.size(), kAbortBytes - kAbortText - 1));
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank_) continue;
     messenger_->send(globalRank(peer), context_, tagBase_ | kAbortSubTag, kAbortKind, payload->data(), kAbortBytes,
-                     payload, [](const Status&, int) {}, kAbortSendSeconds);
+                     payload, [](const Status&, int) {}, std::max(timeoutSeconds_, kAbortSendSeconds));
   }
 }
 
@@ -167,6 +177,7 @@ std::string Channel::memberName(int groupRank) const {
 }
 
 Channel::Pending Channel::start(int peer, uint64_t subTag, bool isSend) {
+  if (subTag >= kAbortSubTag) throw CommError(Code::kInternal, name_ + ": sub-tag " + std::to_string(subTag) + " is reserved");
   if (peer < 0 || peer >= size() || peer == rank_) {
     throw CommError(Code::kInvalidArgument, name_ + ": no peer " + std::to_string(peer) + " in a group of " +
                                                 std::to_string(size()));

@@ -59,9 +59,11 @@ class Channel {
   // Starts a collective: its name for errors, its kind (which the peers'
   // messages must match: see TaggedMessenger), its tags, its deadline, and
   // `owner`, which keeps the memory it touches alive until the node has
-  // finished with every message.
+  // finished with every message. `generation` tells it apart from earlier
+  // collectives whose tags were the same (the backend's sequence numbers
+  // wrap): an abort of one of those is not taken for its own.
   void begin(const std::string& name, const std::string& kind, uint64_t tagBase, double timeoutSeconds,
-             std::shared_ptr<const void> owner);
+             std::shared_ptr<const void> owner, uint64_t generation = 0);
   // Uninitialised scratch memory that lives as long as the collective's
   // messages. From the allocator's pool, so reused across collectives: fresh
   // pages cost a fault each, which on a chain reduce of 256 MB was a large
@@ -91,12 +93,12 @@ class Channel {
  private:
   struct Memory;
   Pending start(int peer, uint64_t subTag, bool isSend);
-  // Asks the messenger to cancel a receive that has not completed; awaitCancel
-  // returns once its memory is no longer written (or at `until`).
   // Posts the receive of other members' aborts (any source, the last
   // sub-tag), from the collective's thread.
   void watchForAborts();
   void sendAborts(const Status& why);
+  // Asks the messenger to cancel a receive that has not completed; awaitCancel
+  // returns once its memory is no longer written (or at `until`).
   void requestCancel(const Pending& op, const Status& why);
   void awaitCancel(const Pending& op, std::chrono::steady_clock::time_point until);
   double secondsLeft() const;
@@ -117,6 +119,7 @@ class Channel {
   std::shared_ptr<Outcome> outcome_;
   std::vector<Pending> receives_;  // of this collective, to cancel what a failure leaves
   std::vector<Pending> sends_;
+  uint64_t generation_ = 0;
   uint64_t abortWatch_ = 0;  // the messenger's handle of the abort receive (0: none)
   bool nameNodeRanks_ = false;
   // "rank p" (group) or "rank g" (node) as errors name a member.
