@@ -167,12 +167,16 @@ def test_a_participant_back_from_a_stall_leaves_the_redo_its_child():
         c.close()
 
 
-def test_a_task_sent_to_a_stopped_rank_is_given_up_when_it_resumes():
+def test_a_task_sent_to_a_stopped_rank_is_given_up_when_it_resumes(monkeypatch):
     """Rank 2 is stopped before its reduce task (the root) reaches it; the
     coordinator takes it for failed and computes the root again once rank 2
     lists its input again. Resumed, rank 2 reads the old task first: sent
     before anyone knew it was back, it is given up, not computed into a
     result (published under the result's id) that the reduce moved on from."""
+    # The old task must still reach rank 2: over UCX's shared memory, its 1 s
+    # keepalive would close the connection that carries it while rank 2 is
+    # stopped (this test then failed twice in CI under load, 2026-11-29).
+    monkeypatch.setenv("UCX_KEEPALIVE_INTERVAL", "30s")
     c = Cluster(3, options={"heartbeat_timeout": 3, "same_host": False})
     try:
         numel = (1 << 20) // 4
@@ -189,13 +193,10 @@ def test_a_task_sent_to_a_stopped_rank_is_given_up_when_it_resumes():
             os.kill(c.pids[2], signal.SIGCONT)
         result, unused = reducing(60)
         plan = hop.wait_reduce(result, timeout=60)
-        # One redo; a second where the redo's task met the connection that the
-        # resumed rank's stall left closing (seen once over UCX's shared memory,
-        # whose keepalive gives up on a stopped peer after about a second).
-        assert plan.holders == (1, 2) and plan.recoveries in (1, 2)
+        assert plan.holders == (1, 2) and plan.recoveries == 1
         assert torch.equal(hop.get(result, timeout=30).wait(), workers.pattern_sum(numel, [1, 2]))
         stats = c.call(2, workers.stats)
-        assert 2 <= stats["reduce_tasks"] <= 1 + plan.recoveries and stats["reduce_tasks_abandoned"] >= 1, stats
+        assert stats["reduce_tasks"] == 2 and stats["reduce_tasks_abandoned"] == 1
     finally:
         c.close()
 
