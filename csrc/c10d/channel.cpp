@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <unordered_map>
 
 #include "common/object_meta.h"
 
@@ -11,6 +10,13 @@ namespace hoplite::c10d {
 
 namespace {
 constexpr std::chrono::seconds kCancelGrace{5};
+
+// "rank p" (group) or "rank g" (node) as errors name member p of `ranks`.
+std::string nameOf(const std::vector<int>& ranks, int groupRank, bool nodeRanks) {
+  const int node = ranks.at(groupRank);
+  if (nodeRanks || node == groupRank) return "rank " + std::to_string(node);
+  return "rank " + std::to_string(groupRank) + " (global rank " + std::to_string(node) + ")";
+}
 // Aborts: a fixed size (a receive takes one message of its own size): the
 // failure's code, the collective's generation (8 bytes, little-endian), then
 // its text, zero-padded. The sub-tag is above every one an algorithm uses
@@ -68,13 +74,10 @@ void Channel::watchForAborts() {
   memory_->held.push_back(buffer);
   std::weak_ptr<Outcome> weak = outcome_;
   const std::string where = name_ + " on " + memberName(rank_);
-  // Member names by node rank, for the callback (which may outlive the channel).
-  std::unordered_map<int, std::string> names;
-  for (int member = 0; member < size(); ++member) names[globalRank(member)] = memberName(member);
   abortWatch_ = messenger_->receive(
       -1, context_, tagBase_ | kAbortSubTag, kAbortKind, reinterpret_cast<uint8_t*>(buffer->data()), kAbortBytes,
-      memory_, [weak, buffer, where, names = std::move(names), generation = generation_](const Status& status,
-                                                                                        int source) {
+      memory_, [weak, buffer, where, ranks = globalRanks_, nodeRanks = nameNodeRanks_,
+                generation = generation_](const Status& status, int source) {
         auto outcome = weak.lock();
         if (!outcome || !status.ok()) return;  // the collective ended first (its cancel), or is gone
         uint64_t theirs = 0;
@@ -83,8 +86,8 @@ void Channel::watchForAborts() {
         const auto code = static_cast<Code>(static_cast<uint8_t>((*buffer)[0]));
         const std::string reason(buffer->data() + kAbortText,
                                  strnlen(buffer->data() + kAbortText, kAbortBytes - kAbortText));
-        auto named = names.find(source);
-        const std::string who = named != names.end() ? named->second : "rank " + std::to_string(source);
+        const int member = groupRankOf(*ranks, source);
+        const std::string who = member < 0 ? "rank " + std::to_string(source) : nameOf(*ranks, member, nodeRanks);
         {
           std::lock_guard<std::mutex> lock(outcome->mutex);
           if (!outcome->failure.ok()) return;
@@ -170,11 +173,7 @@ double Channel::secondsLeft() const {
   return std::max(left, 1e-3);
 }
 
-std::string Channel::memberName(int groupRank) const {
-  const int node = globalRank(groupRank);
-  if (nameNodeRanks_ || node == groupRank) return "rank " + std::to_string(node);
-  return "rank " + std::to_string(groupRank) + " (global rank " + std::to_string(node) + ")";
-}
+std::string Channel::memberName(int groupRank) const { return nameOf(*globalRanks_, groupRank, nameNodeRanks_); }
 
 Channel::Pending Channel::start(int peer, uint64_t subTag, bool isSend) {
   if (subTag >= kAbortSubTag) throw CommError(Code::kInternal, name_ + ": sub-tag " + std::to_string(subTag) + " is reserved");
