@@ -592,6 +592,12 @@ def test_a_timeout_names_what_a_silent_task_waits_for():
         result_id, later_id = ids_with_shard("stall-out", 2, 3, lambda s: s == 2)
         hop.put(torch.ones(1024), a)
         c.call(1, workers.put_filled, b, 1024, 2)
+        # Rank 0 dials rank 1 (b's shard) before the stop: this test is about
+        # the stopped shard. (Once, in CI over UCX shared memory on two busy
+        # cores, b's lookup went unanswered for the whole 3 s.)
+        (warm,) = ids_with_shard("stall-warm", 1, 3, lambda s: s == 1)
+        c.call(1, workers.put_filled, warm, 4, 0)
+        assert torch.equal(hop.get(warm, timeout=30).wait(), torch.zeros(4))
         c.freeze(2)
         try:
             t0 = time.monotonic()
@@ -606,6 +612,34 @@ def test_a_timeout_names_what_a_silent_task_waits_for():
         # Once the shard answers again, a reduce of the same inputs runs.
         result, _ = hop.reduce([a, b], id=later_id, timeout=30)
         assert torch.equal(hop.get(result, timeout=30).wait(), torch.full((1024,), 3.0))
+    finally:
+        c.close()
+
+
+def test_a_timeout_names_an_input_whose_shard_never_answered_the_dial():
+    """An input whose lookup could not even be sent (its shard, stopped before
+    this node ever dialled it, accepts the connection and says nothing) is
+    named with that reason, apart from inputs that are merely not put yet."""
+    c = Cluster(3, options={"heartbeat_timeout": 30})  # rank 2 is not declared failed
+    try:
+        (present,) = ids_with_shard("unreached-in", 1, 3, lambda s: s == 0)
+        (unreached,) = ids_with_shard("unreached-in", 1, 3, lambda s: s == 2)
+        (unput,) = ids_with_shard("unput-in", 1, 3, lambda s: s == 1)
+        hop.put(torch.ones(16), present)
+        # Rank 0 talks to rank 1 (the last input's shard) first.
+        (warm,) = ids_with_shard("unreached-warm", 1, 3, lambda s: s == 1)
+        c.call(1, workers.put_filled, warm, 4, 0)
+        hop.get(warm, timeout=30).wait()
+        c.freeze(2)
+        try:
+            with pytest.raises(hop.HopliteTimeoutError) as info:
+                hop.reduce([present, unreached, unput], id="unreached-out", timeout=2)
+        finally:
+            os.kill(c.pids[2], signal.SIGCONT)
+        message = str(info.value)
+        assert "needed 3 of 3 inputs" in message, message
+        assert re.search(rf"still missing '{unreached}' \(no connection yet to its directory shard, rank 2 at [^)]+\), "
+                         rf"'{unput}'$", message), message
     finally:
         c.close()
 

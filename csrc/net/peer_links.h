@@ -29,6 +29,9 @@ class PeerLinks {
   virtual bool isLeaving(int rank) const = 0;
   // Whether this node has a connection to or from `rank` that finished its handshake.
   virtual bool talksTo(int rank) const = 0;
+  // Whether the connection this node dialed to `rank` finished its handshake
+  // (what whenConnected waits for).
+  virtual bool isReady(int rank) const = 0;
   // Id of the latest connection `rank` opened to this node (0: none): only
   // its close speaks for the peer (an older one is a previous process's).
   virtual uint64_t latestIncoming(int rank) = 0;

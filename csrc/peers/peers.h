@@ -105,7 +105,7 @@ class Peers : public PeerLinks, public ConnectionObserver {
   // `rank`'s process said it leaves: when its connections close, what waits
   // for it fails saying so, and a refused connect to it is final.
   void markLeaving(int rank);
-  bool isReady(int rank) const;       // handshake done
+  bool isReady(int rank) const override;
   // Neither cut off from most peers nor stalled within the last heartbeat timeout.
   bool settled() const;
   bool hasConnection(int rank) const;  // dialed, or being dialed

@@ -202,8 +202,9 @@ void ReduceCoordinator::armInputTimer(uint64_t key) {
     int shown = 0;
     for (size_t i = 0; i < c.arrived.size() && shown < 8; ++i) {
       if (c.arrived[i] && !c.lost[i]) continue;
-      missing += (shown++ ? ", " : "") + printableId(c.request.inputIds[i]) +
-                 (c.gone[i] ? " (deleted, or not locatable)" : c.lost[i] ? " (its holder failed)" : "");
+      const std::string& id = c.request.inputIds[i];
+      missing += (shown++ ? ", " : "") + printableId(id) +
+                 (c.gone[i] ? " (deleted, or not locatable)" : c.lost[i] ? " (its holder failed)" : unreachedShard(id));
     }
     endReduce(key, Status(Code::kTimeout, "reduce into " + printableId(c.request.resultId) + " timed out after " +
                                                printableSeconds(c.request.timeoutSeconds) + ": needed " +
@@ -212,6 +213,14 @@ void ReduceCoordinator::armInputTimer(uint64_t key) {
                                                std::to_string(c.planned ? placed : 0) + " ready" +
                                                (missing.empty() ? std::string() : "; still missing " + missing)));
   });
+}
+
+// Why an input's lookup may have had no answer besides the input not being
+// put yet: the connection to its shard has not finished its handshake.
+std::string ReduceCoordinator::unreachedShard(const std::string& id) {
+  const int shard = node_.directory().shardOf(id);
+  if (shard == config_.rank || node_.peers().isReady(shard)) return std::string();
+  return " (no connection yet to its directory shard, " + node_.peers().peerName(shard) + ")";
 }
 
 void ReduceCoordinator::onInput(uint64_t key, int index, const Status& status, const wire::LookupReply* reply) {

@@ -64,6 +64,7 @@ class ReduceCoordinator {
   bool sendTask(uint64_t key, int position);
   std::string partialOutputId(const ReduceCoordination& c, int position) const;
   void armInputTimer(uint64_t key);
+  std::string unreachedShard(const std::string& id);
   void onTaskRegistered(uint64_t key, int position, int generation, const Status& status);
   // What a task that has not started yet waits for (its stall note), kept for the timeout's message.
   void onStallNote(uint64_t key, int position, int generation, const Status& status);

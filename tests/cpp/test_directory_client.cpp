@@ -55,6 +55,7 @@ class FakePeers : public PeerLinks {
   bool hasFailed(int rank) override { return failed.count(rank) > 0; }
   bool isLeaving(int rank) const override { return leaving.count(rank) > 0; }
   bool talksTo(int rank) const override { return talking.count(rank) > 0; }
+  bool isReady(int rank) const override { return talking.count(rank) > 0; }
   uint64_t latestIncoming(int) override { return 0; }
   uint64_t incarnationOf(int rank) const override {
     auto it = incarnations.find(rank);
