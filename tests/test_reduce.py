@@ -174,6 +174,31 @@ def test_mismatched_inputs_raise_naming_both_objects(cluster4, other):
     hop.put(torch.ones(1), f"{a}-retry")
 
 
+def test_a_reduce_that_fails_so_fails_the_gets_of_its_result_until_it_is_put(cluster4):
+    """Gets of a result whose reduce failed because its inputs differ fail at
+    once with that reason, whether they waited before or came after, until
+    the id is registered again: a reduce into it with matching inputs runs,
+    and gets read it."""
+    tag = uid("failed-result")
+    a, b, c, out = f"{tag}/a", f"{tag}/b", f"{tag}/c", f"{tag}/out"
+    waiting = cluster4.submit(3, workers.get, out, 60)
+    put_on(cluster4, 1, torch.ones(100), a)
+    put_on(cluster4, 2, torch.ones(99), b)
+    start = time.monotonic()
+    with pytest.raises(hop.InvalidArgumentError, match="inputs differ"):
+        hop.reduce([a, b], id=out, timeout=60)
+    with pytest.raises(hop.InvalidArgumentError,
+                       match=rf"object '{out}' was not computed: reduce into '{out}': inputs differ"):
+        waiting.result()
+    assert time.monotonic() - start < 10
+    with pytest.raises(hop.InvalidArgumentError, match=rf"object '{out}' was not computed"):
+        cluster4.call(1, workers.get, out, 60)
+    put_on(cluster4, 2, torch.full((100,), 2.0), c)
+    result, _ = hop.reduce([a, c], id=out, timeout=60)  # returns once the result is registered
+    assert torch.equal(hop.get(result, timeout=30).wait(), torch.full((100,), 3.0))
+    assert torch.equal(cluster4.call(3, workers.get, out, 60), torch.full((100,), 3.0))
+
+
 def test_composed_reduces_stream_into_each_other(cluster4):
     tag = uid("composed")
     n = (8 << 20) // 8
@@ -394,6 +419,25 @@ def test_allreduce_on_one_host_composes_the_object_store(cluster4):
     assert all(torch.equal(out[r], want) for r in range(4))
     assert after["bytes_received_same_host"] > before["bytes_received_same_host"]
     assert after["messages_sent"] == before["messages_sent"]
+
+
+def test_allreduce_on_one_host_fails_at_once_everywhere_when_a_member_differs(cluster4):
+    """The composition's reduce fails on the member that coordinates it, and
+    the others' gets of its result hear why instead of waiting out the timeout."""
+    tag = uid("one-host-differs")
+    pending = {r: cluster4.submit(r, workers.allreduce, torch.ones(100 if r == 2 else 200), tag, {"timeout": 60})
+               for r in (1, 2, 3)}
+    start = time.monotonic()
+    errors = {}
+    with pytest.raises(hop.InvalidArgumentError) as info:
+        hop.allreduce(torch.ones(200), tag, timeout=60)
+    errors[0] = str(info.value)
+    for r, p in pending.items():
+        with pytest.raises(hop.InvalidArgumentError) as info:
+            p.result()
+        errors[r] = str(info.value)
+    assert time.monotonic() - start < 10, errors
+    assert all("inputs differ" in e and "float32[100]" in e and "float32[200]" in e for e in errors.values()), errors
 
 
 def test_gather_returns_every_tensor_in_order(cluster4):

@@ -116,6 +116,10 @@ class DirectoryClient : public DirectoryAccess {
   uint64_t requestDelete(const std::string& id, bool retract, StatusCallback cb, uint64_t ifToken = 0);
   // Registers `reg` (its request id is given here) at its id's shard.
   void requestRegister(wire::Register reg, StatusCallback cb);
+  // Tells `id`'s shard that the reduce into it failed for good (one way).
+  void reportResultFailed(const std::string& id, const Status& why) {
+    peers_.send(shardOf(id), wire::ResultFailed{id, why});
+  }
   // Fire and forget.
   void deleteEverywhere(const std::string& id, uint64_t ifToken = 0) {
     requestDelete(id, /*retract=*/false, [](const Status&) {}, ifToken);

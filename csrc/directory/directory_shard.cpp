@@ -227,6 +227,7 @@ std::vector<wire::GoneId> DirectoryShard::handOver(const std::function<bool(cons
   gone_.forgetIf([&](std::string_view id, const Gone& gone) {
     std::string name(id);
     if (!leaves(name)) return false;
+    if (gone.failedReduce) return true;  // soft: the new host's lookups wait as for any absent id
     handed.push_back(wire::GoneId{std::move(name), gone.code == Code::kDeleted, gone.rank, gone.left, gone.deletedBy});
     return true;
   });
@@ -256,7 +257,23 @@ bool DirectoryShard::isDeleted(const std::string& id) const {
 
 bool DirectoryShard::isLost(const std::string& id) const {
   const Gone* gone = gone_.find(id);
-  return gone != nullptr && gone->code != Code::kDeleted;
+  return gone != nullptr && gone->code != Code::kDeleted && !gone->failedReduce;
+}
+
+void DirectoryShard::failResult(const std::string& id, const Status& why) {
+  if (entries_.count(id) || expected_.count(id)) return;
+  if (const Gone* gone = gone_.find(id); gone != nullptr && !gone->failedReduce) return;
+  const Gone& now = gone_.remember(id, Gone{.code = why.code, .failedReduce = true, .why = why.message});
+  auto w = waiters_.find(id);
+  if (w == waiters_.end()) return;
+  std::vector<Waiter> list = std::move(w->second);
+  waiters_.erase(w);
+  waiting_ -= list.size();
+  const Status failed = goneStatus(id, now);
+  for (auto& waiter : list) {
+    loop_.cancelTimer(waiter.timer);
+    waiter.reply(failed, nullptr, -1);
+  }
 }
 
 void DirectoryShard::keepStandby(const wire::GoneId& gone) {
@@ -453,7 +470,7 @@ wire::Locations DirectoryShard::locationsOf(const std::string& id) const {
     loc.state = wire::LocationState::kPresent;
     for (const auto& [rank, holder] : it->second.holders) (holder.complete ? loc.complete : loc.partial).push_back(rank);
     loc.inlined = it->second.hasInline;
-  } else if (const Gone* gone = gone_.find(id)) {
+  } else if (const Gone* gone = gone_.find(id); gone != nullptr && !gone->failedReduce) {
     loc.state = gone->code == Code::kDeleted ? wire::LocationState::kDeleted : wire::LocationState::kLost;
     loc.lastHolder = gone->rank;
   }
@@ -526,6 +543,7 @@ DirectoryShard::Entries::iterator DirectoryShard::dropLost(Entries::iterator ent
 }
 
 Status DirectoryShard::goneStatus(const std::string& id, const Gone& gone) {
+  if (gone.failedReduce) return Status(gone.code, "object " + printableId(id) + " was not computed: " + gone.why);
   if (gone.code == Code::kDeleted) return Status(Code::kDeleted, "object " + printableId(id) + " was deleted");
   if (gone.rank < 0) return Status(gone.code, "object " + printableId(id) + " was lost: no copy of it is left");
   return Status(gone.code, "object " + printableId(id) + " was lost: its last holder, rank " + std::to_string(gone.rank) +

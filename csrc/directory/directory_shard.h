@@ -58,6 +58,10 @@ class DirectoryShard {
   Status registerObject(const wire::Register& msg);
   // Returns false if the object is unknown here (e.g. deleted meanwhile).
   bool updateHolder(const wire::HolderUpdate& msg);
+  // The reduce into `id` failed (wire::ResultFailed): the lookups waiting for
+  // it fail with `why`, and so do later ones until `id` is registered. Does
+  // nothing if `id` is registered, deleted or lost: that stands.
+  void failResult(const std::string& id, const Status& why);
   // Answers at once if the object exists or was deleted, else when it is
   // registered or after `timeoutSeconds`. For an object that is not inline,
   // the answer assigns `asker` a sender and lists the asker as a partial holder.
@@ -217,6 +221,8 @@ class DirectoryShard {
     bool left = false;  // that holder shut down (else it failed)
     bool fromStandby = false;  // a delete the dead host's standby kept: a holder listing a copy again wins
     uint64_t deletedBy = 0;    // the delete's token (remove)
+    bool failedReduce = false;  // a result whose reduce failed (`code`, `why`): not lost, never computed
+    std::string why;
   };
   static Status goneStatus(const std::string& id, const Gone& gone);
   // What a shard remembers of gone ids, and keeps as a standby: bounded so

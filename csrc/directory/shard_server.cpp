@@ -14,6 +14,7 @@
 #include "common/timeouts.h"
 
 namespace hoplite {
+
 namespace {
 // A delete that has waited this long for holders to drop their copies names them in the log.
 constexpr double kSlowDropSeconds = 5.0;
@@ -33,6 +34,8 @@ void ShardServer::registerHandlers(MessageRouter& router) {
   router.on<wire::Register>(Route::kOnEither, [this](Connection& c, const wire::Register& m) { handleRegister(c, m); });
   router.on<wire::HolderUpdate>(Route::kOnEither,
                                 [this](Connection& c, const wire::HolderUpdate& m) { handleHolderUpdate(c, m); });
+  router.on<wire::ResultFailed>(Route::kOnEither,
+                                [this](Connection&, const wire::ResultFailed& m) { handleResultFailed(m); });
   router.on<wire::Lookup>(Route::kOnEither, [this](Connection& c, const wire::Lookup& m) { handleLookup(c, m); });
   router.on<wire::Delete>(Route::kOnEither, [this](Connection& c, const wire::Delete& m) { handleDelete(c, m); });
   router.on<wire::Subscribe>(Route::kOnEither, [this](Connection& c, const wire::Subscribe& m) { handleSubscribe(c, m); });
@@ -85,6 +88,11 @@ void ShardServer::handleHolderUpdate(Connection& conn, const wire::HolderUpdate&
     }
     dropCopyAt(msg.holder, msg.id, /*retract=*/false, [](const Status&) {});
   }
+}
+
+void ShardServer::handleResultFailed(const wire::ResultFailed& msg) {
+  // Moved meanwhile: the new host's lookups of it wait as before (the note is soft state).
+  if (directory_.hosts(msg.id)) shard_.failResult(msg.id, msg.status);
 }
 
 namespace {

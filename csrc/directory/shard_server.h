@@ -45,6 +45,7 @@ class ShardServer {
   Status notHostedHere(const std::string& id) const;
   void handleRegister(Connection& conn, const wire::Register& msg);
   void handleHolderUpdate(Connection& conn, const wire::HolderUpdate& msg);
+  void handleResultFailed(const wire::ResultFailed& msg);
   void handleLookup(Connection& conn, const wire::Lookup& msg);
   void handleDelete(Connection& conn, const wire::Delete& msg);
   void handleSubscribe(Connection& conn, const wire::Subscribe& msg);

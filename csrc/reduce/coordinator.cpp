@@ -546,6 +546,9 @@ void ReduceCoordinator::endReduce(uint64_t key, const Status& outcome) {
     }
   }
   if (!outcome.ok() && c->resultRegistered) node_.directory().deleteEverywhere(c->request.resultId);
+  // A call that fails this way fails again as it is (inputs that differ):
+  // who waits for its result hears why instead of waiting out a timeout.
+  if (outcome.code == Code::kInvalidArgument) node_.directory().reportResultFailed(c->request.resultId, outcome);
   if (outcome.ok()) traceStep(Step::kReduceDone, c->request.resultId);
   remember(*c, outcome);
   if (c->returned) c->returned(outcome, *c->plan);

@@ -315,6 +315,19 @@ HolderUpdate HolderUpdate::decode(Reader& r) {
   return m;
 }
 
+void ResultFailed::encode(Writer& w) const {
+  encodeId(w, id);
+  encodeStatus(w, status);
+}
+ResultFailed ResultFailed::decode(Reader& r) {
+  ResultFailed m;
+  m.id = decodeId(r);
+  m.status = decodeStatus(r);
+  if (m.status.ok()) throw DecodeError("result failure without an error");
+  r.expectEnd("result failure");
+  return m;
+}
+
 void Lookup::encode(Writer& w) const {
   w.u64(request);
   encodeId(w, id);

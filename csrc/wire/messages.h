@@ -215,6 +215,17 @@ struct HolderUpdate {
   static HolderUpdate decode(Reader& r);
 };
 
+// One-way, a reduce's coordinator to its result's shard: the reduce failed
+// in a way a retry of the same call fails too (its inputs differ, say).
+// Lookups of `id` fail with `status` until `id` is registered again.
+struct ResultFailed {
+  static constexpr MsgType kType = MsgType::kResultFailed;
+  std::string id;
+  Status status;
+  void encode(Writer& w) const;
+  static ResultFailed decode(Reader& r);
+};
+
 // Ask the shard for an object; answered once it exists, or at the deadline. The
 // answer assigns the asker one sender and lists the asker as a partial holder,
 // so that receivers arriving later may relay through it. A `locate` lookup only

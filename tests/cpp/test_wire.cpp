@@ -279,6 +279,15 @@ static void testMessages() {
   }
   checkTruncations(RelistCopies{7}, [](Reader& r) { RelistCopies::decode(r); }, "relist copies");
   {
+    std::string bytes = encode(ResultFailed{"out", Status(Code::kInvalidArgument, "inputs differ")});
+    Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    ResultFailed back = ResultFailed::decode(r);
+    CHECK(back.id == "out" && back.status.code == Code::kInvalidArgument && back.status.message == "inputs differ");
+    CHECK(throwsDecodeError(encode(ResultFailed{"out", Status()}), [](Reader& r) { ResultFailed::decode(r); }));
+  }
+  checkTruncations(ResultFailed{"out", Status(Code::kInvalidArgument, "x")}, [](Reader& r) { ResultFailed::decode(r); },
+                   "result failure");
+  {
     ShardHandOver handOver;
     handOver.standby = true;
     handOver.gone = {GoneId{"deleted-one", true, -1, false, 0x8877665544332211ull}, GoneId{"lost-one", false, 3, true}};

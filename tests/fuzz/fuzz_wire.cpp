@@ -39,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t which = data[0];
   ++data;
   --size;
-  switch (which % 25) {
+  switch (which % 26) {
     case 0: {
       FrameHeader h;
       if (size >= kHeaderSize) (void)decodeHeader(data, FrameLimits{1 << 20, 4 << 20}, &h);
@@ -68,6 +68,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 21: roundTrip<MessageReply>(data, size, [](Reader& r) { return MessageReply::decode(r); }); return 0;
     case 22: roundTrip<MessageWithdrawn>(data, size, [](Reader& r) { return MessageWithdrawn::decode(r); }); return 0;
     case 23: roundTrip<DataAt>(data, size, [](Reader& r) { return DataAt::decode(r); }); return 0;
+    case 24: roundTrip<ResultFailed>(data, size, [](Reader& r) { return ResultFailed::decode(r); }); return 0;
     default: {
       if (size >= kDataSubheaderSize) {
         uint64_t request, offset;
