@@ -12,6 +12,7 @@ import torch
 
 import torch_hoplite as hop
 import workers
+from cluster import in_thread
 from torch_hoplite import ReduceOp
 
 
@@ -197,6 +198,47 @@ def test_a_reduce_that_fails_so_fails_the_gets_of_its_result_until_it_is_put(clu
     result, _ = hop.reduce([a, c], id=out, timeout=60)  # returns once the result is registered
     assert torch.equal(hop.get(result, timeout=30).wait(), torch.full((100,), 3.0))
     assert torch.equal(cluster4.call(3, workers.get, out, 60), torch.full((100,), 3.0))
+
+
+def test_a_result_registered_before_its_reduce_failed_is_deleted_saying_why(cluster4):
+    """The root task (b's, in the middle of a degree-2 tree of three) has
+    registered the result when the last input turns out to differ: the
+    coordinator deletes the result, and gets of it say why."""
+    tag = uid("failed-late")
+    a, b, c, out = f"{tag}/a", f"{tag}/b", f"{tag}/c", f"{tag}/out"
+    put_on(cluster4, 1, torch.ones(100), a)
+    put_on(cluster4, 2, torch.ones(100), b)
+    reducing = in_thread(hop.reduce, [a, b, c], id=out, degree=2, ordered=True, timeout=60)
+    deadline = time.monotonic() + 30
+    while cluster4.call(2, workers.stats)["reduce_tasks"] < 1:  # the root's task, sent once a and b are located
+        assert time.monotonic() < deadline, "the root task was not sent"
+        time.sleep(0.05)
+    time.sleep(0.5)  # ... and its registration answered
+    put_on(cluster4, 3, torch.ones(99), c)
+    with pytest.raises(hop.InvalidArgumentError, match="inputs differ"):
+        reducing(30)
+    with pytest.raises(hop.ObjectDeletedError,
+                       match=rf"object '{out}' was deleted: reduce into '{out}': inputs differ"):
+        cluster4.call(3, workers.get, out, 60)
+
+
+def test_an_input_that_is_a_failed_result_is_left_out_like_a_deleted_one(cluster4):
+    tag = uid("failed-input")
+    a, b, failed = f"{tag}/a", f"{tag}/b", f"{tag}/failed"
+    put_on(cluster4, 1, torch.ones(100), a)
+    put_on(cluster4, 2, torch.ones(99), b)
+    with pytest.raises(hop.InvalidArgumentError):
+        hop.reduce([a, b], id=failed, timeout=60)
+    c = f"{tag}/c"
+    put_on(cluster4, 3, torch.full((100,), 2.0), c)
+    start = time.monotonic()
+    result, unused = hop.reduce([failed, a, c], id=f"{tag}/two", num_objects=2, timeout=60)
+    assert [hop.object_ref.id_of(r) for r in unused] == [failed]
+    assert torch.equal(hop.get(result, timeout=30).wait(), torch.full((100,), 3.0))
+    with pytest.raises(hop.InvalidArgumentError,
+                       match=rf"cannot get 3 inputs: object '{failed}': object '{failed}' was not computed"):
+        hop.reduce([failed, a, c], id=f"{tag}/three", timeout=60)
+    assert time.monotonic() - start < 10
 
 
 def test_composed_reduces_stream_into_each_other(cluster4):

@@ -117,7 +117,7 @@ def reduce(
     Raises:
         InvalidArgumentError (a ValueError): the inputs differ in dtype, shape
             or device, or the op is not defined for their dtype; names the objects.
-            Gets of the result, on any rank, fail with it too until `id` is put again.
+            Gets of the result, on any rank, then fail at once saying why.
         HopliteTimeoutError: fewer than `num_objects` inputs appeared in time.
         ObjectExistsError: `id` names an existing object.
     """

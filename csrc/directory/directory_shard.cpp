@@ -262,7 +262,12 @@ bool DirectoryShard::isLost(const std::string& id) const {
 
 void DirectoryShard::failResult(const std::string& id, const Status& why) {
   if (entries_.count(id) || expected_.count(id)) return;
-  if (const Gone* gone = gone_.find(id); gone != nullptr && !gone->failedReduce) return;
+  if (Gone* gone = gone_.find(id); gone != nullptr && !gone->failedReduce) {
+    // Its coordinator deleted the result it had registered (or a holder of it
+    // was lost): that stands, and says why.
+    if (gone->code == Code::kDeleted) gone->why = why.message;
+    return;
+  }
   const Gone& now = gone_.remember(id, Gone{.code = why.code, .failedReduce = true, .why = why.message});
   auto w = waiters_.find(id);
   if (w == waiters_.end()) return;
@@ -514,7 +519,7 @@ Status DirectoryShard::remove(const std::string& id, bool retract, std::vector<i
       }
       return Status(Code::kDeleted, "object " + printableId(id) + " was already deleted");
     }
-    if (gone_.contains(id) && !retract && ifToken == 0) {
+    if (const Gone* gone = gone_.find(id); gone != nullptr && !gone->failedReduce && !retract && ifToken == 0) {
       // Lost with its holders: the caller's delete stands all the same, so a
       // holder only taken for failed that lists its copy again loses it.
       gone_.remember(id, Gone{.code = Code::kDeleted, .deletedBy = deleteToken});
@@ -544,7 +549,9 @@ DirectoryShard::Entries::iterator DirectoryShard::dropLost(Entries::iterator ent
 
 Status DirectoryShard::goneStatus(const std::string& id, const Gone& gone) {
   if (gone.failedReduce) return Status(gone.code, "object " + printableId(id) + " was not computed: " + gone.why);
-  if (gone.code == Code::kDeleted) return Status(Code::kDeleted, "object " + printableId(id) + " was deleted");
+  if (gone.code == Code::kDeleted) {
+    return Status(Code::kDeleted, "object " + printableId(id) + " was deleted" + (gone.why.empty() ? "" : ": " + gone.why));
+  }
   if (gone.rank < 0) return Status(gone.code, "object " + printableId(id) + " was lost: no copy of it is left");
   return Status(gone.code, "object " + printableId(id) + " was lost: its last holder, rank " + std::to_string(gone.rank) +
                                (gone.left ? ", left (it shut down)" : ", failed"));

@@ -59,8 +59,8 @@ class DirectoryShard {
   // Returns false if the object is unknown here (e.g. deleted meanwhile).
   bool updateHolder(const wire::HolderUpdate& msg);
   // The reduce into `id` failed (wire::ResultFailed): the lookups waiting for
-  // it fail with `why`, and so do later ones until `id` is registered. Does
-  // nothing if `id` is registered, deleted or lost: that stands.
+  // it fail with `why`, and so do later ones until `id` is registered. An id
+  // registered or lost stays so; a deleted one stays deleted, saying why.
   void failResult(const std::string& id, const Status& why);
   // Answers at once if the object exists or was deleted, else when it is
   // registered or after `timeoutSeconds`. For an object that is not inline,
@@ -222,7 +222,7 @@ class DirectoryShard {
     bool fromStandby = false;  // a delete the dead host's standby kept: a holder listing a copy again wins
     uint64_t deletedBy = 0;    // the delete's token (remove)
     bool failedReduce = false;  // a result whose reduce failed (`code`, `why`): not lost, never computed
-    std::string why;
+    std::string why;            // that failure; for a deleted result, its reduce's failure, if told
   };
   static Status goneStatus(const std::string& id, const Gone& gone);
   // What a shard remembers of gone ids, and keeps as a standby: bounded so

@@ -234,10 +234,11 @@ void ReduceCoordinator::onInput(uint64_t key, int index, const Status& status, c
                                                        printableId(id) + " located on rank " +
                                                        std::to_string(reply->sender) + ", which does not exist"));
   }
-  if (status.code == Code::kDeleted || status.code == Code::kPeerFailed) {
-    // Deleted, or its directory shard died and no other took over: this
-    // input will not come. Once too few can, the reduce fails now, not at its timeout.
-    c.lost[index] = true;
+  if (status.code == Code::kDeleted || status.code == Code::kPeerFailed || status.code == Code::kInvalidArgument) {
+    // Deleted, its directory shard died and no other took over, or the
+    // result of a reduce that failed: this input will not come. Once too
+    // few can, the reduce fails now, not at its timeout.
+    c.lost[index] = status.code != Code::kInvalidArgument;
     c.gone[index] = true;
     int possible = 0;
     for (bool gone : c.gone) possible += !gone;
@@ -355,6 +356,7 @@ bool ReduceCoordinator::planInput(uint64_t key, const ReduceInput& ready) {
     ReduceKernel kernel;
     Status s = reduceKernel(c.request.op, meta.dtype, &kernel);
     if (!s.ok()) {
+      c.inputsRefused = true;
       endReduce(key, Status(s.code, "reduce into " + resultName + ": input " + printableId(id) + ": " + s.message));
       return false;
     }
@@ -372,6 +374,7 @@ bool ReduceCoordinator::planInput(uint64_t key, const ReduceInput& ready) {
     for (int p = 0; p < k; ++p) c.positions[p].output = partialOutputId(c, p);
     c.planned = true;
   } else if (!sameContents(meta, c.meta)) {
+    c.inputsRefused = true;
     endReduce(key, Status(Code::kInvalidArgument, "reduce into " + resultName + ": inputs differ: object " +
                                                        printableId(c.metaFrom) + " is " + describeMeta(c.meta) +
                                                        ", object " + printableId(id) + " is " + describeMeta(meta)));
@@ -546,9 +549,8 @@ void ReduceCoordinator::endReduce(uint64_t key, const Status& outcome) {
     }
   }
   if (!outcome.ok() && c->resultRegistered) node_.directory().deleteEverywhere(c->request.resultId);
-  // A call that fails this way fails again as it is (inputs that differ):
-  // who waits for its result hears why instead of waiting out a timeout.
-  if (outcome.code == Code::kInvalidArgument) node_.directory().reportResultFailed(c->request.resultId, outcome);
+  // Who waits for the result hears why instead of waiting out a timeout.
+  if (c->inputsRefused) node_.directory().reportResultFailed(c->request.resultId, outcome);
   if (outcome.ok()) traceStep(Step::kReduceDone, c->request.resultId);
   remember(*c, outcome);
   if (c->returned) c->returned(outcome, *c->plan);

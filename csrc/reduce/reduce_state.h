@@ -80,6 +80,9 @@ struct ReduceCoordination {
     return placed;
   }
   bool resultRegistered = false;  // a root task registered the result (its id is this reduce's)
+  // Its inputs cannot be reduced (they differ, or the op does not apply to
+  // their dtype): the same call fails again, and gets of the result hear why.
+  bool inputsRefused = false;
   // After a failure: kRollCall while asking the participants who is alive
   // (startRollCall), then kRetracting while the result's readers are sent
   // back (recover), then kNone once the redone positions are relaunched. A
