@@ -542,7 +542,8 @@ def run_abandoned_alltoall(rank: int, world: int, port: int, conn) -> None:
     must then be withdrawn by their senders or refused by rank 2 (whose failed
     collective discards what was sent for it), not kept (with their memory)
     until the group's 60 s timeout. Reports how each call ended, the rank's
-    withdrawals and the messages it discarded."""
+    withdrawals, the messages it discarded and the bytes of deferred sends
+    it still holds."""
     dist.init_process_group(
         "hoplite", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
         timeout=datetime.timedelta(seconds=60),
@@ -565,6 +566,7 @@ def run_abandoned_alltoall(rank: int, world: int, port: int, conn) -> None:
     time.sleep(1.0)  # withdrawals and refusals are on their way
     stats = torch_hoplite.stats()
     report["withdrawn"], report["discarded"] = stats["messages_withdrawn"], stats["messages_discarded"]
+    report["held"] = stats["messages_deferred_bytes"]
     dist.barrier()
     conn.send(report)
     dist.destroy_process_group()

@@ -281,6 +281,7 @@ uint64_t Mailbox::send(int rank, uint64_t context, uint64_t tag, const std::stri
         outbound_[request] =
             std::make_shared<Outbound>(Outbound{rank, size, data, frames, conn, what + " to rank " + std::to_string(rank)});
         counters_.deferred++;
+        counters_.deferredBytes += size;
       }
     });
   });
@@ -580,6 +581,7 @@ void Mailbox::failFrom(int rank, uint64_t connectionId, const Status& why) {
       continue;
     }
     it->second->frames->fail(why);
+    counters_.deferredBytes -= it->second->size;
     it = outbound_.erase(it);
   }
   if (rank < 0) {
@@ -628,6 +630,7 @@ void Mailbox::onReply(Connection& conn, const wire::MessageReply& msg) {
     return;
   }
   outbound_.erase(it);
+  counters_.deferredBytes -= out->size;
   switch (msg.answer) {
     case wire::MessageAnswer::kSend:
       sendFrames(conn, msg.request, out->data, out->size, chunkFor(out->size), out->frames);
@@ -679,6 +682,7 @@ bool Mailbox::dropOutbound(uint64_t request, const Status& why) {
   if (it == outbound_.end()) return false;  // eager (its bytes are on their way), answered, or over
   std::shared_ptr<Outbound> out = it->second;
   outbound_.erase(it);
+  counters_.deferredBytes -= out->size;
   counters_.withdrawn++;
   out->frames->fail(why);
   // Else a receive could take it later and wait for bytes that never come.

@@ -85,6 +85,7 @@ class Mailbox final : public TaggedMessenger {
     std::atomic<uint64_t> discarded{0};   // received for tags no receive would take (discard())
     std::atomic<uint64_t> bytesSent{0}, bytesReceived{0};
     std::atomic<uint64_t> waitingBytes{0};  // eager bytes in the mailbox
+    std::atomic<uint64_t> deferredBytes{0};  // of deferred sends still held, not asked for nor given up
   };
   const Counters& counters() const { return counters_; }
 

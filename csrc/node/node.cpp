@@ -441,6 +441,7 @@ std::map<std::string, uint64_t> Node::stats() {
       {"messages_withdrawn", messages.withdrawn.load()},
       {"messages_discarded", messages.discarded.load()},
       {"mailbox_bytes", messages.waitingBytes.load()},
+      {"messages_deferred_bytes", messages.deferredBytes.load()},
       {"handshakes_refused", peers_->handshakesRefused()},
       {"cut_offs", peers_->cutOffs()},
       {"rejoins", peers_->rejoins()},
