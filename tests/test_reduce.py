@@ -203,7 +203,8 @@ def test_a_reduce_that_fails_so_fails_the_gets_of_its_result_until_it_is_put(clu
 def test_a_result_registered_before_its_reduce_failed_is_deleted_saying_why(cluster4):
     """The root task (b's, in the middle of a degree-2 tree of three) has
     registered the result when the last input turns out to differ: the
-    coordinator deletes the result, and gets of it say why."""
+    coordinator deletes the result (or the root's retract takes it first),
+    and gets of it say why either way."""
     tag = uid("failed-late")
     a, b, c, out = f"{tag}/a", f"{tag}/b", f"{tag}/c", f"{tag}/out"
     put_on(cluster4, 1, torch.ones(100), a)
@@ -217,9 +218,11 @@ def test_a_result_registered_before_its_reduce_failed_is_deleted_saying_why(clus
     put_on(cluster4, 3, torch.ones(99), c)
     with pytest.raises(hop.InvalidArgumentError, match="inputs differ"):
         reducing(30)
-    with pytest.raises(hop.ObjectDeletedError,
-                       match=rf"object '{out}' was deleted: reduce into '{out}': inputs differ"):
+    start = time.monotonic()
+    with pytest.raises((hop.ObjectDeletedError, hop.InvalidArgumentError),
+                       match=rf"object '{out}' was (deleted|not computed): reduce into '{out}': inputs differ"):
         cluster4.call(3, workers.get, out, 60)
+    assert time.monotonic() - start < 10
 
 
 def test_an_input_that_is_a_failed_result_is_left_out_like_a_deleted_one(cluster4):
