@@ -14,7 +14,6 @@
 #include "common/timeouts.h"
 
 namespace hoplite {
-
 namespace {
 // A delete that has waited this long for holders to drop their copies names them in the log.
 constexpr double kSlowDropSeconds = 5.0;
