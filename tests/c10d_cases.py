@@ -542,8 +542,8 @@ def run_abandoned_alltoall(rank: int, world: int, port: int, conn) -> None:
     must then be withdrawn by their senders or refused by rank 2 (whose failed
     collective discards what was sent for it), not kept (with their memory)
     until the group's 60 s timeout. Reports how each call ended, the rank's
-    withdrawals, the messages it discarded and the bytes of deferred sends
-    it still holds."""
+    withdrawals, the messages it discarded, the bytes of deferred sends it
+    still holds and (ranks 0 and 1) the most it held before rank 2 called."""
     dist.init_process_group(
         "hoplite", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
         timeout=datetime.timedelta(seconds=60),
@@ -553,6 +553,17 @@ def run_abandoned_alltoall(rank: int, world: int, port: int, conn) -> None:
     dist.barrier()
     if rank == 2:
         time.sleep(1)  # ranks 0 and 1 have posted their receives and exchanged their blocks
+    peak_held = [0]
+
+    def watch_held() -> None:  # while rank 2 sleeps, the block for it waits, deferred
+        end = time.monotonic() + 0.9
+        while time.monotonic() < end:
+            peak_held[0] = max(peak_held[0], torch_hoplite.stats()["messages_deferred_bytes"])
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch_held, daemon=True)
+    if rank != 2:
+        watcher.start()
     start = time.monotonic()
     try:
         if rank == 2:
@@ -567,6 +578,9 @@ def run_abandoned_alltoall(rank: int, world: int, port: int, conn) -> None:
     stats = torch_hoplite.stats()
     report["withdrawn"], report["discarded"] = stats["messages_withdrawn"], stats["messages_discarded"]
     report["held"] = stats["messages_deferred_bytes"]
+    if rank != 2:
+        watcher.join()
+    report["peak_held"] = peak_held[0]
     dist.barrier()
     conn.send(report)
     dist.destroy_process_group()

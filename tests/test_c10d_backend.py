@@ -140,6 +140,7 @@ def test_a_failed_collective_withdraws_the_sends_nobody_will_receive():
     # sent it, a number that depends on who failed first.)
     assert all(outcomes[rank]["withdrawn"] <= 1 for rank in (0, 1)), outcomes
     assert [o["held"] for o in outcomes] == [0, 0, 0], outcomes
+    assert all(outcomes[rank]["peak_held"] >= 8 << 20 for rank in (0, 1)), outcomes  # the gauge did count them
     assert outcomes[0]["withdrawn"] + outcomes[1]["withdrawn"] + outcomes[2]["discarded"] >= 2, outcomes
     # Rank 2's scatter failed at the first refusal, or at the abort of a rank
     # whose receive met its message (and gave up its other send if not refused yet).

@@ -269,15 +269,23 @@ void DirectoryShard::failResult(const std::string& id, const Status& why) {
     return;
   }
   const Gone& now = gone_.remember(id, Gone{.code = why.code, .failedReduce = true, .why = why.message});
+  failWaiters(id, goneStatus(id, now), /*keepLocates=*/false);
+}
+
+void DirectoryShard::failWaiters(const std::string& id, const Status& why, bool keepLocates) {
   auto w = waiters_.find(id);
   if (w == waiters_.end()) return;
-  std::vector<Waiter> list = std::move(w->second);
-  waiters_.erase(w);
-  waiting_ -= list.size();
-  const Status failed = goneStatus(id, now);
-  for (auto& waiter : list) {
+  std::vector<Waiter> answered, kept;
+  for (auto& waiter : w->second) (keepLocates && waiter.locate ? kept : answered).push_back(std::move(waiter));
+  waiting_ -= answered.size();
+  if (kept.empty()) {
+    waiters_.erase(w);
+  } else {
+    w->second = std::move(kept);
+  }
+  for (auto& waiter : answered) {
     loop_.cancelTimer(waiter.timer);
-    waiter.reply(failed, nullptr, -1);
+    waiter.reply(why, nullptr, -1);
   }
 }
 
@@ -382,24 +390,8 @@ bool DirectoryShard::adoptGone(const wire::GoneId& gone, bool fromStandby, std::
                              .fromStandby = fromStandby,
                              .deletedBy = gone.deletedBy});
   tellSubscribers(gone.id);
-  auto w = waiters_.find(gone.id);
-  if (w == waiters_.end()) return true;
-  std::vector<Waiter> answered, kept;
-  for (auto& waiter : w->second) {
-    // As in lookup(): a reduce's locate waits on for a lost input to be put again.
-    (waiter.locate && !gone.deleted ? kept : answered).push_back(std::move(waiter));
-  }
-  waiting_ -= answered.size();
-  if (kept.empty()) {
-    waiters_.erase(w);
-  } else {
-    w->second = std::move(kept);
-  }
-  const Status why = goneStatus(gone.id, now);
-  for (auto& waiter : answered) {
-    loop_.cancelTimer(waiter.timer);
-    waiter.reply(why, nullptr, -1);
-  }
+  // As in lookup(): a reduce's locate waits on for a lost input to be put again.
+  failWaiters(gone.id, goneStatus(gone.id, now), /*keepLocates=*/!gone.deleted);
   return true;
 }
 

@@ -186,6 +186,9 @@ class DirectoryShard {
   // An expected id (adoptStandby) whose holder is gone: lost with it, unless
   // listed, deleted or expected from another holder since.
   void loseExpected(const wire::GoneId& gone);
+  // Answers the lookups waiting for `id` with `why`; a reduce's locates wait
+  // on when `keepLocates`.
+  void failWaiters(const std::string& id, const Status& why, bool keepLocates);
   // Whether the entry has no copy left anywhere (inline bytes count as one).
   static bool lost(const DirectoryEntry& entry) { return entry.holders.empty() && !entry.hasInline; }
   // Receiver-driven broadcast: picks who serves `asker` (`preferred` if it
