@@ -225,6 +225,25 @@ def test_a_result_registered_before_its_reduce_failed_is_deleted_saying_why(clus
     assert time.monotonic() - start < 10
 
 
+def test_a_result_whose_registration_races_the_failure_still_fails_its_gets(cluster4):
+    """Every input is put before the reduce: the root's task starts, and its
+    registration of the result is on its way, when the coordinator finds the
+    last input differs. Gets fail at once whichever reached the shard first."""
+    for attempt in range(4):
+        tag = uid(f"failed-race{attempt}")
+        a, b, c, out = f"{tag}/a", f"{tag}/b", f"{tag}/c", f"{tag}/out"
+        put_on(cluster4, 1, torch.ones(100), a)
+        put_on(cluster4, 2, torch.ones(100), b)
+        put_on(cluster4, 3, torch.ones(99), c)
+        with pytest.raises(hop.InvalidArgumentError, match="inputs differ"):
+            hop.reduce([a, b, c], id=out, degree=2, ordered=True, timeout=60)
+        start = time.monotonic()
+        with pytest.raises((hop.ObjectDeletedError, hop.InvalidArgumentError),
+                           match=rf"object '{out}' was (deleted|not computed): reduce into '{out}': inputs differ"):
+            cluster4.call(3, workers.get, out, 20)
+        assert time.monotonic() - start < 10, attempt
+
+
 def test_an_input_that_is_a_failed_result_is_left_out_like_a_deleted_one(cluster4):
     tag = uid("failed-input")
     a, b, failed = f"{tag}/a", f"{tag}/b", f"{tag}/failed"

@@ -541,7 +541,11 @@ void ReduceCoordinator::endReduce(uint64_t key, const Status& outcome) {
     const ReducePosition& pos = c->positions[p];
     node_.directory().requests().forget(pos.endRequest);
     node_.directory().requests().forget(pos.stallRequest);
-    if (!outcome.ok() && pos.state == State::kRunning) node_.peers().send(pos.holder, wire::ReduceAbort{0, pos.output, false});
+    if (!outcome.ok() && pos.state == State::kRunning) {
+      const bool root = static_cast<int>(p) == c->plan->tree.root;
+      node_.peers().send(pos.holder, wire::ReduceAbort{0, pos.output, false,
+                                                       root && c->inputsRefused ? outcome : Status()});
+    }
     // Partial results, consumed or not (tasks leave them to a live coordinator);
     // inputs located but not used stay where they are.
     if (static_cast<int>(p) != c->plan->tree.root && (pos.state != State::kVacant || pos.generation > 0)) {
