@@ -539,16 +539,22 @@ void ReduceCoordinator::endReduce(uint64_t key, const Status& outcome) {
   using State = ReducePosition::State;
   for (size_t p = 0; p < c->positions.size(); ++p) {
     const ReducePosition& pos = c->positions[p];
-    node_.directory().requests().forget(pos.endRequest);
-    node_.directory().requests().forget(pos.stallRequest);
-    if (!outcome.ok() && pos.state == State::kRunning) {
-      const bool root = static_cast<int>(p) == c->plan->tree.root;
-      node_.peers().send(pos.holder, wire::ReduceAbort{0, pos.output, false,
-                                                       root && c->inputsRefused ? outcome : Status()});
+    const bool root = static_cast<int>(p) == c->plan->tree.root;
+    if (c->inputsRefused && root && pos.state == State::kRunning) {
+      // The root reports its end once it took its registration back; a
+      // registration that reached the shard after the note below cleared
+      // it, so the note goes again then.
+      const std::string& id = c->request.resultId;
+      node_.directory().requests().replaceCallback(
+          pos.endRequest, [this, id, outcome](const Status&) { node_.directory().reportResultFailed(id, outcome); });
+    } else {
+      node_.directory().requests().forget(pos.endRequest);
     }
+    node_.directory().requests().forget(pos.stallRequest);
+    if (!outcome.ok() && pos.state == State::kRunning) node_.peers().send(pos.holder, wire::ReduceAbort{0, pos.output, false});
     // Partial results, consumed or not (tasks leave them to a live coordinator);
     // inputs located but not used stay where they are.
-    if (static_cast<int>(p) != c->plan->tree.root && (pos.state != State::kVacant || pos.generation > 0)) {
+    if (!root && (pos.state != State::kVacant || pos.generation > 0)) {
       node_.directory().deleteEverywhere(pos.output);
     }
   }

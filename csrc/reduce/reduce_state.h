@@ -124,7 +124,6 @@ struct ReduceTaskState {
   uint64_t token = 0;        // names the output's registration (wire::Register::token)
   bool closing = false;      // a failed root, taking its registration back (closeRoot)
   Status endStatus;          // what a closing root reports at the end
-  Status refused;            // a root whose reduce's inputs were refused: why (wire::ReduceAbort)
   double started = 0;        // steady clock, for the debug log
   EventLoop::TimerId stallNote = 0;  // sends the stall note (wire::ReduceTask::stallRequest)
 };

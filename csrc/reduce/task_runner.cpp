@@ -408,25 +408,13 @@ void ReduceTaskRunner::closeRoot(const std::shared_ptr<ReduceTaskState>& task) {
   if (task->registration != ReduceTaskState::Registration::kRegistered) return reportTaskEnd(*task, task->endStatus);
   const std::string& id = task->msg.outputId;
   node_.directory().requestDelete(
-      id, /*retract=*/true,
-      [this, task](const Status&) {
-        // After the retract, on the same connection: the registration cleared
-        // the coordinator's report if it came after it.
-        if (!task->refused.ok()) node_.directory().reportResultFailed(task->msg.outputId, task->refused);
-        reportTaskEnd(*task, task->endStatus);
-      },
-      task->token);
+      id, /*retract=*/true, [this, task](const Status&) { reportTaskEnd(*task, task->endStatus); }, task->token);
 }
 
 void ReduceTaskRunner::handleAbort(Connection&, const wire::ReduceAbort& msg) {
   const Status why = msg.retract ? Status(Code::kRetry, "object " + printableId(msg.id) +
                                                             " is being recomputed after a participant failed")
                                  : Status(Code::kInternal, "the reduce computing " + printableId(msg.id) + " was aborted");
-  if (!msg.refused.ok()) {
-    for (auto& [key, task] : tasks_) {
-      if (task->msg.outputId == msg.id && task->msg.root) task->refused = msg.refused;
-    }
-  }
   failTasksWhere([&msg](const ReduceTaskState& task) { return task.msg.outputId == msg.id; },
                  [&why](const ReduceTaskState&) { return why; });
 }

@@ -390,19 +390,8 @@ struct ReduceTask {
 };
 
 // Coordinator → a task's holder: stop the task computing `id` (`retract`: the
-// reduce goes on without it and recomputes that output elsewhere). `refused`
-// (to the root, not ok): the inputs cannot be reduced; the root tells the
-// result's shard so itself once its registration is taken back, since a
-// registration still on its way would clear the coordinator's ResultFailed.
-struct ReduceAbort {
-  static constexpr MsgType kType = MsgType::kReduceAbort;
-  uint64_t request = 0;
-  std::string id;
-  bool retract = false;
-  Status refused;
-  void encode(Writer& w) const;
-  static ReduceAbort decode(Reader& r);
-};
+// reduce goes on without it and recomputes that output elsewhere).
+using ReduceAbort = IdRequest<MsgType::kReduceAbort>;
 
 // Measures the link: answered by an empty StatusReply; `padding` makes it a
 // bandwidth probe.
