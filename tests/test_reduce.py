@@ -225,6 +225,32 @@ def test_a_result_registered_before_its_reduce_failed_is_deleted_saying_why(clus
     assert time.monotonic() - start < 10
 
 
+def test_a_get_reading_the_root_when_its_inputs_are_refused_says_why(cluster4):
+    """A get of the result already pulling from the root's registered output
+    when the last input turns out to differ fails with the reason, not with a
+    bare "aborted"."""
+    tag = uid("failed-reading")
+    a, b, c, out = f"{tag}/a", f"{tag}/b", f"{tag}/c", f"{tag}/out"
+    put_on(cluster4, 1, torch.ones(100), a)
+    put_on(cluster4, 2, torch.ones(100), b)
+    reducing = in_thread(hop.reduce, [a, b, c], id=out, degree=2, ordered=True, timeout=60)
+    deadline = time.monotonic() + 30
+    while cluster4.call(2, workers.stats)["reduce_tasks"] < 1:  # the root's task (b's, in the middle)
+        assert time.monotonic() < deadline, "the root task was not sent"
+        time.sleep(0.05)
+    time.sleep(0.5)  # ... and its registration answered
+    getting = in_thread(cluster4.call, 3, workers.get, out, 60)
+    deadline = time.monotonic() + 30
+    while cluster4.call(2, workers.stats)["pulls_served"] < 1:  # rank 3 reads the root's output
+        assert time.monotonic() < deadline, "the get did not reach the root"
+        time.sleep(0.05)
+    put_on(cluster4, 1, torch.ones(99), c)  # (rank 3 is busy with the get)
+    with pytest.raises(hop.InvalidArgumentError, match="inputs differ"):
+        reducing(30)
+    with pytest.raises(hop.InvalidArgumentError, match=rf"reduce into '{out}': inputs differ"):
+        getting(30)
+
+
 def test_a_result_whose_registration_races_the_failure_still_fails_its_gets(cluster4):
     """Every input is put before the reduce: the root's task starts, and its
     registration of the result is on its way, when the coordinator finds the

@@ -551,7 +551,9 @@ void ReduceCoordinator::endReduce(uint64_t key, const Status& outcome) {
       node_.directory().requests().forget(pos.endRequest);
     }
     node_.directory().requests().forget(pos.stallRequest);
-    if (!outcome.ok() && pos.state == State::kRunning) node_.peers().send(pos.holder, wire::ReduceAbort{0, pos.output, false});
+    if (!outcome.ok() && pos.state == State::kRunning) {
+      node_.peers().send(pos.holder, wire::ReduceAbort{0, pos.output, false, c->inputsRefused ? outcome : Status()});
+    }
     // Partial results, consumed or not (tasks leave them to a live coordinator);
     // inputs located but not used stay where they are.
     if (!root && (pos.state != State::kVacant || pos.generation > 0)) {

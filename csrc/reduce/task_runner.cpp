@@ -412,9 +412,10 @@ void ReduceTaskRunner::closeRoot(const std::shared_ptr<ReduceTaskState>& task) {
 }
 
 void ReduceTaskRunner::handleAbort(Connection&, const wire::ReduceAbort& msg) {
-  const Status why = msg.retract ? Status(Code::kRetry, "object " + printableId(msg.id) +
-                                                            " is being recomputed after a participant failed")
-                                 : Status(Code::kInternal, "the reduce computing " + printableId(msg.id) + " was aborted");
+  Status why = msg.retract ? Status(Code::kRetry, "object " + printableId(msg.id) +
+                                                      " is being recomputed after a participant failed")
+                           : Status(Code::kInternal, "the reduce computing " + printableId(msg.id) + " was aborted");
+  if (!msg.refused.ok()) why = msg.refused;  // readers of the output hear why
   failTasksWhere([&msg](const ReduceTaskState& task) { return task.msg.outputId == msg.id; },
                  [&why](const ReduceTaskState&) { return why; });
 }

@@ -13,7 +13,7 @@ namespace hoplite {
 namespace wire {
 
 constexpr uint32_t kMagic = 0x544c5048;  // "HPLT" little-endian
-constexpr uint8_t kVersion = 20;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
+constexpr uint8_t kVersion = 21;  // 2: authenticated handshake; 3: recovery and rejoin fields; 4: subscriptions;
                                   // 5: message kinds; 6: message withdrawal; 7: same-host reads;
                                   // 8: status kMoved (a copy handed to a get); 9: a lookup's preferred sender;
                                   // 10: the proofs cover the hello's listen address;
@@ -27,6 +27,7 @@ constexpr uint8_t kVersion = 20;  // 2: authenticated handshake; 3: recovery and
                                   // 18: a reduce task that has not started says what it waits for
                                   // 19: a lookup names the relay's own sender; copies listed again say if their put is pending
                                   // 20: a failed reduce tells its result's shard
+                                  // 21: an abort says why the inputs were refused
 constexpr size_t kHeaderSize = 16;
 constexpr size_t kDataSubheaderSize = 16;
 

@@ -315,6 +315,22 @@ HolderUpdate HolderUpdate::decode(Reader& r) {
   return m;
 }
 
+void ReduceAbort::encode(Writer& w) const {
+  w.u64(request);
+  encodeId(w, id);
+  w.u8(retract);
+  encodeStatus(w, refused);
+}
+ReduceAbort ReduceAbort::decode(Reader& r) {
+  ReduceAbort m;
+  m.request = r.u64();
+  m.id = decodeId(r);
+  m.retract = decodeBool(r);
+  m.refused = decodeStatus(r);
+  r.expectEnd("reduce abort");
+  return m;
+}
+
 void ResultFailed::encode(Writer& w) const {
   encodeId(w, id);
   encodeStatus(w, status);

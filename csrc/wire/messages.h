@@ -390,8 +390,18 @@ struct ReduceTask {
 };
 
 // Coordinator → a task's holder: stop the task computing `id` (`retract`: the
-// reduce goes on without it and recomputes that output elsewhere).
-using ReduceAbort = IdRequest<MsgType::kReduceAbort>;
+// reduce goes on without it and recomputes that output elsewhere). `refused`
+// (not ok): the reduce's inputs cannot be reduced, and why; the task fails
+// with it, so that readers of its output hear the reason.
+struct ReduceAbort {
+  static constexpr MsgType kType = MsgType::kReduceAbort;
+  uint64_t request = 0;
+  std::string id;
+  bool retract = false;
+  Status refused;
+  void encode(Writer& w) const;
+  static ReduceAbort decode(Reader& r);
+};
 
 // Measures the link: answered by an empty StatusReply; `padding` makes it a
 // bandwidth probe.

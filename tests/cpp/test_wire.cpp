@@ -234,7 +234,15 @@ static void testMessages() {
     CHECK(back.childIds == task.childIds && back.outputId == "p/1" && back.root && back.count == 3 && back.op == 4 &&
           back.endRequest == 10 && back.stallRequest == 11 && back.stallNoteMs == 800);
   }
-  checkTruncations(ReduceAbort{0, "sum"}, [](Reader& r) { ReduceAbort::decode(r); }, "reduce abort");
+  checkTruncations(ReduceAbort{0, "sum", false, Status(Code::kInvalidArgument, "inputs differ")},
+                   [](Reader& r) { ReduceAbort::decode(r); }, "reduce abort");
+  {
+    std::string bytes = encode(ReduceAbort{9, "sum", true, Status(Code::kInvalidArgument, "inputs differ")});
+    Reader r(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    ReduceAbort back = ReduceAbort::decode(r);
+    CHECK(back.request == 9 && back.id == "sum" && back.retract && back.refused.code == Code::kInvalidArgument &&
+          back.refused.message == "inputs differ");
+  }
   checkTruncations(Probe{1, std::string(100, 'x')}, [](Reader& r) { Probe::decode(r, 1000); }, "probe");
   checkTruncations(Message{kMessageRequestBit | 7, 3, 5, 1 << 20, "allreduce"}, [](Reader& r) { Message::decode(r); }, "message");
   CHECK(throwsDecodeError(encode(Message{7, 3, 5, 0}), [](Reader& r) { Message::decode(r); }));
