@@ -200,6 +200,14 @@ def test_a_reduce_that_fails_so_fails_the_gets_of_its_result_until_it_is_put(clu
     assert torch.equal(cluster4.call(3, workers.get, out, 60), torch.full((100,), 3.0))
 
 
+def _wait_for_stat(cluster, rank: int, name: str, failure: str, timeout: float = 30) -> None:
+    """Waits until `rank`'s stats()[name] is at least 1."""
+    deadline = time.monotonic() + timeout
+    while cluster.call(rank, workers.stats)[name] < 1:
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.05)
+
+
 def test_a_result_registered_before_its_reduce_failed_is_deleted_saying_why(cluster4):
     """The root task (b's, in the middle of a degree-2 tree of three) has
     registered the result when the last input turns out to differ: the
@@ -210,10 +218,7 @@ def test_a_result_registered_before_its_reduce_failed_is_deleted_saying_why(clus
     put_on(cluster4, 1, torch.ones(100), a)
     put_on(cluster4, 2, torch.ones(100), b)
     reducing = in_thread(hop.reduce, [a, b, c], id=out, degree=2, ordered=True, timeout=60)
-    deadline = time.monotonic() + 30
-    while cluster4.call(2, workers.stats)["reduce_tasks"] < 1:  # the root's task, sent once a and b are located
-        assert time.monotonic() < deadline, "the root task was not sent"
-        time.sleep(0.05)
+    _wait_for_stat(cluster4, 2, "reduce_tasks", "the root task was not sent")  # sent once a and b are located
     time.sleep(0.5)  # ... and its registration answered
     put_on(cluster4, 3, torch.ones(99), c)
     with pytest.raises(hop.InvalidArgumentError, match="inputs differ"):
@@ -234,16 +239,10 @@ def test_a_get_reading_the_root_when_its_inputs_are_refused_says_why(cluster4):
     put_on(cluster4, 1, torch.ones(100), a)
     put_on(cluster4, 2, torch.ones(100), b)
     reducing = in_thread(hop.reduce, [a, b, c], id=out, degree=2, ordered=True, timeout=60)
-    deadline = time.monotonic() + 30
-    while cluster4.call(2, workers.stats)["reduce_tasks"] < 1:  # the root's task (b's, in the middle)
-        assert time.monotonic() < deadline, "the root task was not sent"
-        time.sleep(0.05)
+    _wait_for_stat(cluster4, 2, "reduce_tasks", "the root task was not sent")  # b's, in the middle
     time.sleep(0.5)  # ... and its registration answered
     getting = in_thread(cluster4.call, 3, workers.get, out, 60)
-    deadline = time.monotonic() + 30
-    while cluster4.call(2, workers.stats)["pulls_served"] < 1:  # rank 3 reads the root's output
-        assert time.monotonic() < deadline, "the get did not reach the root"
-        time.sleep(0.05)
+    _wait_for_stat(cluster4, 2, "pulls_served", "the get did not reach the root")  # rank 3 reads the root's output
     put_on(cluster4, 1, torch.ones(99), c)  # (rank 3 is busy with the get)
     with pytest.raises(hop.InvalidArgumentError, match="inputs differ"):
         reducing(30)
