@@ -13,6 +13,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _leaves_torch_hoplite_shut_down():
+    """A module whose tests leave this process's node running (after its own
+    fixtures ended) errors here, and the node is shut down, so that the
+    modules after it do not all fail at init."""
+    yield
+    if hop.is_initialized():
+        hop.shutdown()
+        pytest.fail("a test of this module left torch_hoplite initialized")
+
+
 @pytest.fixture(scope="module")
 def cluster4():
     from cluster import Cluster
