@@ -23,6 +23,8 @@ UNITS = {
                               "csrc/store/object_store.cpp", "csrc/store/local_object.cpp",
                               "csrc/store/buffer_pool.cpp", *LOOP, *WIRE],
     "test_directory_shard": ["tests/cpp/test_directory_shard.cpp", "csrc/directory/directory_shard.cpp", *LOOP, *WIRE],
+    "test_mailbox": ["tests/cpp/test_mailbox.cpp", "csrc/messenger/mailbox.cpp", "csrc/store/buffer_pool.cpp",
+                     *LOOP, *WIRE],
     "test_buffer_pool": ["tests/cpp/test_buffer_pool.cpp", "csrc/store/buffer_pool.cpp"],
     "test_recent_ids": ["tests/cpp/test_recent_ids.cpp"],
 }

@@ -378,16 +378,22 @@ void Mailbox::cancelReceiveNow(uint64_t handle, const Status& why) {
       return;
     }
   }
-  for (auto it = inbound_.begin(); it != inbound_.end(); ++it) {
-    auto inbound = it->second;
+  for (auto& [key, inbound] : inbound_) {
     if (!inbound->receive || inbound->receive->handle != handle) continue;
-    PostedReceive receive = std::move(*inbound->receive);
-    inbound->receive.reset();
-    inbound->discard = true;
+    const StreamKey stream = key;
+    std::shared_ptr<Inbound> cancelled = inbound;
+    PostedReceive receive = std::move(*cancelled->receive);
+    cancelled->receive.reset();
+    cancelled->discard = true;
     // Its caller may reuse the memory once told: not one more byte goes there.
-    if (auto conn = inbound->conn.lock()) conn->abandonData(inbound->request);
+    // (Abandoning may close the connection, and its failure then forgets the
+    // message: `inbound_` is looked up again after.)
+    if (auto conn = cancelled->conn.lock()) conn->abandonData(cancelled->request);
     // Every frame has started: no later one will come to forget the message.
-    if (inbound->expected == inbound->size) inbound_.erase(it);
+    auto still = inbound_.find(stream);
+    if (still != inbound_.end() && still->second == cancelled && cancelled->expected == cancelled->size) {
+      inbound_.erase(still);
+    }
     receive.done(why, receive.rank);
     return;
   }

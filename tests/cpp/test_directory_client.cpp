@@ -4,7 +4,6 @@
 // moved); not ranks that failed or leave; the gone rank itself when this
 // node saw it go, or still hears from it (it may live on, taken for failed).
 #include <functional>
-#include <future>
 #include <map>
 #include <memory>
 #include <set>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "check.h"
+#include "on_loop.h"
 #include "directory/directory_client.h"
 
 using namespace hoplite;
@@ -82,19 +82,6 @@ void testMovesReachEveryLiveMember(EventLoop& loop) {
   CHECK((peers.told == std::set<int>{1, 2, 3, 4}));  // rank 3 too: this node still hears from it
   CHECK(client.isLiveMember(2) && !client.isLiveMember(5) && !client.isLiveMember(6) && !client.isLiveMember(7));
   CHECK(client.isLiveMember(4));
-}
-
-// Runs `fn` on the loop thread, and waits until the tasks it left for the
-// loop's same turn (runSoon) ran too.
-void onLoop(EventLoop& loop, const std::function<void()>& fn) {
-  for (const auto& step : {fn, std::function<void()>([] {})}) {
-    std::promise<void> done;
-    loop.post([&] {
-      step();
-      done.set_value();
-    });
-    done.get_future().wait();
-  }
 }
 
 void testTheRankSeenToGoIsToldOnceItsFailureIsThrough(EventLoop& loop) {
