@@ -167,6 +167,33 @@ def test_a_participant_back_from_a_stall_leaves_the_redo_its_child():
         c.close()
 
 
+@pytest.mark.parametrize("same_host", [True, False], ids=["same-host", "tcp"])  # both data paths
+def test_a_pull_cut_by_its_receivers_stall_goes_on_from_the_same_holder(same_host):
+    """Rank 1 stalls past the heartbeat timeout half-way through pulling an
+    object that only rank 2 holds. Resumed, it finds its connection to rank 2
+    closed (rank 2 evicted it) or closes it to redial: the pull goes on from
+    rank 2, which lives, at the byte it had reached. (It used to skip the
+    holder behind the broken link, as for a dead one, and with no other
+    holder the get failed.)"""
+    c = Cluster(3, options={"heartbeat_interval": 0.2, "heartbeat_timeout": 1.5, "same_host": same_host})
+    try:
+        (obj,) = ids_with_shard("stalled-pull", 1, 3, lambda s: s == 0)  # its shard stays put
+        numel = (512 << 20) // 4
+        c.call(2, workers.put_pattern, obj, numel, 7)
+        resumes_before = c.call(1, workers.stats)["pull_resumes"]
+        getting = c.submit(1, workers.get_outcome, obj, numel, 7, 60)
+        wait_for_stat(c, 2, "pulls_served", 1)
+        c.freeze(1)
+        try:
+            wait_for_stat(c, 2, "shards_moved", 1)  # rank 2 took rank 1 for failed
+        finally:
+            os.kill(c.pids[1], signal.SIGCONT)
+        assert getting.result(timeout=60) == "exact"
+        assert c.call(1, workers.stats)["pull_resumes"] > resumes_before
+    finally:
+        c.close()
+
+
 def test_a_task_sent_to_a_stopped_rank_is_given_up_when_it_resumes(monkeypatch):
     """Rank 2 is stopped before its reduce task (the root) reaches it; the
     coordinator takes it for failed and computes the root again once rank 2

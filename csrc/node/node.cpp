@@ -151,13 +151,15 @@ void Node::onPeerGone(int rank) {
 void Node::onPeerFailed(int rank, const Status& failure) {
   // This node will not talk to it again: its copies leave this shard's lists.
   shardServer_->forgetHolder(rank);
-  onLinkLost(rank, failure);
+  failWaitingOn(rank, failure, /*holderLives=*/false);
 }
 
-void Node::onLinkLost(int rank, const Status& why) {
+void Node::onLinkLost(int rank, const Status& why, bool stalled) { failWaitingOn(rank, why, stalled); }
+
+void Node::failWaitingOn(int rank, const Status& why, bool holderLives) {
   reduceTasks_->failOrphanedTasks();
   directory_->requests().failRank(rank, why);
-  client_->failPullsFrom(rank, why);
+  client_->failPullsFrom(rank, why, holderLives);
   mailbox_->failFrom(rank, 0, why);
 }
 

@@ -247,7 +247,8 @@ void Peers::onDialedClosed(Connection& conn, const Status& why) {
          peerName(rank).c_str(), why.message.c_str());
     return dropLink(peer, rank, "the connection to " + peerName(rank) +
                                     " closed while this process was stalled past the heartbeat timeout (" +
-                                    why.message + ")");
+                                    why.message + ")",
+                    /*stalled=*/true);
   }
   // Cut off, a silent peer is not blamed; one whose host refuses the connect
   // (reachable, and nothing listens) is gone all the same.
@@ -255,7 +256,8 @@ void Peers::onDialedClosed(Connection& conn, const Status& why) {
   if (!closing_ && cutOff_ && !refused) {
     return dropLink(peer, rank, "cannot reach " + peerName(rank) +
                                     ": this process is cut off from most of its peers (a network partition?) and "
-                                    "fails what waits on them (" + why.message + ")");
+                                    "fails what waits on them (" + why.message + ")",
+                    /*stalled=*/false);
   }
   // Retry only connects that never completed: the peer may not be listening
   // yet (fresh namespaces take a moment). One that accepted and then closed
@@ -433,11 +435,11 @@ void Peers::checkCutOff(double t) {
   for (const auto& c : fading) c->close(Status(Code::kPeerFailed, "it answered nothing (HOPLITE_HEARTBEAT_TIMEOUT)"));
 }
 
-void Peers::dropLink(Peer& peer, int rank, const std::string& why) {
+void Peers::dropLink(Peer& peer, int rank, const std::string& why, bool stalled) {
   peer.conn.reset();
   peer.ready = false;
   peer.queued.clear();  // (what they carried is failed next)
-  events_.onLinkLost(rank, Status(Code::kPeerFailed, why));
+  events_.onLinkLost(rank, Status(Code::kPeerFailed, why), stalled);
 }
 
 void Peers::leaveCutOffIfMostReached() {

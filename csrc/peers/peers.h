@@ -53,9 +53,11 @@ class PeerEvents {
   // what waited on it fails.
   virtual void onPeerFailed(int rank, const Status& failure) = 0;
   // The connection to a peer that is not known to have failed broke (it
-  // closed it while this process was stalled): what waited for an answer on
-  // it fails; the peer stays a member and the next write dials it again.
-  virtual void onLinkLost(int rank, const Status& why) = 0;
+  // closed it while this process was stalled, or this process is cut off):
+  // what waited for an answer on it fails; the peer stays a member and the
+  // next write dials it again. `stalled`: the break came from this process's
+  // stall, so the peer most likely answers that dial.
+  virtual void onLinkLost(int rank, const Status& why, bool stalled) = 0;
   // This process resumed after a stall longer than the heartbeat timeout: its
   // peers may have declared it failed meanwhile.
   virtual void onResumed() = 0;
@@ -253,7 +255,7 @@ class Peers : public PeerLinks, public ConnectionObserver {
   double fadingAfterSeconds() const;  // seconds of silence after which a peer counts towards a cut-off
   // The connection to a peer not blamed for its loss is gone: what waited on
   // it, or was queued for it, fails with `why`; the next write dials again.
-  void dropLink(Peer& peer, int rank, const std::string& why);
+  void dropLink(Peer& peer, int rank, const std::string& why, bool stalled);
   void leaveCutOffIfMostReached();
   bool closing_ = false;
   // At shutdown: the connections ending gracefully, and the promise kept once

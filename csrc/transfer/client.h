@@ -85,7 +85,9 @@ class TransferClient {
   // A holder refused or ended a pull; false if `msg` answers no pull.
   bool onStatusReply(const wire::StatusReply& msg);
   // The pulls from a failed peer fail (and resume elsewhere where they can).
-  void failPullsFrom(int rank, const Status& failure);
+  // `holderLives`: only the link broke (this process stalled and redials):
+  // its pulls go on from the same holder over a new connection.
+  void failPullsFrom(int rank, const Status& failure, bool holderLives = false);
   // This node's copy `object` left the store: its pulls end.
   void endPullsOf(const std::shared_ptr<LocalObject>& object);
   // Every get ends with `why`; nothing new starts.
@@ -178,6 +180,7 @@ class TransferClient {
     int senderSource = -1;  // whom the holder itself received it from when assigned (LookupReply)
     PullState state = PullState::kActive;
     Status failure;  // kReadFailed: why
+    bool failureSparesHolder = false;  // kReadFailed: the holder lives (failPull)
     bool firstBytesTraced = false;
     // Same-host pulls: read from the holder's memory, one range at a time,
     // in the order the holder announced them, on the loop or a copy thread.
@@ -191,7 +194,9 @@ class TransferClient {
   void resumePull(std::shared_ptr<LocalObject> object, int deadRank, int resumes, Status why);
   void dropFailedCopy(const std::shared_ptr<LocalObject>& object, int rank, const Status& why);
   void finishPull(uint64_t request);
-  void failPull(uint64_t request, const Status& why);
+  // The pull's holder failed, or only the link to it (`holderLives`): it
+  // resumes from another holder, or the same one, or its copy fails.
+  void failPull(uint64_t request, const Status& why, bool holderLives = false);
   // A pull that ended (no read of it in flight) tells its holder to stop, and
   // a same-host one that the memory it lent may be reused.
   void releaseHolder(uint64_t request, int rank);

@@ -21,12 +21,12 @@ bool TransferClient::onStatusReply(const wire::StatusReply& msg) {
   return true;
 }
 
-void TransferClient::failPullsFrom(int rank, const Status& failure) {
+void TransferClient::failPullsFrom(int rank, const Status& failure, bool holderLives) {
   std::vector<uint64_t> failed;
   for (const auto& [request, pull] : pulls_) {
     if (pull.rank == rank) failed.push_back(request);
   }
-  for (uint64_t request : failed) failPull(request, failure);
+  for (uint64_t request : failed) failPull(request, failure, holderLives);
 }
 
 void TransferClient::endPullsOf(const std::shared_ptr<LocalObject>& obj) {
@@ -117,7 +117,7 @@ void TransferClient::finishPull(uint64_t request) {
   directory_.updateHolder(obj->id(), wire::HolderState::kComplete, sender);
 }
 
-void TransferClient::failPull(uint64_t request, const Status& why) {
+void TransferClient::failPull(uint64_t request, const Status& why, bool holderLives) {
   auto it = pulls_.find(request);
   if (it == pulls_.end()) return;
   switch (it->second.state) {
@@ -126,6 +126,7 @@ void TransferClient::failPull(uint64_t request, const Status& why) {
     case PullState::kReading:  // it ends when the read returns: nothing may resume under it
       it->second.state = PullState::kReadFailed;
       it->second.failure = why;
+      it->second.failureSparesHolder = holderLives;
       return;
     case PullState::kReadFailed:
     case PullState::kReadDropped:
@@ -134,13 +135,23 @@ void TransferClient::failPull(uint64_t request, const Status& why) {
   auto obj = it->second.object;
   int rank = it->second.rank;
   int resumes = it->second.resumes;
+  const int senderSource = it->second.senderSource;
   const bool sameHost = it->second.holderMemory != nullptr;
   pulls_.erase(it);  // first: telling the holder may close the connection, which fails its pulls
   if (sameHost) releaseHolder(request, rank);
   // A holder that handed its copy to a get is no failure: not counted.
   const bool moved = why.code == Code::kMoved;
-  if ((moved || (why.code == Code::kPeerFailed && resumes < kMaxResumes)) && !closing_ &&
-      store_.find(obj->id()) == obj) {
+  const bool resumable = (moved || (why.code == Code::kPeerFailed && resumes < kMaxResumes)) && !closing_ &&
+                         store_.find(obj->id()) == obj;
+  if (resumable && holderLives && !moved) {
+    // Its bytes are still there: asking the shard would only skip it.
+    counters_.pullResumes++;
+    HLOG(kInfo, "resuming %s from %s at byte %llu over a new connection (%s)", printableId(obj->id()).c_str(),
+         peers_.peerName(rank).c_str(), static_cast<unsigned long long>(obj->watermark()), why.message.c_str());
+    startPull(rank, senderSource, obj, resumes + 1);
+    return;
+  }
+  if (resumable) {
     resumePull(obj, rank, moved ? resumes : resumes + 1, why);
     return;
   }

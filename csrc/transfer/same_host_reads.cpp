@@ -98,7 +98,7 @@ bool TransferClient::onRangeRead(uint64_t request, uint64_t end, const Status& s
                                     : Status(Code::kPeerFailed, "pull of object " + printableId(pull.object->id()) +
                                                                     " from " + peers_.peerName(pull.rank) + ": " +
                                                                     status.message);
-    failPull(request, why);
+    failPull(request, why, meanwhile == PullState::kReadFailed && pull.failureSparesHolder);
     return false;
   }
   auto obj = pull.object;
