@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <utility>
 
 #include "common/logging.h"
 #include "common/timeouts.h"
@@ -129,7 +130,7 @@ void Peers::whenConnected(int rank, std::function<void(Connection&)> write) {
     return;
   }
   peer.queued.push_back(std::move(write));
-  if (!peer.conn && !peer.awaitingAddress) {
+  if (!peer.conn && !peer.awaitingAddress && !peer.dialFailed) {
     // Retry refused connects only while a peer may still be starting up (not
     // one known to have failed: a restarted one is listening by the time we learn of it).
     peer.connectDeadline = peer.lost || events_.departed(rank) ? 0 : steadySeconds() + config_.connectTimeoutSeconds;
@@ -150,7 +151,7 @@ void Peers::connectPeer(int rank) {
   try {
     peer.conn = transport_->connect(peer.host, peer.port, this);
   } catch (const std::exception& e) {
-    failPeer(rank, Status(Code::kPeerFailed, e.what()));
+    failDialSoon(rank, Status(Code::kPeerFailed, e.what()));
     return;
   }
   peer.conn->setPeerRank(rank);
@@ -167,6 +168,13 @@ void Peers::connectPeer(int rank) {
   });
 }
 
+void Peers::failDialSoon(int rank, const Status& why) {
+  peers_[rank].dialFailed = true;
+  loop_.runSoon([this, rank, why] {
+    if (std::exchange(peers_[rank].dialFailed, false)) failPeer(rank, why);
+  });
+}
+
 void Peers::awaitAddress(int rank) {
   // A peer's address comes from the rendezvous (addPeer) or from its hello,
   // and a peer may write to this node before either reached it (it finished
@@ -174,8 +182,8 @@ void Peers::awaitAddress(int rank) {
   // deadline, instead of failing a peer that is merely not heard of yet.
   Peer& peer = peers_[rank];
   if (steadySeconds() >= peer.connectDeadline) {
-    failPeer(rank, Status(Code::kPeerFailed, "no address known for rank " + std::to_string(rank) + " within " +
-                                                 printableSeconds(config_.connectTimeoutSeconds)));
+    failDialSoon(rank, Status(Code::kPeerFailed, "no address known for rank " + std::to_string(rank) + " within " +
+                                                     printableSeconds(config_.connectTimeoutSeconds)));
     return;
   }
   peer.awaitingAddress = true;
@@ -201,6 +209,7 @@ void Peers::failPeer(int rank, const Status& why, bool gone) {
   if (gone) events_.onPeerGone(rank);
   peer.lost = true;
   peer.awaitingAddress = false;
+  peer.dialFailed = false;
   peer.conn.reset();
   peer.ready = false;
   peer.queued.clear();

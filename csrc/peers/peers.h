@@ -165,6 +165,7 @@ class Peers : public PeerLinks, public ConnectionObserver {
     double probedAt = -1e9;
     bool leaving = false;   // it said it shuts down (markLeaving)
     bool awaitingAddress = false;  // writes are queued for it, its address is not known yet (awaitAddress)
+    bool dialFailed = false;  // its dial failed at once: failPeer runs soon (failDialSoon)
     double lastHeard = 0;   // any frame on the connection, for heartbeats
     double acceptedAt = 0;  // when a dial's connect completed, until its handshake does (checkHeartbeats)
     std::string helloNonce;   // ours, until the peer's challenge is verified
@@ -185,6 +186,10 @@ class Peers : public PeerLinks, public ConnectionObserver {
 
   // --- connections and failure (peers.cpp) ---
   void connectPeer(int rank);
+  // A dial that cannot start fails the peer in a later task, not inside the
+  // write that asked for it (whenConnected): its caller may be iterating
+  // what the failure changes (a shard's subscribers, a reduce's positions).
+  void failDialSoon(int rank, const Status& why);
   void awaitAddress(int rank);
   // Its address became known, or the wait's deadline passed: what was queued
   // while awaiting it is dialed (connectPeer fails the peer if still unknown).

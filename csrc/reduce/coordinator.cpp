@@ -298,6 +298,8 @@ void ReduceCoordinator::launchReadyInputs(uint64_t key) {
     return std::find_if(c.ready.begin(), c.ready.end(), [p](const ReduceInput& r) { return r.index == p; });
   };
   while (true) {
+    // A task that failed as it was sent started a recovery, which relaunches what is ready.
+    if (c.recovery != ReduceCoordination::Recovery::kNone) return;
     // Positions vacated by a failure first, then the first pass in arrival order.
     int vacancy = -1;
     auto input = c.ready.end();
