@@ -562,7 +562,15 @@ void ReduceCoordinator::endReduce(uint64_t key, const Status& outcome) {
       node_.directory().deleteEverywhere(pos.output);
     }
   }
-  if (!outcome.ok() && c->resultRegistered) node_.directory().deleteEverywhere(c->request.resultId);
+  // A running root whose inputs were refused takes its result back itself
+  // (closeRoot): its readers then look it up again and hear the reason from
+  // the note below, where a delete from here could reach them first.
+  bool rootRetracts = false;
+  if (c->inputsRefused && c->plan) {
+    const int root = c->plan->tree.root;
+    rootRetracts = root >= 0 && root < static_cast<int>(c->positions.size()) && c->positions[root].state == State::kRunning;
+  }
+  if (!outcome.ok() && c->resultRegistered && !rootRetracts) node_.directory().deleteEverywhere(c->request.resultId);
   // Who waits for the result hears why instead of waiting out a timeout.
   if (c->inputsRefused) node_.directory().reportResultFailed(c->request.resultId, outcome);
   if (outcome.ok()) traceStep(Step::kReduceDone, c->request.resultId);
