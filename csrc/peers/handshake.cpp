@@ -207,6 +207,7 @@ void Peers::handleHelloAck(Connection& conn, const wire::HelloAck& ack) {
   }
   Peer& peer = it->second;
   peer.ready = true;
+  peer.refusalIsFinal = false;
   peer.probing = false;
   peer.lastHeard = steadySeconds();
   // Whom we reached: a process we knew under another incarnation (at the

@@ -133,7 +133,8 @@ void Peers::whenConnected(int rank, std::function<void(Connection&)> write) {
   if (!peer.conn && !peer.awaitingAddress && !peer.dialFailed) {
     // Retry refused connects only while a peer may still be starting up (not
     // one known to have failed: a restarted one is listening by the time we learn of it).
-    peer.connectDeadline = peer.lost || events_.departed(rank) ? 0 : steadySeconds() + config_.connectTimeoutSeconds;
+    peer.connectDeadline =
+        peer.lost || peer.refusalIsFinal || events_.departed(rank) ? 0 : steadySeconds() + config_.connectTimeoutSeconds;
     peer.backoff = 0.05;
     peer.redialed = false;
     connectPeer(rank);
@@ -257,7 +258,7 @@ void Peers::onDialedClosed(Connection& conn, const Status& why) {
     return dropLink(peer, rank, "the connection to " + peerName(rank) +
                                     " closed while this process was stalled past the heartbeat timeout (" +
                                     why.message + ")",
-                    /*stalled=*/true);
+                    /*stalled=*/!peer.leaving);
   }
   // Cut off, a silent peer is not blamed; one whose host refuses the connect
   // (reachable, and nothing listens) is gone all the same.
@@ -448,6 +449,7 @@ void Peers::dropLink(Peer& peer, int rank, const std::string& why, bool stalled)
   peer.conn.reset();
   peer.ready = false;
   peer.queued.clear();  // (what they carried is failed next)
+  peer.refusalIsFinal = stalled;
   events_.onLinkLost(rank, Status(Code::kPeerFailed, why), stalled);
 }
 

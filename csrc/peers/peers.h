@@ -166,6 +166,9 @@ class Peers : public PeerLinks, public ConnectionObserver {
     bool leaving = false;   // it said it shuts down (markLeaving)
     bool awaitingAddress = false;  // writes are queued for it, its address is not known yet (awaitAddress)
     bool dialFailed = false;  // its dial failed at once: failPeer runs soon (failDialSoon)
+    // It answered until this process stalled: a refused redial means its
+    // process is gone, not that it is still starting (until a handshake).
+    bool refusalIsFinal = false;
     double lastHeard = 0;   // any frame on the connection, for heartbeats
     double acceptedAt = 0;  // when a dial's connect completed, until its handshake does (checkHeartbeats)
     std::string helloNonce;   // ours, until the peer's challenge is verified

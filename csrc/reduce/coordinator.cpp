@@ -546,9 +546,15 @@ void ReduceCoordinator::endReduce(uint64_t key, const Status& outcome) {
       // The root reports its end once it took its registration back; a
       // registration that reached the shard after the note below cleared
       // it, so the note goes again then.
+      // Answered without the root's report (its holder failed, or the link
+      // to it did), the result may still be registered, and the shard drops
+      // a note for a registered id: it is deleted first, as by no root.
       const std::string& id = c->request.resultId;
-      node_.directory().requests().replaceCallback(
-          pos.endRequest, [this, id, outcome](const Status&) { node_.directory().reportResultFailed(id, outcome); });
+      const bool registered = c->resultRegistered;
+      node_.directory().requests().replaceCallback(pos.endRequest, [this, id, outcome, registered](const Status& s) {
+        if (s.code == Code::kPeerFailed && registered) node_.directory().deleteEverywhere(id);
+        node_.directory().reportResultFailed(id, outcome);
+      });
     } else {
       node_.directory().requests().forget(pos.endRequest);
     }

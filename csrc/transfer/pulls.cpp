@@ -129,6 +129,8 @@ void TransferClient::failPull(uint64_t request, const Status& why, bool holderLi
       it->second.failureSparesHolder = holderLives;
       return;
     case PullState::kReadFailed:
+      it->second.failureSparesHolder = it->second.failureSparesHolder && holderLives;  // it died since
+      return;
     case PullState::kReadDropped:
       return;
   }
@@ -143,7 +145,7 @@ void TransferClient::failPull(uint64_t request, const Status& why, bool holderLi
   const bool moved = why.code == Code::kMoved;
   const bool resumable = (moved || (why.code == Code::kPeerFailed && resumes < kMaxResumes)) && !closing_ &&
                          store_.find(obj->id()) == obj;
-  if (resumable && holderLives && !moved) {
+  if (resumable && holderLives && !moved && !peers_.hasFailed(rank)) {
     // Its bytes are still there: asking the shard would only skip it.
     counters_.pullResumes++;
     HLOG(kInfo, "resuming %s from %s at byte %llu over a new connection (%s)", printableId(obj->id()).c_str(),
