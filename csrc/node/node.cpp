@@ -151,15 +151,13 @@ void Node::onPeerGone(int rank) {
 void Node::onPeerFailed(int rank, const Status& failure) {
   // This node will not talk to it again: its copies leave this shard's lists.
   shardServer_->forgetHolder(rank);
-  failWaitingOn(rank, failure, /*holderLives=*/false);
+  onLinkLost(rank, failure, /*stalled=*/false);
 }
 
-void Node::onLinkLost(int rank, const Status& why, bool stalled) { failWaitingOn(rank, why, stalled); }
-
-void Node::failWaitingOn(int rank, const Status& why, bool holderLives) {
+void Node::onLinkLost(int rank, const Status& why, bool stalled) {
   reduceTasks_->failOrphanedTasks();
   directory_->requests().failRank(rank, why);
-  client_->failPullsFrom(rank, why, holderLives);
+  client_->failPullsFrom(rank, why, /*holderLives=*/stalled);
   mailbox_->failFrom(rank, 0, why);
 }
 

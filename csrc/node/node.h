@@ -162,9 +162,6 @@ class Node : private PeerEvents, private ReduceServices {
   void onPeerGone(int rank) override;
   void onPeerFailed(int rank, const Status& failure) override;
   void onLinkLost(int rank, const Status& why, bool stalled) override;
-  // What waited on `rank` fails (its pulls go on over a new connection to it
-  // if it `holderLives`).
-  void failWaitingOn(int rank, const Status& why, bool holderLives);
   void onResumed() override;
   void onAcceptedClosed(Connection& conn, int rank, bool left, const Status& why) override;
   bool departed(int rank) const override { return directory_->hasMoved(rank); }

@@ -539,16 +539,18 @@ void ReduceCoordinator::endReduce(uint64_t key, const Status& outcome) {
   if (c->timer) loop_.cancelTimer(c->timer);
   for (uint64_t request : c->lookups) node_.directory().requests().forget(request);
   using State = ReducePosition::State;
+  bool rootRetracts = false;  // see below
   for (size_t p = 0; p < c->positions.size(); ++p) {
     const ReducePosition& pos = c->positions[p];
     const bool root = static_cast<int>(p) == c->plan->tree.root;
     if (c->inputsRefused && root && pos.state == State::kRunning) {
+      rootRetracts = true;
       // The root reports its end once it took its registration back; a
       // registration that reached the shard after the note below cleared
-      // it, so the note goes again then.
-      // Answered without the root's report (its holder failed, or the link
-      // to it did), the result may still be registered, and the shard drops
-      // a note for a registered id: it is deleted first, as by no root.
+      // it, so the note goes again then. Answered without the root's report
+      // (its holder or the link to it failed), the result may still be
+      // registered, and the shard drops a note for a registered id: it is
+      // deleted first, as with no root.
       const std::string& id = c->request.resultId;
       const bool registered = c->resultRegistered;
       node_.directory().requests().replaceCallback(pos.endRequest, [this, id, outcome, registered](const Status& s) {
@@ -571,11 +573,6 @@ void ReduceCoordinator::endReduce(uint64_t key, const Status& outcome) {
   // A running root whose inputs were refused takes its result back itself
   // (closeRoot): its readers then look it up again and hear the reason from
   // the note below, where a delete from here could reach them first.
-  bool rootRetracts = false;
-  if (c->inputsRefused && c->plan) {
-    const int root = c->plan->tree.root;
-    rootRetracts = root >= 0 && root < static_cast<int>(c->positions.size()) && c->positions[root].state == State::kRunning;
-  }
   if (!outcome.ok() && c->resultRegistered && !rootRetracts) node_.directory().deleteEverywhere(c->request.resultId);
   // Who waits for the result hears why instead of waiting out a timeout.
   if (c->inputsRefused) node_.directory().reportResultFailed(c->request.resultId, outcome);
